@@ -1,0 +1,28 @@
+"""KL estimators between the actor and the reference policy, per token.
+
+``fn(log_prob [B, R], ref_log_prob [B, R]) -> kl [B, R]``, estimated from samples drawn from the actor.
+See Schulman, "Approximating KL Divergence" (2020), for k1/k2/k3.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def k1(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    """``k1 = log p - log q``: unbiased for KL(p || q), high variance, can be negative."""
+    return log_prob - ref_log_prob
+
+
+def k2(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    """``k2 = 0.5 (log p - log q)^2`` ("mse"): biased, low variance, always >= 0."""
+    return 0.5 * (log_prob - ref_log_prob) ** 2
+
+
+def k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    """``k3 = exp(log q - log p) - (log q - log p) - 1`` ("low_var_kl"): unbiased and >= 0.
+
+    The log-ratio is clamped to [-20, 20] so one wildly off token cannot overflow the exponential.
+    """
+    delta = (ref_log_prob - log_prob).clamp(-20.0, 20.0)
+    return delta.exp() - delta - 1.0

@@ -1,0 +1,105 @@
+"""The ``roll`` command.
+
+    roll run [CONFIG] [key=value ...]       run a pipeline (no CONFIG: the embedded quickstart)
+    roll validate CONFIG [key=value ...]    check a config against the schema and installed plugins
+    roll list-plugins [--json]              installed plugins and what each provides
+
+User errors (bad config, unknown names, broken data) print one message and exit with status 2;
+nothing already written to the run directory is removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from roll_core.errors import RollError
+
+
+def _cmd_list_plugins(args) -> int:
+    # Only the registration hooks run: every target is a lazy string, so no backend is imported.
+    from roll_core.plugins import get_plugins
+
+    listing = get_plugins().listing()
+    if args.json:
+        print(json.dumps(listing, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"roll plugins (Python {listing['python']['version']}, {listing['python']['executable']})")
+    for col in ("plugin", "distribution", "version", "status", "provides"):
+        table.add_column(col, overflow="fold")
+    for p in listing["plugins"]:
+        provides = "\n".join(f"{k}: {', '.join(v)}" for k, v in p["provides"].items())
+        status = p["status"] if not p["error"] else f"{p['status']}: {p['error']}"
+        style = {"broken": "red", "disabled": "yellow"}.get(p["status"])
+        table.add_row(p["name"], p["distribution"], p["version"], status, provides, style=style)
+    Console(width=max(120, Console().width)).print(table)
+    return 0
+
+
+def _cmd_validate(args) -> int:
+    from roll_core.config import load_and_check
+
+    cfg = load_and_check(args.config, args.overrides)
+    print(f"{args.config}: ok (pipeline '{cfg.pipeline}', executor '{cfg.executor}', "
+          f"{cfg.trainer.max_steps} steps, output_dir '{cfg.output_dir}')")
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from roll_core.config import load_and_check
+    from roll_core.plugins import get_plugins
+    from roll_core.runtime import make_executor
+
+    config = load_and_check(args.config, args.overrides)  # everything is checked before a worker starts
+    pipeline_cls = get_plugins().pipelines.get(config.pipeline)
+    executor = make_executor(config)
+    try:
+        pipeline_cls(config, executor).run()
+    finally:
+        executor.shutdown()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="roll", description="roll: plugin-based RL post-training for LLMs")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a pipeline (default: the embedded quickstart)")
+    run.add_argument("config", nargs="?", help="YAML config; omit for the built-in quickstart")
+    run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.max_steps=10")
+    run.set_defaults(func=_cmd_run)
+
+    val = sub.add_parser("validate", help="check a config without starting anything")
+    val.add_argument("config")
+    val.add_argument("overrides", nargs="*")
+    val.set_defaults(func=_cmd_validate)
+
+    lp = sub.add_parser("list-plugins", help="installed plugins and what they provide")
+    lp.add_argument("--json", action="store_true", help="machine-readable output")
+    lp.set_defaults(func=_cmd_list_plugins)
+    return parser
+
+
+def _split_config_and_overrides(args) -> None:
+    # `roll run key=value` (no file) must not take the first override for a file name.
+    if getattr(args, "config", None) and "=" in args.config and not args.config.endswith((".yaml", ".yml")):
+        args.overrides = [args.config, *args.overrides]
+        args.config = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _split_config_and_overrides(args)
+    try:
+        return args.func(args)
+    except RollError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

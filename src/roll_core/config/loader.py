@@ -1,0 +1,144 @@
+"""Load a run config from YAML plus dotted ``key=value`` overrides, and check it before anything starts.
+
+Every problem a user can make ends in one :class:`~roll_core.errors.ConfigError` whose message names
+the key (and the file), says what is wrong and, for misspellings, suggests the right key or name:
+
+    config error in exp.yaml: unknown key 'rollout.temprature'. Did you mean 'temperature'?
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from roll_core.config.schema import RollConfig
+from roll_core.errors import ConfigError, RegistryError, did_you_mean
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names of the (nested) model found at ``loc`` (``()`` = the top level)."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        annotation = field.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
+def _format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"])
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            hint = did_you_mean(loc[-1], _fields_at(RollConfig, loc[:-1]))
+            lines.append(f"unknown key '{key}'.{hint}")
+        else:
+            lines.append(f"key '{key}': {err['msg']} (got {err.get('input')!r})")
+    return f"config error in {source}: " + "; ".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"rollout.temperature=0.7"`` -> ``(["rollout", "temperature"], 0.7)`` (value parsed as YAML)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override '{item}' is not of the form key.sub=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override '{item}': value is not valid YAML ({exc})") from None
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RollConfig:
+    """Read ``path`` (None = defaults, the quickstart), apply overrides and validate the schema."""
+    source = str(path) if path else "the default config"
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file '{p}' does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file '{p}' is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file '{p}' must contain a mapping at the top level")
+    if overrides:
+        source += " (with command-line overrides)"
+        data = apply_overrides(data, overrides)
+    try:
+        return RollConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source)) from None
+
+
+def registry_references(cfg: RollConfig) -> list[tuple[str, str, str]]:
+    """Every ``(config key, registry, name)`` the config refers to."""
+    refs = [
+        ("pipeline", "pipelines", cfg.pipeline),
+        ("rollout.scheduler", "schedulers", cfg.rollout.scheduler),
+        ("algorithm.advantage_estimator", "advantage_estimators", cfg.algorithm.advantage_estimator),
+        ("algorithm.policy_loss", "policy_losses", cfg.algorithm.policy_loss),
+        ("algorithm.kl_estimator", "kl_estimators", cfg.algorithm.kl_estimator),
+        ("roles.actor_train.strategy", "train_strategies", cfg.roles.actor_train.strategy),
+        ("roles.actor_infer.strategy", "infer_strategies", cfg.roles.actor_infer.strategy),
+        ("roles.reward.name", "rewards", cfg.roles.reward.name),
+    ]
+    if cfg.roles.reference is not None:
+        refs.append(("roles.reference.strategy", "infer_strategies", cfg.roles.reference.strategy))
+    if cfg.data.train_file is None:
+        refs.append(("data.dataset", "datasets", cfg.data.dataset))
+    refs += [(f"trackers[{i}]", "trackers", name) for i, name in enumerate(cfg.trackers)]
+    return refs
+
+
+def check_registry_names(cfg: RollConfig, plugins=None) -> None:
+    """Raise one ConfigError listing every name that no installed plugin registered."""
+    from roll_core.plugins import get_plugins
+
+    plugins = plugins or get_plugins()
+    problems = []
+    for key, registry, name in registry_references(cfg):
+        try:
+            plugins.registry(registry).entry(name)
+        except RegistryError as exc:
+            problems.append(f"key '{key}': {exc}")
+    for key in ("train_file", "eval_file"):
+        value = getattr(cfg.data, key)
+        if value is not None and not Path(value).is_file():
+            problems.append(f"key 'data.{key}': file '{value}' does not exist")
+    if cfg.model.path != "tiny" and not (Path(cfg.model.path) / "config.json").is_file():
+        problems.append(
+            f"key 'model.path': '{cfg.model.path}' is not a Hugging Face model directory "
+            "(no config.json); roll never downloads from a hub at run time, point it at a local checkpoint"
+        )
+    if problems:
+        raise ConfigError("config error: " + "; ".join(problems))
+
+
+def load_and_check(path=None, overrides=None, plugins=None) -> RollConfig:
+    cfg = load_config(path, overrides)
+    check_registry_names(cfg, plugins)
+    return cfg

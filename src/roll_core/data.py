@@ -1,0 +1,134 @@
+"""``Batch``: the one container that moves between roles, and the data sources that feed it.
+
+A batch is a dict of tensors sharing the first dimension plus a dict of per-row Python lists
+(prompt text, ground truth, domain, group id, ...). It pickles cleanly, so the same object travels
+through the ``local`` executor and Ray's object store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roll_core.errors import ConfigError
+
+
+@dataclass
+class Batch:
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    non_tensors: dict[str, list] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        for value in (*self.tensors.values(), *self.non_tensors.values()):
+            return len(value)
+        return 0
+
+    def __getitem__(self, key: str):
+        return self.tensors[key] if key in self.tensors else self.non_tensors[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors or key in self.non_tensors
+
+    def update(self, **items: Any) -> "Batch":
+        for key, value in items.items():
+            (self.tensors if isinstance(value, torch.Tensor) else self.non_tensors)[key] = value
+        return self
+
+    def select(self, index) -> "Batch":
+        """Rows at ``index`` (a slice, list of ints or bool tensor)."""
+        if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
+            index = index.nonzero().flatten().tolist()
+        if isinstance(index, slice):
+            index = list(range(len(self)))[index]
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return Batch(
+            {k: v[idx] for k, v in self.tensors.items()},
+            {k: [v[i] for i in index] for k, v in self.non_tensors.items()},
+        )
+
+    def chunk(self, n: int) -> list["Batch"]:
+        """``n`` contiguous, near-equal parts (for dispatching to ``n`` workers)."""
+        size, rem = divmod(len(self), n)
+        parts, start = [], 0
+        for i in range(n):
+            end = start + size + (1 if i < rem else 0)
+            parts.append(self.select(slice(start, end)))
+            start = end
+        return parts
+
+    def split(self, size: int) -> list["Batch"]:
+        """Consecutive parts of at most ``size`` rows (micro-batches)."""
+        return [self.select(slice(i, i + size)) for i in range(0, len(self), size)]
+
+    @staticmethod
+    def concat(batches: list["Batch"]) -> "Batch":
+        """Inverse of :meth:`chunk`; tensors of different widths are right-padded with zeros."""
+        batches = [b for b in batches if len(b)]
+        if not batches:
+            return Batch()
+        tensors = {}
+        for key in batches[0].tensors:
+            parts = [b.tensors[key] for b in batches]
+            width = max(p.shape[-1] for p in parts) if parts[0].dim() > 1 else None
+            if width is not None:
+                parts = [torch.nn.functional.pad(p, (0, width - p.shape[-1])) for p in parts]
+            tensors[key] = torch.cat(parts)
+        non = {k: [x for b in batches for x in b.non_tensors[k]] for k in batches[0].non_tensors}
+        return Batch(tensors, non)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    rows = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"data file '{path}' line {lineno}: invalid JSON ({exc.msg})") from None
+            for key in ("prompt", "ground_truth"):
+                if key not in row:
+                    raise ConfigError(f"data file '{path}' line {lineno}: missing key '{key}'")
+            rows.append(row)
+    if not rows:
+        raise ConfigError(f"data file '{path}' has no rows")
+    return rows
+
+
+class PromptStream:
+    """An endless, resumable stream of training rows.
+
+    Each epoch is a permutation seeded by ``(seed, epoch)``; the position is ``(epoch, index)``, so
+    ``state()``/``load_state()`` resume exactly where a killed run stopped.
+    """
+
+    def __init__(self, rows: list[dict], seed: int):
+        self.rows, self.seed = rows, seed
+        self.epoch, self.index = 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(len(self.rows), generator=g).tolist()
+
+    def next(self, n: int) -> list[dict]:
+        out = []
+        while len(out) < n:
+            if self.index >= len(self._order):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._permutation()
+            out.append(self.rows[self._order[self.index]])
+            self.index += 1
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state(self, state: dict) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self._order = self._permutation()

@@ -1,0 +1,11 @@
+"""Built-in strategies: ``hf`` (transformers + torch) for training and inference."""
+
+from roll_core.hookspecs import hookimpl
+
+
+@hookimpl
+def roll_register_strategies(register):
+    register("hf", "roll_core.strategies.hf:HFTrainStrategy", kind="train",
+             description="transformers + torch, AdamW, one process")
+    register("hf", "roll_core.strategies.hf:HFInferStrategy", kind="infer",
+             description="transformers + torch, KV-cached sampling")

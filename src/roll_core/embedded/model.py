@@ -1,0 +1,117 @@
+"""The embedded tiny model: a small transformers causal LM with a character-level tokenizer.
+
+Why: no machine roll is tested on can download weights from a hub, yet every pipeline must run
+end to end on real transformers code. ``build_tiny_model`` writes an ordinary Hugging Face model
+directory (``config.json``, ``model.safetensors``, ``tokenizer.json``) that ``AutoModelForCausalLM``
+and ``AutoTokenizer`` load like any checkpoint, so the strategies never special-case it. A user with
+GPUs points ``model.path`` at a real checkpoint and nothing else changes.
+
+The tokenizer is a ``tokenizers`` WordLevel model over printable ASCII with a pre-tokenizer that
+splits every character, so it needs no custom Python code to load.
+
+Run by hand::
+
+    python -m roll_core.embedded.model /tmp/tiny   # then AutoModelForCausalLM.from_pretrained("/tmp/tiny")
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import string
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+SPECIAL_TOKENS = (PAD, BOS, EOS)
+# Printable ASCII without the whitespace controls, plus a plain space: enough for arithmetic,
+# code-like tasks and short natural-language prompts.
+CHARACTERS = tuple(c for c in string.printable if c not in "\t\n\r\x0b\x0c")
+
+
+class TinyModelConfig(BaseModel):
+    """Shape of the embedded model (a Llama-architecture decoder). Defaults fit a 2-core CPU."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 64
+    init_seed: int = 0
+
+
+def build_char_tokenizer():
+    """A ``PreTrainedTokenizerFast`` that maps every printable ASCII character to one token."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=PAD,
+        padding_side="left",
+        model_max_length=4096,
+    )
+
+
+def build_tiny_model(path: str | Path, config: TinyModelConfig | None = None) -> Path:
+    """Create (or reuse) the tiny model at ``path`` and return the directory.
+
+    The directory is written atomically: a crash half-way never leaves a directory that looks
+    complete. An existing complete directory is reused, so every role and every resume loads
+    the very same initial weights.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = config or TinyModelConfig()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+        return path
+    tokenizer = build_char_tokenizer()
+    model_cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+        attention_dropout=0.0,
+    )
+    # A private generator keeps model init independent of whatever else used the global RNG.
+    fork_devices: list = []
+    with torch.random.fork_rng(devices=fork_devices):
+        torch.manual_seed(config.init_seed)
+        model = LlamaForCausalLM(model_cfg)
+    # Per-process temporary name: concurrent builders (tests, workers) never clobber each other,
+    # and whichever finishes first wins the rename.
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        if not (path / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+if __name__ == "__main__":  # pragma: no cover - manual entry point
+    print(build_tiny_model(sys.argv[1] if len(sys.argv) > 1 else "tiny-model"))

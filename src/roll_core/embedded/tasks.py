@@ -1,0 +1,91 @@
+"""Built-in verifiable tasks that roll generates itself (no data-set download anywhere).
+
+``carry_addition`` is the embedded default. Prompts are fixed-width sums (``"47+38="``, ``"05+19="``)
+and the verifiable answer is the true sum written with a fixed number of digits (``"085"``, ``"024"``);
+fixed widths give every character a fixed role, which a 2-layer model learns in a few hundred steps. The supervised demonstrations come from a *careless teacher*
+that, whenever the units column carries, forgets the carry with probability
+``teacher_carry_error`` (``47+38=`` -> ``"075"`` instead of ``"085"``). A model warmed up on those
+demonstrations imitates the teacher: under greedy decoding it answers every carrying sum wrong,
+while sampling still finds the right answer a fraction of the time. That is exactly the situation
+RL with a verifiable reward is for: the reward tells right from wrong where the demonstrations
+could not, and held-out accuracy rises well above what imitation reached.
+
+Plain addition with clean demonstrations is the wrong default: supervised training alone solves it,
+so RL would have nothing to show.
+
+Every row is a dict with ``prompt``, ``ground_truth``, ``demonstration`` and ``domain``; a JSONL file
+with the same keys is accepted by the data config, so user data and built-in data flow the same way.
+"""
+
+from __future__ import annotations
+
+import random
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CarryAdditionConfig(BaseModel):
+    """Options of the ``carry_addition`` task."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_operand: int = Field(99, ge=9, description="operands are drawn from 0..max_operand")
+    num_eval: int = Field(500, ge=1, description="held-out pairs, never seen in training")
+    teacher_carry_error: float = Field(
+        0.7, ge=0.0, le=1.0, description="probability the teacher drops the units carry"
+    )
+    seed: int = 1234
+
+
+def careless_sum(a: int, b: int, forget_carry: bool) -> int:
+    """The teacher's answer: the true sum, minus the units carry when it forgets it."""
+    carries = (a % 10) + (b % 10) >= 10
+    return a + b - (10 if carries and forget_carry else 0)
+
+
+class CarryAdditionTask:
+    """Generates the train and held-out splits of ``carry_addition`` deterministically."""
+
+    name = "carry_addition"
+
+    def __init__(self, config: CarryAdditionConfig | None = None):
+        self.config = config or CarryAdditionConfig()
+        cfg = self.config
+        rng = random.Random(cfg.seed)
+        pairs = [(a, b) for a in range(cfg.max_operand + 1) for b in range(cfg.max_operand + 1)]
+        rng.shuffle(pairs)
+        if cfg.num_eval >= len(pairs):
+            raise ValueError(
+                f"carry_addition: num_eval={cfg.num_eval} leaves no training pairs "
+                f"(only {len(pairs)} pairs with max_operand={cfg.max_operand})"
+            )
+        self._eval_pairs = pairs[: cfg.num_eval]
+        self._train_pairs = pairs[cfg.num_eval :]
+        # The teacher's mistakes are drawn once per pair, so a demonstration is a fixed data set.
+        self._forgets = [rng.random() < cfg.teacher_carry_error for _ in self._train_pairs]
+
+    @classmethod
+    def from_options(cls, options: dict) -> "CarryAdditionTask":
+        """Build from the config's ``data.options`` (validated, unknown keys rejected)."""
+        return cls(CarryAdditionConfig.model_validate(options))
+
+    def _row(self, a: int, b: int, demonstration: int | None = None) -> dict:
+        width = len(str(self.config.max_operand))
+        answer_width = len(str(2 * self.config.max_operand))
+        row = {
+            "prompt": f"{a:0{width}d}+{b:0{width}d}=",
+            "ground_truth": f"{a + b:0{answer_width}d}",
+            "domain": "arithmetic",
+        }
+        if demonstration is not None:
+            row["demonstration"] = f"{demonstration:0{answer_width}d}"
+        return row
+
+    def train_rows(self) -> list[dict]:
+        return [
+            self._row(a, b, careless_sum(a, b, forget))
+            for (a, b), forget in zip(self._train_pairs, self._forgets)
+        ]
+
+    def eval_rows(self) -> list[dict]:
+        return [self._row(a, b) for a, b in self._eval_pairs]

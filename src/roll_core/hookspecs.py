@@ -1,0 +1,189 @@
+"""Every hook roll calls, in one place. Plugins implement them with ``@roll_core.hookimpl``.
+
+Conventions (enforced by ``tests/test_hookspecs.py``):
+  * every hook is prefixed ``roll_`` and has a docstring saying when it is called, its arguments and
+    what it returns;
+  * registration hooks receive a ``register`` callback instead of returning lists (as simonw/llm and
+    tox do), so a plugin can register any number of things, lazily, with metadata;
+  * hooks only ever *gain* arguments; an implementation may accept any subset of a hook's arguments
+    (pluggy's opt-in arguments), so old plugins keep working when a hook grows.
+
+``register(name, target, *, description="", **metadata)``: ``target`` is the object itself or a lazy
+``"package.module:attribute"`` string, imported the first time a run asks for ``name``. Prefer the
+string: ``roll list-plugins`` then never imports your heavy dependencies.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT_NAME = "roll"
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def roll_register_strategies(register):
+    """Register training and inference strategies (backends such as ``hf``, ``vllm``, ``megatron``).
+
+    Called once per process when the plugin registries are built (driver and every worker).
+
+    Args:
+        register: ``register(name, target, *, kind, description="")`` where ``kind`` is ``"train"``
+            (a :class:`roll_core.strategy.TrainStrategy`: forward/backward/optimizer, log-probs) or
+            ``"infer"`` (a :class:`roll_core.strategy.InferStrategy`: generation and log-probs).
+            The same name may be registered once per kind.
+
+    Returns: nothing.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Algorithms
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def roll_register_advantage_estimators(register):
+    """Register advantage estimators (``grpo``, ``reinforce_plus_plus``, ...).
+
+    Called once per process when the plugin registries are built.
+
+    Args:
+        register: ``register(name, target, *, description="")``; ``target`` is a callable
+            ``fn(batch: AdvantageInput, config: AlgorithmConfig) -> (advantages [B, R], returns [B, R])``
+            (see :mod:`roll_core.algorithms.advantages`).
+
+    Returns: nothing.
+    """
+
+
+@hookspec
+def roll_register_policy_losses(register):
+    """Register policy losses (``ppo_clip``, ``gspo``, ...).
+
+    Called once per process when the plugin registries are built.
+
+    Args:
+        register: ``register(name, target, *, description="")``; ``target`` is a callable
+            ``fn(inputs: PolicyLossInput, config: AlgorithmConfig) -> (loss_matrix [B, R], metrics)``
+            returning the per-token loss, aggregated later by ``config.loss_agg_mode``
+            (see :mod:`roll_core.algorithms.losses`).
+
+    Returns: nothing.
+    """
+
+
+@hookspec
+def roll_register_kl_estimators(register):
+    """Register KL estimators (``k1``, ``k2``, ``k3``, ...).
+
+    Called once per process when the plugin registries are built.
+
+    Args:
+        register: ``register(name, target, *, description="")``; ``target`` is a callable
+            ``fn(log_prob [B, R], ref_log_prob [B, R]) -> kl [B, R]`` (see :mod:`roll_core.algorithms.kl`).
+
+    Returns: nothing.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks: data, rewards, environments
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def roll_register_datasets(register):
+    """Register built-in data sources (tasks whose rows roll generates, such as ``carry_addition``).
+
+    Called once per process when the plugin registries are built.
+
+    Args:
+        register: ``register(name, target, *, description="")``; ``target`` is a factory called with
+            the config's ``data.options`` dict, returning an object with ``train_rows()`` and ``eval_rows()``, each a list of dicts
+            with at least ``prompt`` and ``ground_truth`` (see :mod:`roll_core.data`).
+
+    Returns: nothing.
+    """
+
+
+@hookspec
+def roll_register_rewards(register):
+    """Register reward functions (``exact_match``, math or code verifiers, judges).
+
+    Called once per process when the plugin registries are built, including inside reward workers.
+
+    Args:
+        register: ``register(name, target, *, description="")``; ``target`` is a
+            :class:`roll_core.rewards.Reward` subclass (or a factory returning one) constructed with the
+            options from the config.
+
+    Returns: nothing.
+    """
+
+
+@hookspec
+def roll_register_envs(register):
+    """Register environments for agentic, multi-turn RL (GEM-style ``reset``/``step``).
+
+    Called once per process when the plugin registries are built, including inside env workers.
+
+    Args:
+        register: ``register(name, target, *, description="")``; ``target`` is a
+            :class:`roll_core.envs.Env` subclass (or factory) constructed with the config's options.
+
+    Returns: nothing.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Orchestration and observability
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def roll_register_schedulers(register):
+    """Register rollout schedulers (how prompts become scored groups of samples).
+
+    Called once per process when the plugin registries are built.
+
+    Args:
+        register: ``register(name, target, *, description="")``; ``target`` is a
+            :class:`roll_core.rollout.RolloutScheduler` subclass.
+
+    Returns: nothing.
+    """
+
+
+@hookspec
+def roll_register_trackers(register):
+    """Register metric trackers (``stdout``, ``jsonl``, ``tensorboard``, ...).
+
+    Called once per process when the plugin registries are built.
+
+    Args:
+        register: ``register(name, target, *, description="")``; ``target`` is a
+            :class:`roll_core.trackers.Tracker` subclass constructed as ``cls(run_dir, options)``.
+
+    Returns: nothing.
+    """
+
+
+@hookspec
+def roll_register_pipelines(register):
+    """Register pipelines (``rlvr``; later SFT, DPO, agentic, distillation).
+
+    Called once per process when the plugin registries are built.
+
+    Args:
+        register: ``register(name, target, *, description="")``; ``target`` is a
+            :class:`roll_core.pipelines.Pipeline` subclass constructed as ``cls(config, executor)``.
+
+    Returns: nothing.
+    """

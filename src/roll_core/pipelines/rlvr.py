@@ -1,0 +1,293 @@
+"""``rlvr``: reinforcement learning with verifiable rewards, driven by a single controller.
+
+One step::
+
+    prompts -> rollout (generate groups on actor_infer, score on reward workers)
+            -> reference and old log-probs -> advantages (registered estimator)
+            -> policy update on actor_train -> weight sync to actor_infer -> metrics -> checkpoint
+
+Before RL, an optional supervised warm-up imitates the data's demonstrations, and held-out accuracy
+(greedy decoding) is measured before and after RL. Runs resume from the latest checkpoint in
+``output_dir``: step counter, data position, optimizer, sampling RNG and the before-RL numbers.
+
+Run it: ``roll run`` (the embedded default) or ``roll run my.yaml key=value ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from roll_core.algorithms.advantages import AdvantageInput
+from roll_core.data import Batch, PromptStream, read_jsonl
+from roll_core.embedded.model import build_tiny_model
+from roll_core.errors import ConfigError
+from roll_core.pipelines import Pipeline
+from roll_core.pipelines.checkpoint import CheckpointManager
+from roll_core.plugins import get_plugins
+from roll_core.runtime.workers import RewardWorker, RoleWorker
+
+WEIGHT_BUCKET_BYTES = 64 * 2**20
+
+
+def _progress(total: int, description: str):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+    task = progress.add_task(description, total=total, info="")
+    return progress, task
+
+
+class RLVRPipeline(Pipeline):
+    def __init__(self, config, executor):
+        super().__init__(config, executor)
+        self.plugins = get_plugins()
+        self.run_dir = Path(config.output_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", config.trainer.keep_checkpoints)
+
+    # ------------------------------------------------------------------------------------------
+    # set-up
+    # ------------------------------------------------------------------------------------------
+    def _model_path(self) -> str:
+        if self.config.model.path == "tiny":
+            return str(build_tiny_model(self.run_dir / "tiny-model", self.config.model.tiny))
+        return self.config.model.path
+
+    def _load_data(self) -> tuple[list[dict], list[dict]]:
+        data = self.config.data
+        if data.train_file:
+            train = read_jsonl(data.train_file)
+            evals = read_jsonl(data.eval_file) if data.eval_file else []
+        else:
+            factory = self.plugins.datasets.get(data.dataset)
+            try:
+                source = factory(data.options)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"key 'data.options' for dataset '{data.dataset}': {exc}") from None
+            train, evals = source.train_rows(), source.eval_rows()
+        if data.eval_size:
+            evals = evals[: data.eval_size]
+        return train, evals
+
+    def _spawn_workers(self, model_path: str) -> None:
+        cfg, roles, seed = self.config, self.config.roles, self.config.seed
+        self.actor = self.executor.spawn(
+            "actor_train", RoleWorker, [("actor_train", "train", model_path, roles.actor_train, cfg, seed)]
+        )
+        self.infer = self.executor.spawn(
+            "actor_infer", RoleWorker,
+            [("actor_infer", "infer", model_path, roles.actor_infer, cfg, seed + 1000 + r)
+             for r in range(roles.actor_infer.num_workers)],
+        )
+        self.reward = self.executor.spawn(
+            "reward", RewardWorker,
+            [(roles.reward.name, roles.reward.options, cfg) for _ in range(roles.reward.num_workers)],
+        )
+        self.reference = None
+
+    def _spawn_reference(self, model_path: str) -> None:
+        ref = self.config.roles.reference
+        if ref is not None:
+            self.reference = self.executor.spawn(
+                "reference", RoleWorker,
+                [("reference", "infer", model_path, ref, self.config, self.config.seed + 2000 + r)
+                 for r in range(ref.num_workers)],
+            )
+
+    def _make_trackers(self) -> list:
+        return [self.plugins.trackers.get(name)(self.run_dir, self.config) for name in self.config.trackers]
+
+    # ------------------------------------------------------------------------------------------
+    # building blocks
+    # ------------------------------------------------------------------------------------------
+    def sync_weights(self) -> None:
+        """Push actor_train's weights to every actor_infer worker (in buckets, worker to worker)."""
+        buckets = self.actor.call("weight_bucket_list", WEIGHT_BUCKET_BYTES)[0]
+        self.executor.get(self.infer.call("load_weight_buckets", buckets))
+
+    def _log_probs(self, group, batch: Batch) -> torch.Tensor:
+        temperature = self.config.rollout.temperature
+        parts = self.executor.get(group.map("compute_log_probs", batch.chunk(len(group)),
+                                            temperature=temperature))
+        return torch.cat([torch.nn.functional.pad(p, (0, batch["responses"].shape[1] - p.shape[1])) for p in parts])
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out accuracy with greedy decoding (mean verifiable reward, per domain too)."""
+        if not self.eval_rows:
+            return {}
+        batch = self.scheduler.collect(self.eval_rows, num_return_sequences=1, temperature=0.0)
+        metrics = {"eval/accuracy": float(batch["scores"].mean())}
+        domains = sorted(set(batch["domain"]))
+        if len(domains) > 1:
+            for d in domains:
+                idx = [i for i, x in enumerate(batch["domain"]) if x == d]
+                metrics[f"eval/accuracy/{d}"] = float(batch["scores"][idx].mean())
+        return metrics
+
+    def warmup(self) -> dict[str, float]:
+        """Supervised steps on the demonstrations (imitation before RL)."""
+        wcfg = self.config.warmup
+        rows = [r for r in self.train_rows if r.get("demonstration") is not None]
+        if not rows:
+            raise ConfigError("warmup.steps > 0 but no training row has a 'demonstration'; set warmup.steps=0")
+        stream = PromptStream(rows, self.config.seed + 7)
+        eos = self.tokenizer.eos_token
+        progress, task = _progress(wcfg.steps, "warm-up (supervised)")
+        loss = float("nan")
+        with progress:
+            for step in range(1, wcfg.steps + 1):
+                chunk = stream.next(wcfg.batch_size)
+                prompt_ids, prompt_mask = self._tok([r["prompt"] for r in chunk], "left")
+                resp = self.tokenizer([r["demonstration"] + eos for r in chunk], return_tensors="pt",
+                                      padding=True, add_special_tokens=False, padding_side="right")
+                batch = Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
+                               "responses": resp["input_ids"], "response_mask": resp["attention_mask"]})
+                loss = self.executor.get(self.actor.call("sft_step", batch, wcfg.lr))[0]["warmup/loss"]
+                progress.update(task, advance=1, info=f"loss {loss:.3f}")
+        self.sync_weights()
+        return {"warmup/loss": loss}
+
+    def _tok(self, texts: list[str], side: str):
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False, padding_side=side)
+        return enc["input_ids"], enc["attention_mask"]
+
+    def rl_step(self) -> dict[str, float]:
+        cfg = self.config
+        t0 = time.perf_counter()
+        rows = self.stream.next(cfg.rollout.prompts_per_step)
+        batch = self.scheduler.collect(rows, num_return_sequences=cfg.rollout.num_return_sequences,
+                                       temperature=cfg.rollout.temperature)
+        t_rollout = time.perf_counter() - t0
+        if self.reference is not None:
+            batch.update(ref_log_probs=self._log_probs(self.reference, batch))
+        batch.update(old_log_probs=self._log_probs(self.actor, batch))
+        estimator = self.plugins.advantage_estimators.get(cfg.algorithm.advantage_estimator)
+        adv, returns = estimator(
+            AdvantageInput(batch["token_level_rewards"], batch["response_mask"].float(), batch["group_index"]),
+            cfg.algorithm,
+        )
+        batch.update(advantages=adv, returns=returns)
+        t1 = time.perf_counter()
+        metrics = self.executor.get(self.actor.call("train_step", batch))[0]
+        t_train = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        self.sync_weights()
+        lengths = batch["response_mask"].sum(-1).float()
+        metrics.update({
+            "reward/mean": float(batch["scores"].mean()),
+            "reward/std": float(batch["scores"].std()) if len(batch) > 1 else 0.0,
+            "response_length/mean": float(lengths.mean()),
+            "advantage/abs_mean": float(adv.abs().sum() / batch["response_mask"].sum().clamp(min=1)),
+            "time/rollout_s": t_rollout,
+            "time/train_s": t_train,
+            "time/weight_sync_s": time.perf_counter() - t2,
+            "time/step_s": time.perf_counter() - t0,
+        })
+        return metrics
+
+    # ------------------------------------------------------------------------------------------
+    # checkpoints
+    # ------------------------------------------------------------------------------------------
+    def save(self, step: int) -> Path:
+        def write(tmp: Path) -> None:
+            self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
+            rng = self.executor.get(self.infer.call("rng_state"))
+            torch.save({"actor_infer": rng}, tmp / "infer_rng.pt")
+
+        state = {"data": self.stream.state(), "before_rl": self.before_rl, "seed": self.config.seed}
+        return self.checkpoints.save(step, write, state)
+
+    def restore(self, path: Path) -> int:
+        state = self.checkpoints.load_state(path)
+        self.executor.get(self.actor.call("load_checkpoint", str(path / "actor_train")))
+        rng = torch.load(path / "infer_rng.pt", weights_only=False)["actor_infer"]
+        if len(rng) != len(self.infer):
+            raise ConfigError(f"checkpoint {path} has {len(rng)} actor_infer workers, config has {len(self.infer)}")
+        self.executor.get([self.executor.invoke(h, "set_rng_state", (s,), {})
+                           for h, s in zip(self.infer.handles, rng)])
+        self.stream.load_state(state["data"])
+        self.before_rl = state["before_rl"]
+        self.sync_weights()
+        return int(state["step"])
+
+    # ------------------------------------------------------------------------------------------
+    # the loop
+    # ------------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        from transformers import AutoTokenizer
+
+        cfg = self.config
+        (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+        model_path = self._model_path()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.train_rows, self.eval_rows = self._load_data()
+        self.stream = PromptStream(self.train_rows, cfg.seed)
+        self._spawn_workers(model_path)
+        scheduler_cls = self.plugins.schedulers.get(cfg.rollout.scheduler)
+        self.scheduler = scheduler_cls(cfg, self.executor, self.infer, self.reward, self.tokenizer)
+        trackers = self._make_trackers()
+        self.before_rl: dict = {}
+        start = 0
+        latest = self.checkpoints.latest() if cfg.trainer.resume == "auto" else None
+        warm_dir = self.run_dir / "warm-model"
+        try:
+            if latest is not None:
+                start = self.restore(latest)
+                print(f"resumed from {latest} at step {start} (data position {self.stream.state()})", flush=True)
+                self._spawn_reference(str(warm_dir) if (warm_dir / "config.json").exists() else model_path)
+            else:
+                first = {}
+                if cfg.warmup.steps:
+                    first.update(self.warmup())
+                    self.executor.get(self.actor.call("save_checkpoint", str(warm_dir.with_name("warm-tmp"))))
+                    # The reference is the policy RL starts from: the warmed-up model.
+                    _replace_dir(warm_dir.with_name("warm-tmp") / "model", warm_dir)
+                    self.tokenizer.save_pretrained(warm_dir)
+                self._spawn_reference(str(warm_dir) if cfg.warmup.steps else model_path)
+                self.before_rl = self.evaluate()
+                first.update(self.before_rl)
+                if self.before_rl:
+                    print(f"held-out accuracy before RL (greedy): {self.before_rl['eval/accuracy']:.1%}", flush=True)
+                for t in trackers:
+                    t.log(first, 0)
+                self.save(0)
+            last_eval, last_eval_step = {}, None
+            for step in range(start + 1, cfg.trainer.max_steps + 1):
+                metrics = self.rl_step()
+                metrics["data/epoch"] = self.stream.epoch
+                if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0:
+                    last_eval, last_eval_step = self.evaluate(), step
+                    metrics.update(last_eval)
+                for t in trackers:
+                    t.log(metrics, step)
+                if step == cfg.trainer.max_steps or (cfg.trainer.save_every and step % cfg.trainer.save_every == 0):
+                    self.save(step)
+            final_step = max(start, cfg.trainer.max_steps)
+            after = last_eval if last_eval_step == final_step else self.evaluate()
+        finally:
+            for t in trackers:
+                t.close()
+        summary = {"steps": final_step, "before_rl": self.before_rl, "after_rl": after}
+        if self.before_rl and after:
+            b, a = self.before_rl["eval/accuracy"], after["eval/accuracy"]
+            summary["accuracy_gain_pp"] = round(100 * (a - b), 2)
+            print(f"held-out accuracy (greedy): before RL {b:.1%} -> after RL {a:.1%} "
+                  f"({100 * (a - b):+.1f} pp) after {final_step} RL steps", flush=True)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    import shutil
+
+    if dst.exists():
+        shutil.rmtree(dst)
+    src.rename(dst)
+    shutil.rmtree(src.parent, ignore_errors=True)

@@ -1,0 +1,243 @@
+"""Plugin discovery and the registries it fills.
+
+Where plugins come from, in order:
+  1. roll's own default plugins (``DEFAULT_PLUGINS``), loaded through the very same path as
+     third-party ones, so the built-ins are proof that the plugin API is enough;
+  2. every installed distribution declaring an entry point in the group ``roll``
+     (``[project.entry-points.roll] my_plugin = "my_pkg.plugin"``).
+
+A plugin that fails to import, or raises inside a hook, is recorded as *broken* with its name,
+version and error, and whatever it registered is withdrawn; every other plugin keeps working.
+``ROLL_STRICT_PLUGINS=1`` turns that into a hard error; ``ROLL_DISABLE_PLUGINS=a,b`` skips plugins
+by plugin or distribution name.
+
+Every process builds its own registries (``get_plugins()``), so Ray workers see the same plugins as
+the driver as long as they run in the same Python environment.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import pluggy
+
+from roll_core import hookspecs
+from roll_core.errors import PluginError
+from roll_core.registry import Registry
+
+ENTRY_POINT_GROUP = "roll"
+
+#: (plugin name, module) of the built-in plugins.
+DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
+    ("core.strategies", "roll_core.default_plugins.strategies"),
+    ("core.algorithms", "roll_core.default_plugins.algorithms"),
+    ("core.datasets", "roll_core.default_plugins.datasets"),
+    ("core.rewards", "roll_core.default_plugins.rewards"),
+    ("core.schedulers", "roll_core.default_plugins.schedulers"),
+    ("core.trackers", "roll_core.default_plugins.trackers"),
+    ("core.pipelines", "roll_core.default_plugins.pipelines"),
+)
+
+#: registry name -> the hook that fills it. Strategies fill two registries (see ``_strategy_register``).
+REGISTRY_HOOKS: dict[str, str] = {
+    "advantage_estimators": "roll_register_advantage_estimators",
+    "policy_losses": "roll_register_policy_losses",
+    "kl_estimators": "roll_register_kl_estimators",
+    "datasets": "roll_register_datasets",
+    "rewards": "roll_register_rewards",
+    "envs": "roll_register_envs",
+    "schedulers": "roll_register_schedulers",
+    "trackers": "roll_register_trackers",
+    "pipelines": "roll_register_pipelines",
+}
+STRATEGY_KINDS = ("train", "infer")
+
+
+@dataclass
+class PluginInfo:
+    """What ``roll list-plugins`` shows for one plugin."""
+
+    name: str
+    module: str
+    distribution: str
+    version: str
+    status: str = "ok"  # ok | broken | disabled
+    error: str = ""
+    builtin: bool = False
+    provides: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _env_list(var: str) -> set[str]:
+    return {x.strip() for x in os.environ.get(var, "").split(",") if x.strip()}
+
+
+def _strict() -> bool:
+    return os.environ.get("ROLL_STRICT_PLUGINS", "").lower() in {"1", "true", "yes"}
+
+
+class RollPlugins:
+    """The plugin manager plus the registries its hooks filled."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: dict[str, PluginInfo] = {}
+        self.registries: dict[str, Registry] = {
+            **{f"{kind}_strategies": Registry(f"{kind} strategy") for kind in STRATEGY_KINDS},
+            **{name: Registry(name.rstrip("s").replace("_", " ")) for name in REGISTRY_HOOKS},
+        }
+
+    # -- access -----------------------------------------------------------------------------
+    def registry(self, name: str) -> Registry:
+        return self.registries[name]
+
+    def __getattr__(self, name: str) -> Registry:
+        registries = self.__dict__.get("registries", {})
+        if name in registries:
+            return registries[name]
+        raise AttributeError(name)
+
+    # -- loading ----------------------------------------------------------------------------
+    def add(self, name: str, load: Callable[[], Any], *, module: str, distribution: str,
+            version: str, builtin: bool = False) -> PluginInfo:
+        """Import one plugin (``load()`` returns its module or object) and register it."""
+        info = PluginInfo(name, module, distribution, version, builtin=builtin)
+        self.plugins[name] = info
+        disabled = _env_list("ROLL_DISABLE_PLUGINS")
+        if name in disabled or distribution in disabled:
+            info.status = "disabled"
+            return info
+        try:
+            obj = load()
+            self.pm.register(obj, name=name)
+        except Exception as exc:  # a broken plugin must not take the others down
+            self._mark_broken(info, f"import failed: {type(exc).__name__}: {exc}", exc)
+        return info
+
+    def _mark_broken(self, info: PluginInfo, message: str, exc: BaseException) -> None:
+        info.status, info.error = "broken", message
+        for registry in self.registries.values():
+            registry.unregister_plugin(info.name)
+        if self.pm.has_plugin(info.name):
+            self.pm.unregister(name=info.name)
+        if _strict():
+            raise PluginError(
+                f"plugin '{info.name}' ({info.distribution} {info.version}) is broken: {message}. "
+                "Unset ROLL_STRICT_PLUGINS to continue without it."
+            ) from exc
+
+    def call_register_hooks(self) -> None:
+        """Run every registration hook, one implementation at a time, so that a failure is
+        attributed to its plugin and rolled back without touching the others."""
+        hooks = [("roll_register_strategies", None)] + [(h, r) for r, h in REGISTRY_HOOKS.items()]
+        for hook_name, registry_name in hooks:
+            hook = getattr(self.pm.hook, hook_name)
+            for impl in reversed(hook.get_hookimpls()):  # registration order
+                info = self.plugins.get(impl.plugin_name)
+                if info is None or info.status != "ok":
+                    continue
+                if registry_name is None:
+                    register = self._strategy_register(info.name)
+                else:
+                    register = self._register_into(self.registries[registry_name], info.name)
+                kwargs = {"register": register}
+                try:
+                    impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
+                except Exception as exc:
+                    self._mark_broken(info, f"{hook_name} raised {type(exc).__name__}: {exc}", exc)
+        for info in self.plugins.values():
+            info.provides = self._provided_by(info.name)
+
+    @staticmethod
+    def _register_into(registry: Registry, plugin: str):
+        def register(name, target, *, description: str = "", **metadata):
+            registry.register(name, target, plugin=plugin, description=description, **metadata)
+
+        return register
+
+    def _strategy_register(self, plugin: str):
+        def register(name, target, *, kind: str, description: str = "", **metadata):
+            if kind not in STRATEGY_KINDS:
+                raise ValueError(f"strategy '{name}': kind must be one of {STRATEGY_KINDS}, got {kind!r}")
+            self.registries[f"{kind}_strategies"].register(
+                name, target, plugin=plugin, description=description, **metadata
+            )
+
+        return register
+
+    def _provided_by(self, plugin: str) -> dict[str, list[str]]:
+        provided = {}
+        for reg_name, registry in self.registries.items():
+            names = [e.name for e in registry.entries() if e.plugin == plugin]
+            if names:
+                provided[reg_name] = names
+        return provided
+
+    def listing(self) -> dict[str, Any]:
+        """What ``roll list-plugins --json`` prints."""
+        return {
+            "python": {"version": sys.version.split()[0], "executable": sys.executable},
+            "plugins": [p.to_dict() for p in self.plugins.values()],
+        }
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "unknown"
+
+
+def load_plugins(extra: list[tuple[str, Any]] | None = None, *, entry_points: bool = True) -> RollPlugins:
+    """Build a fresh plugin manager: default plugins, installed entry points, then ``extra``.
+
+    ``extra`` is a list of ``(name, plugin object)`` pairs registered after everything else; tests
+    and notebooks use it to add a plugin without installing a distribution.
+    """
+    plugins = RollPlugins()
+    core_version = _dist_version("roll-core")
+    for name, module in DEFAULT_PLUGINS:
+        plugins.add(name, lambda m=module: importlib.import_module(m), module=module,
+                    distribution="roll-core", version=core_version, builtin=True)
+    if entry_points:
+        for ep in sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = ep.dist.name if ep.dist is not None else "unknown"
+            version = ep.dist.version if ep.dist is not None else "unknown"
+            if ep.name in plugins.plugins:
+                plugins.plugins[f"{ep.name}@{dist}"] = PluginInfo(
+                    ep.name, ep.value, dist, version, status="broken",
+                    error=f"plugin name '{ep.name}' is already taken by "
+                    f"{plugins.plugins[ep.name].distribution}",
+                )
+                continue
+            plugins.add(ep.name, ep.load, module=ep.value, distribution=dist, version=version)
+    for name, obj in extra or []:
+        plugins.add(name, lambda o=obj: o, module=getattr(obj, "__name__", repr(obj)),
+                    distribution="<in-process>", version="")
+    plugins.call_register_hooks()
+    return plugins
+
+
+_PLUGINS: RollPlugins | None = None
+
+
+def get_plugins() -> RollPlugins:
+    """The process-wide plugin manager, built on first use."""
+    global _PLUGINS
+    if _PLUGINS is None:
+        _PLUGINS = load_plugins()
+    return _PLUGINS
+
+
+def reset_plugins(plugins: RollPlugins | None = None) -> None:
+    """Replace (or drop, so it is rebuilt) the process-wide plugin manager. Used by tests."""
+    global _PLUGINS
+    _PLUGINS = plugins

@@ -1,0 +1,55 @@
+"""Reward interface, and the built-in verifiable rewards of the core.
+
+A reward scores one finished sample. Rewards are registered by name through
+``roll_register_rewards`` and run inside reward workers, so a slow reward never blocks generation
+once rollout is asynchronous. Richer rewards (math-verify, code sandboxes, judges) live in the
+``roll_rewards`` plugin.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RewardInput:
+    prompt: str
+    response: str
+    ground_truth: Any
+    domain: str = "default"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Reward(ABC):
+    """Constructed with the ``roles.reward.options`` of the config as keyword arguments."""
+
+    def __init__(self, **options: Any):
+        if options:
+            raise TypeError(f"{type(self).__name__} takes no options, got {sorted(options)}")
+
+    @abstractmethod
+    def score(self, sample: RewardInput) -> float:
+        """The reward of one sample (a float; 1.0 = correct for verifiable tasks)."""
+
+    def score_batch(self, samples: list[RewardInput]) -> list[float]:
+        return [float(self.score(s)) for s in samples]
+
+
+class ExactMatch(Reward):
+    """1.0 when the response equals the ground truth after stripping whitespace, else 0.0.
+
+    Options: ``strip`` (default True), ``case_sensitive`` (default True).
+    """
+
+    def __init__(self, strip: bool = True, case_sensitive: bool = True):
+        self.strip, self.case_sensitive = strip, case_sensitive
+
+    def _norm(self, text: Any) -> str:
+        text = str(text)
+        text = text.strip() if self.strip else text
+        return text if self.case_sensitive else text.lower()
+
+    def score(self, sample: RewardInput) -> float:
+        return float(self._norm(sample.response) == self._norm(sample.ground_truth))

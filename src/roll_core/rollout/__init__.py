@@ -1,0 +1,27 @@
+"""Rollout schedulers: turn prompt rows into scored groups of samples.
+
+The interface is deliberately small: ``collect(rows, ...) -> Batch``. The built-in ``sync`` scheduler
+generates whole groups on the inference workers, then scores them on the reward workers; the
+asynchronous, sample-level scheduler (ROLL Flash) registers under the same interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from roll_core.data import Batch
+
+
+class RolloutScheduler(ABC):
+    """Constructed as ``cls(config, executor, infer_group, reward_group, tokenizer)``."""
+
+    def __init__(self, config, executor, infer_group, reward_group, tokenizer):
+        self.config, self.executor = config, executor
+        self.infer, self.reward = infer_group, reward_group
+        self.tokenizer = tokenizer
+
+    @abstractmethod
+    def collect(self, rows: list[dict], *, num_return_sequences: int, temperature: float) -> Batch:
+        """Generate ``num_return_sequences`` responses per row, score them and return the batch with
+        ``prompt_ids``, ``prompt_mask``, ``responses``, ``response_mask``, ``infer_log_probs``,
+        ``token_level_rewards`` ``[B, R]``, ``scores`` ``[B]`` and ``group_index`` ``[B]``."""

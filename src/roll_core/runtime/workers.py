@@ -1,0 +1,95 @@
+"""Role workers. One worker hosts one strategy (or one reward) for one role.
+
+Workers are plain classes: the ``local`` executor instantiates them in the driver, the ``ray``
+executor wraps them in ``ray.remote``. A worker looks its strategy up in *its own process's*
+plugin registries, so whatever is installed (entry points) is available inside Ray workers too.
+"""
+
+from __future__ import annotations
+
+import os
+import torch
+
+from roll_core.errors import RollError
+from roll_core.plugins import get_plugins
+from roll_core.rewards import RewardInput
+
+
+class RewardError(RollError):
+    """A reward implementation raised on a sample."""
+
+
+class RoleWorker:
+    """Hosts a train or infer strategy. ``kind`` is ``"train"`` or ``"infer"``."""
+
+    def __init__(self, role: str, kind: str, model_path: str, role_config, run_config, seed: int):
+        torch.set_num_threads(run_config.torch_threads)
+        self.role, self.kind = role, kind
+        cls = get_plugins().registry(f"{kind}_strategies").get(role_config.strategy)
+        self.strategy = cls(model_path, role_config, run_config, seed)
+
+    # -- inference ------------------------------------------------------------------------------
+    def generate(self, batch, **sampling):
+        return self.strategy.generate(batch, **sampling)
+
+    def compute_log_probs(self, batch, temperature: float):
+        return self.strategy.compute_log_probs(batch, temperature)
+
+    def rng_state(self):
+        return self.strategy.rng_state()
+
+    def set_rng_state(self, state) -> None:
+        self.strategy.set_rng_state(state)
+
+    # -- training -------------------------------------------------------------------------------
+    def train_step(self, batch) -> dict:
+        return self.strategy.train_step(batch)
+
+    def sft_step(self, batch, lr: float) -> dict:
+        return self.strategy.sft_step(batch, lr)
+
+    def save_checkpoint(self, path: str) -> None:
+        self.strategy.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.strategy.load_checkpoint(path)
+
+    # -- weight sync ----------------------------------------------------------------------------
+
+    def weight_bucket_list(self, bucket_bytes: int) -> list:
+        return list(self.strategy.weight_buckets(bucket_bytes))
+
+    def load_weight_buckets(self, buckets: list) -> int:
+        for bucket in buckets:
+            self.strategy.load_weights(bucket)
+        return sum(len(b) for b in buckets)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RewardWorker:
+    """Scores finished samples with one registered reward."""
+
+    def __init__(self, name: str, options: dict, run_config):
+        torch.set_num_threads(1)
+        entry = get_plugins().rewards.entry(name)
+        self.name, self.plugin = name, entry.plugin
+        self.reward = get_plugins().rewards.get(name)(**options)
+
+    def score(self, samples: list[RewardInput]) -> list[float]:
+        try:
+            scores = self.reward.score_batch(samples)
+        except Exception as exc:
+            raise RewardError(
+                f"reward '{self.name}' (plugin '{self.plugin}') raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if len(scores) != len(samples):
+            raise RewardError(
+                f"reward '{self.name}' (plugin '{self.plugin}') returned {len(scores)} scores "
+                f"for {len(samples)} samples"
+            )
+        return [float(s) for s in scores]
+
+    def pid(self) -> int:
+        return os.getpid()

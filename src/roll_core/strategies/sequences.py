@@ -1,0 +1,133 @@
+"""Token-level building blocks shared by every torch strategy: sampling and response log-probs.
+
+Layout used everywhere in roll (the same as verl's): prompts are *left*-padded to ``[B, P]``,
+responses are *right*-padded to ``[B, R]``, and a training sequence is their concatenation
+``[B, P + R]``. ``response_mask`` is 1 for generated tokens up to and including EOS.
+
+Sampling is a plain KV-cached loop rather than ``model.generate`` so that (a) the random draws come
+from a ``torch.Generator`` the worker owns, which is what makes the ``local`` and ``ray`` executors
+produce identical samples for the same seed, and (b) the sampler returns the log-probs of the tokens
+it drew, which asynchronous training keeps for off-policy corrections.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding: ``[0,0,0,1,2]`` for mask ``[0,0,1,1,1]``.  Shape ``[B, T]``."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Mask logits outside the smallest set whose probability reaches ``top_p`` (nucleus sampling)."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    cumulative = sorted_logits.softmax(-1).cumsum(-1)
+    # Keep a token if the mass *before* it is below top_p, so the first token always survives.
+    drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+@torch.no_grad()
+def sample_responses(
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Generate responses for left-padded prompts.
+
+    Args:
+        prompt_ids, prompt_mask: ``[B, P]`` left-padded prompts.
+        temperature: 0 means greedy decoding.
+    Returns:
+        ``(response_ids [B, R], response_mask [B, R], log_probs [B, R])`` with ``R <= max_new_tokens``;
+        log-probs are those of the sampling distribution (after temperature, before top-p), 0 on padding.
+    """
+    batch = prompt_ids.shape[0]
+    mask = prompt_mask.long()
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=mask,
+        position_ids=position_ids_from_mask(mask),
+        use_cache=True,
+    )
+    past = out.past_key_values
+    logits = out.logits[:, -1, :].float()
+    next_pos = mask.sum(-1, keepdim=True)
+    finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
+    tokens, masks, logps = [], [], []
+    for _ in range(max_new_tokens):
+        if temperature > 0:
+            scaled = logits / temperature
+            probs = top_p_filter(scaled, top_p).softmax(-1)
+            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            logp = scaled.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
+        else:
+            token = logits.argmax(-1)
+            logp = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
+        alive = ~finished
+        tokens.append(torch.where(alive, token, torch.full_like(token, pad_token_id)))
+        masks.append(alive.long())
+        logps.append(torch.where(alive, logp, torch.zeros_like(logp)))
+        finished = finished | (token == eos_token_id)
+        if bool(finished.all()):
+            break
+        mask = torch.cat([mask, alive.long()[:, None]], dim=-1)
+        out = model(
+            input_ids=tokens[-1][:, None],
+            attention_mask=mask,
+            position_ids=next_pos,
+            past_key_values=past,
+            use_cache=True,
+        )
+        past = out.past_key_values
+        logits = out.logits[:, -1, :].float()
+        next_pos = next_pos + 1
+    return torch.stack(tokens, 1), torch.stack(masks, 1), torch.stack(logps, 1)
+
+
+def response_log_probs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = False,
+):
+    """Log-probs of the last ``response_length`` tokens of ``input_ids`` under ``model``.
+
+    Args:
+        input_ids, attention_mask: ``[B, P + R]`` prompt-then-response sequences.
+        temperature: divides the logits, matching the distribution the sampler drew from.
+    Returns:
+        ``log_probs [B, R]`` (and ``entropy [B, R]`` when ``with_entropy``).
+    """
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    )
+    logits = out.logits[:, -response_length - 1 : -1, :].float()
+    if temperature > 0:
+        logits = logits / temperature
+    log_softmax = F.log_softmax(logits, dim=-1)
+    targets = input_ids[:, -response_length:]
+    logp = log_softmax.gather(-1, targets[..., None]).squeeze(-1)
+    if not with_entropy:
+        return logp
+    entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+    return logp, entropy

@@ -1,0 +1,70 @@
+"""Interfaces of training and inference strategies (backends).
+
+A strategy owns one model replica inside one worker. Workers call it; the pipeline never does.
+``hf`` (transformers + torch) is the built-in; ``vllm``/``sglang`` (inference) and
+``deepspeed``/``megatron``/``fsdp2`` (training) plug in by registering under the same interfaces.
+
+Tensor layout is the one of :mod:`roll_core.strategies.sequences`: left-padded prompts ``[B, P]``,
+right-padded responses ``[B, R]``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Iterator
+
+import torch
+
+from roll_core.data import Batch
+
+
+class InferStrategy(ABC):
+    """Generation and log-probs. Constructed as ``cls(model_path, role_config, run_config, seed)``."""
+
+    @abstractmethod
+    def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
+        """Add ``responses``, ``response_mask`` and ``infer_log_probs`` ``[B, R]`` to ``batch``
+        (which carries ``prompt_ids`` and ``prompt_mask``) and return it. ``temperature=0`` is greedy."""
+
+    @abstractmethod
+    def compute_log_probs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        """Log-probs ``[B, R]`` of ``batch['responses']`` given the prompts."""
+
+    @abstractmethod
+    def load_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy one bucket of named parameters (from the training role) into the model."""
+
+    def rng_state(self) -> Any:
+        """Sampling RNG state, saved in checkpoints so a resumed run draws the same samples."""
+        return None
+
+    def set_rng_state(self, state: Any) -> None:
+        pass
+
+
+class TrainStrategy(ABC):
+    """Forward/backward/optimizer. Constructed as ``cls(model_path, role_config, run_config, seed)``."""
+
+    @abstractmethod
+    def compute_log_probs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        """Log-probs ``[B, R]`` of the responses under the current weights (no gradient)."""
+
+    @abstractmethod
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One policy update on ``batch`` (RL objective from :mod:`roll_core.algorithms.objective`)."""
+
+    @abstractmethod
+    def sft_step(self, batch: Batch, lr: float) -> dict[str, float]:
+        """One supervised step: cross-entropy on ``responses`` where ``response_mask`` is 1."""
+
+    @abstractmethod
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The current weights as buckets of ``(name, tensor)`` of at most ``bucket_bytes`` each."""
+
+    @abstractmethod
+    def save_checkpoint(self, path: str) -> None:
+        """Model (Hugging Face format, safetensors), optimizer and RNG state under ``path``."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: str) -> None:
+        """Inverse of :meth:`save_checkpoint`."""
