@@ -140,7 +140,7 @@ class RollPlugins:
         hooks = [("roll_register_strategies", None)] + [(h, r) for r, h in REGISTRY_HOOKS.items()]
         for hook_name, registry_name in hooks:
             hook = getattr(self.pm.hook, hook_name)
-            for impl in reversed(hook.get_hookimpls()):  # registration order
+            for impl in hook.get_hookimpls():  # registration order: built-ins claim names first
                 info = self.plugins.get(impl.plugin_name)
                 if info is None or info.status != "ok":
                     continue

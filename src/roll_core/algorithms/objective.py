@@ -38,16 +38,16 @@ def actor_loss(
     pg_loss = agg(pg_mat)
     loss = pg_loss
     metrics = {f"train/{k}": v for k, v in metrics.items()}
-    metrics["train/pg_loss"] = float(pg_loss)
+    metrics["train/pg_loss"] = pg_loss.item()
     if entropy is not None:
         ent = agg(entropy)
-        metrics["train/entropy"] = float(ent)
+        metrics["train/entropy"] = ent.item()
         if config.entropy_coef:
             loss = loss - config.entropy_coef * ent
     if "ref_log_probs" in micro:
         kl_fn = plugins.kl_estimators.get(config.kl_estimator)
         kl = agg(kl_fn(log_prob, micro["ref_log_probs"]))
-        metrics["train/kl"] = float(kl)
+        metrics["train/kl"] = kl.item()
         if config.kl_loss_coef:
             loss = loss + config.kl_loss_coef * kl
     return loss, metrics

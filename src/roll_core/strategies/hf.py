@@ -98,15 +98,13 @@ class HFTrainStrategy(_HFBase, TrainStrategy):
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=role_config.lr, weight_decay=role_config.weight_decay
         )
-
-    def _set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        # The supervised warm-up is a separate phase with its own optimizer: carrying its Adam
+        # moments (sized for cross-entropy gradients) into RL would shrink the first RL updates.
+        self.warmup_optimizer: torch.optim.Optimizer | None = None
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         algo = self.run_config.algorithm
         temperature = self.run_config.rollout.temperature
-        self._set_lr(self.role_config.lr)
         self.model.train()
         totals: dict[str, float] = {}
         counts: dict[str, int] = {}
@@ -144,16 +142,20 @@ class HFTrainStrategy(_HFBase, TrainStrategy):
         }
 
     def sft_step(self, batch: Batch, lr: float) -> dict[str, float]:
-        self._set_lr(lr)
+        if self.warmup_optimizer is None:
+            self.warmup_optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        optimizer = self.warmup_optimizer
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         ids, mask = _full_sequence(batch)
         logp = response_log_probs(self.model, self._to(ids), self._to(mask), batch["responses"].shape[1], 1.0)
         rmask = self._to(batch["response_mask"]).float()
         loss = -(logp * rmask).sum() / rmask.sum().clamp(min=1)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.run_config.algorithm.max_grad_norm)
-        self.optimizer.step()
+        optimizer.step()
         return {"warmup/loss": float(loss.detach())}
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:

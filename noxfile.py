@@ -1,0 +1,31 @@
+"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s quickstart`.
+
+Each package is installed alone into its own session venv, which catches undeclared dependencies.
+torch is installed first from its pinned CPU build so no session pulls a CUDA wheel.
+"""
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+TORCH = "torch==2.13.0"
+
+
+@nox.session
+def tests(session):
+    session.install(TORCH)
+    session.install("-e", ".[test]")
+    session.run("pytest", "-q", *session.posargs)
+
+
+@nox.session
+def lint(session):
+    session.install("ruff")
+    session.run("ruff", "check", "src", "tests")
+
+
+@nox.session
+def quickstart(session):
+    """The README's main job: warm-up, then GRPO, on the embedded default."""
+    session.install(TORCH)
+    session.install("-e", ".")
+    session.run("roll", "run", *session.posargs)

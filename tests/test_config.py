@@ -1,0 +1,102 @@
+from pathlib import Path
+
+import pytest
+
+from conftest import run_roll
+from roll_core.config import check_registry_names, load_and_check, load_config
+from roll_core.errors import ConfigError
+
+ROOT = Path(__file__).parents[1]
+
+
+def write(tmp_path, text):
+    p = tmp_path / "exp.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_are_the_quickstart():
+    cfg = load_config()
+    assert cfg.model.path == "tiny" and cfg.data.dataset == "carry_addition"
+    assert cfg.algorithm.advantage_estimator == "grpo" and cfg.executor == "ray"
+    check_registry_names(cfg)
+
+
+def test_misspelled_nested_key_is_named_with_suggestion(tmp_path):
+    path = write(tmp_path, "rollout:\n  temprature: 0.7\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert str(path) in msg and "unknown key 'rollout.temprature'" in msg and "Did you mean 'temperature'?" in msg
+
+
+def test_misspelled_top_level_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key 'trainr'\. Did you mean 'trainer'\?"):
+        load_config(write(tmp_path, "trainr:\n  max_steps: 3\n"))
+
+
+def test_misspelled_override_key():
+    with pytest.raises(ConfigError, match=r"unknown key 'algorithm.kl_los_coef'\. Did you mean 'kl_loss_coef'\?"):
+        load_config(None, ["algorithm.kl_los_coef=0.1"])
+
+
+def test_wrong_type_names_key():
+    with pytest.raises(ConfigError, match=r"key 'trainer.max_steps'.*'many'"):
+        load_config(None, ["trainer.max_steps=many"])
+
+
+def test_overrides_parse_yaml_values():
+    cfg = load_config(None, ["rollout.temperature=0.5", "trackers=[jsonl]", "roles.reference=null"])
+    assert cfg.rollout.temperature == 0.5 and cfg.trackers == ["jsonl"] and cfg.roles.reference is None
+
+
+def test_cross_field_check():
+    with pytest.raises(ConfigError, match="needs a reference role"):
+        load_config(None, ["roles.reference=null", "algorithm.kl_loss_coef=0.1"])
+
+
+@pytest.mark.parametrize(
+    "override, key, valid",
+    [
+        ("roles.reward.name=exact_mtch", "roles.reward.name", "Did you mean 'exact_match'?"),
+        ("roles.actor_train.strategy=hff", "roles.actor_train.strategy", "Valid names: hf"),
+        ("algorithm.advantage_estimator=grop", "algorithm.advantage_estimator", "Valid names: grpo"),
+        ("trackers=[stdout,wandbb]", "trackers[1]", "Valid names: jsonl, stdout, tensorboard"),
+    ],
+)
+def test_unknown_registry_names_list_valid_ones(override, key, valid):
+    with pytest.raises(ConfigError) as err:
+        load_and_check(None, [override])
+    assert f"key '{key}'" in str(err.value) and valid in str(err.value)
+
+
+def test_missing_model_directory_is_explained(tmp_path):
+    with pytest.raises(ConfigError, match="model.path.*never downloads"):
+        load_and_check(None, [f"model.path={tmp_path / 'nope'}"])
+
+
+def test_cli_validate_misspelled_key_exits_nonzero_with_one_message(tmp_path):
+    path = write(tmp_path, "rollout:\n  num_return_sequence: 4\n")
+    result = run_roll("validate", str(path))
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.strip().splitlines() if line]
+    assert len(lines) == 1, result.stderr
+    assert "unknown key 'rollout.num_return_sequence'" in lines[0]
+    assert "Did you mean 'num_return_sequences'?" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_validate_unknown_reward_lists_valid(tmp_path):
+    result = run_roll("validate", str(write(tmp_path, "roles:\n  reward:\n    name: exactmatch\n")))
+    assert result.returncode == 2 and "Valid names: exact_match" in result.stderr
+
+
+def test_cli_validate_ok():
+    result = run_roll("validate", str(ROOT / "examples" / "quickstart.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert "ok" in result.stdout
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_example_configs_validate(path):
+    load_and_check(path)

@@ -1,0 +1,149 @@
+"""One test per hook: a plugin implementing it registers something that the registry then serves."""
+
+import types
+
+import pytest
+
+from roll_core import hookimpl
+from roll_core.envs import Env
+from roll_core.rewards import Reward, RewardInput
+
+
+def plugin(**hooks):
+    """A plugin object with the given hook implementations."""
+    return types.SimpleNamespace(**{name: hookimpl(fn) for name, fn in hooks.items()})
+
+
+def test_roll_register_strategies(roll_plugins):
+    def roll_register_strategies(register):
+        register("mine", "roll_core.strategies.hf:HFTrainStrategy", kind="train")
+        register("mine", "roll_core.strategies.hf:HFInferStrategy", kind="infer")
+
+    p = roll_plugins(("t", plugin(roll_register_strategies=roll_register_strategies)))
+    assert p.train_strategies.get("mine").__name__ == "HFTrainStrategy"
+    assert p.infer_strategies.get("mine").__name__ == "HFInferStrategy"
+    assert p.plugins["t"].provides == {"train_strategies": ["mine"], "infer_strategies": ["mine"]}
+
+
+def test_roll_register_strategies_rejects_unknown_kind(roll_plugins):
+    def roll_register_strategies(register):
+        register("x", "a:b", kind="trian")
+
+    p = roll_plugins(("t", plugin(roll_register_strategies=roll_register_strategies)))
+    assert p.plugins["t"].status == "broken" and "kind must be one of" in p.plugins["t"].error
+
+
+def test_roll_register_advantage_estimators(roll_plugins):
+    def double(batch, config):
+        return batch * 2, batch
+
+    p = roll_plugins(("t", plugin(roll_register_advantage_estimators=lambda register: register("double", double))))
+    assert p.advantage_estimators.get("double") is double
+
+
+def test_roll_register_policy_losses(roll_plugins):
+    def zero(inputs, config):
+        return 0, {}
+
+    p = roll_plugins(("t", plugin(roll_register_policy_losses=lambda register: register("zero", zero))))
+    assert p.policy_losses.get("zero") is zero and "ppo_clip" in p.policy_losses
+
+
+def test_roll_register_kl_estimators(roll_plugins):
+    def absolute(lp, ref):
+        return (lp - ref).abs()
+
+    p = roll_plugins(("t", plugin(roll_register_kl_estimators=lambda register: register("abs", absolute))))
+    assert p.kl_estimators.get("abs") is absolute
+
+
+def test_roll_register_datasets(roll_plugins):
+    class Two:
+        def __init__(self, options):
+            self.options = options
+
+        def train_rows(self):
+            return [{"prompt": "1+1=", "ground_truth": "2"}]
+
+        def eval_rows(self):
+            return []
+
+    p = roll_plugins(("t", plugin(roll_register_datasets=lambda register: register("two", Two))))
+    assert p.datasets.get("two")({}).train_rows()[0]["ground_truth"] == "2"
+
+
+def test_roll_register_rewards(roll_plugins):
+    class Length(Reward):
+        def score(self, sample):
+            return len(sample.response)
+
+    p = roll_plugins(("t", plugin(roll_register_rewards=lambda register: register("length", Length))))
+    assert p.rewards.get("length")().score(RewardInput("p", "abc", None)) == 3
+
+
+def test_roll_register_envs(roll_plugins):
+    class Counter(Env):
+        def reset(self, seed=None):
+            self.n = 0
+            return "0", {}
+
+        def step(self, action):
+            self.n += 1
+            return str(self.n), float(action == "up"), self.n >= 2, False, {}
+
+    p = roll_plugins(("t", plugin(roll_register_envs=lambda register: register("counter", Counter))))
+    env = p.envs.get("counter")()
+    assert env.reset() == ("0", {})
+    assert env.step("up")[:3] == ("1", 1.0, False)
+    assert env.step("down")[2] is True
+
+
+def test_roll_register_schedulers(roll_plugins):
+    p = roll_plugins(("t", plugin(roll_register_schedulers=lambda register: register(
+        "sync2", "roll_core.rollout.sync:SyncRolloutScheduler"))))
+    assert p.schedulers.get("sync2") is p.schedulers.get("sync")
+
+
+def test_roll_register_trackers(roll_plugins, tmp_path):
+    from roll_core.trackers import Tracker
+
+    logged = []
+
+    class ListTracker(Tracker):
+        def log(self, metrics, step):
+            logged.append((step, metrics))
+
+    p = roll_plugins(("t", plugin(roll_register_trackers=lambda register: register("list", ListTracker))))
+    p.trackers.get("list")(tmp_path).log({"a": 1.0}, 3)
+    assert logged == [(3, {"a": 1.0})]
+
+
+def test_roll_register_pipelines(roll_plugins):
+    from roll_core.pipelines import Pipeline
+
+    class Echo(Pipeline):
+        def run(self):
+            return {"config": self.config}
+
+    p = roll_plugins(("t", plugin(roll_register_pipelines=lambda register: register("echo", Echo))))
+    assert p.pipelines.get("echo")("cfg", None).run() == {"config": "cfg"}
+
+
+def test_hook_implementations_may_take_no_arguments(roll_plugins):
+    """Opt-in arguments: an implementation that accepts none of the hook's arguments still runs."""
+    called = []
+    p = roll_plugins(("t", plugin(roll_register_rewards=lambda: called.append(True))))
+    assert called == [True] and p.plugins["t"].status == "ok"
+
+
+@pytest.mark.parametrize("hook", ["roll_register_rewards", "roll_register_envs"])
+def test_hook_raising_marks_plugin_broken_and_withdraws_registrations(roll_plugins, hook):
+    def impl(register):
+        register("half_done", "a:b")
+        raise RuntimeError("boom")
+
+    p = roll_plugins(("bad", plugin(**{hook: impl})))
+    assert p.plugins["bad"].status == "broken"
+    assert "RuntimeError: boom" in p.plugins["bad"].error
+    assert "half_done" not in p.rewards and "half_done" not in p.envs
+    assert "exact_match" in p.rewards  # the others keep working

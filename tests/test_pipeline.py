@@ -1,0 +1,120 @@
+"""The RLVR pipeline on the tiny model: metrics, trackers, checkpoints, resume, executors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from roll_core.pipelines.rlvr import RLVRPipeline
+from roll_core.runtime import LocalExecutor
+
+
+def metrics_of(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_local_run_writes_metrics_checkpoints_and_tensorboard(tiny_config):
+    cfg = tiny_config("trackers=[jsonl,tensorboard,stdout]", "trainer.save_every=2")
+    summary = RLVRPipeline(cfg, LocalExecutor()).run()
+    run = __import__("pathlib").Path(cfg.output_dir)
+    rows = metrics_of(run)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert "eval/accuracy" in rows[0] and "warmup/loss" in rows[0]
+    for r in rows[1:]:
+        assert 0.0 <= r["reward/mean"] <= 1.0 and r["train/kl"] >= 0.0
+    assert summary["steps"] == 3 and "accuracy_gain_pp" in summary
+    steps = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert steps == ["step_000002", "step_000003"]  # keep_checkpoints=2
+    ckpt = run / "checkpoints" / "step_000003"
+    assert (ckpt / "actor_train" / "model" / "model.safetensors").exists()
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(ckpt / "actor_train" / "model")  # Hugging Face format
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    reward = acc.Scalars("reward/mean")
+    assert [e.step for e in reward] == [1, 2, 3]
+    assert [round(e.value, 5) for e in reward] == [round(r["reward/mean"], 5) for r in rows[1:]]
+
+
+def test_failing_reward_stops_with_a_clear_message(tiny_config, roll_plugins):
+    import types
+
+    from roll_core import hookimpl
+    from roll_core.errors import RollError
+    from roll_core.rewards import Reward
+
+    class Crashing(Reward):
+        def score(self, sample):
+            raise ZeroDivisionError("my bug")
+
+    roll_plugins(("mine", types.SimpleNamespace(
+        roll_register_rewards=hookimpl(lambda register: register("crashing", Crashing)))))
+    cfg = tiny_config("roles.reward.name=crashing", "warmup.steps=0")
+    with pytest.raises(RollError, match=r"reward 'crashing' \(plugin 'mine'\) raised ZeroDivisionError: my bug"):
+        RLVRPipeline(cfg, LocalExecutor()).run()
+
+
+def _run_cli(run_dir, *overrides, executor="local"):
+    return [sys.executable, "-m", "roll_core.cli", "run", f"output_dir={run_dir}", f"executor={executor}",
+            "warmup.steps=5", "rollout.prompts_per_step=4", "rollout.num_return_sequences=4",
+            "trainer.eval_every=0", "data.eval_size=8", "trackers=[jsonl]", "torch_threads=1", *overrides]
+
+
+def test_kill_after_checkpoint_then_resume_continues(tmp_path):
+    """SIGKILL a run once a checkpoint exists; resuming continues from its step and data position,
+    and the resumed steps reproduce the uninterrupted run's metrics."""
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_run_cli(killed, "trainer.max_steps=200", "trainer.save_every=2"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    ckpt = killed / "checkpoints" / "step_000002" / "state.json"
+    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert ckpt.exists(), "no checkpoint was written before the deadline"
+    saved = json.loads(ckpt.read_text())
+    assert saved["step"] == 2 and saved["data"] == {"epoch": 0, "index": 8}  # 2 steps x 4 prompts
+
+    resumed = subprocess.run(_run_cli(killed, "trainer.max_steps=4", "trainer.save_every=2"),
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout
+    final = json.loads((killed / "checkpoints" / "step_000004" / "state.json").read_text())
+    assert final["step"] == 4 and final["data"] == {"epoch": 0, "index": 16}
+
+    straight = tmp_path / "straight"
+    done = subprocess.run(_run_cli(straight, "trainer.max_steps=4", "trainer.save_every=2"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    by_step = lambda run: {r["step"]: r for r in metrics_of(run)}
+    a, b = by_step(killed), by_step(straight)
+    for step in (3, 4):
+        for key in ("reward/mean", "train/pg_loss", "train/kl"):
+            assert a[step][key] == pytest.approx(b[step][key], rel=1e-5, abs=1e-7), (step, key)
+
+
+@pytest.mark.ray
+def test_same_seed_same_metrics_local_and_ray(tmp_path):
+    results = {}
+    for executor in ("local", "ray"):
+        run_dir = tmp_path / executor
+        out = subprocess.run(_run_cli(run_dir, "trainer.max_steps=3", executor=executor),
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        results[executor] = metrics_of(run_dir)
+    local, ray = results["local"], results["ray"]
+    assert [r["step"] for r in local] == [r["step"] for r in ray] == [0, 1, 2, 3]
+    for a, b in zip(local, ray):
+        assert set(a) == set(b)
+        for key in a:
+            if not key.startswith("time/"):
+                assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-8), (a["step"], key)

@@ -1,0 +1,118 @@
+"""Plugin discovery through the ``roll`` entry-point group, in a real subprocess of the CLI."""
+
+import json
+
+from conftest import run_roll
+
+GOOD = """
+from roll_core import hookimpl
+from roll_core.rewards import Reward
+
+class Shout(Reward):
+    def score(self, sample):
+        return float(sample.response.isupper())
+
+@hookimpl
+def roll_register_rewards(register):
+    register("shout", "roll_acme_rewards:Shout", description="1 if the response is upper case")
+"""
+
+BROKEN_IMPORT = """
+raise ImportError("needs libfoo, which is not installed")
+"""
+
+HEAVY = """
+import sys
+from roll_core import hookimpl
+
+@hookimpl
+def roll_register_strategies(register):
+    # a lazy target: listing must not import it
+    register("heavy", "roll_heavy_backend_impl:Strategy", kind="infer")
+"""
+
+
+def listing(env):
+    result = run_roll("list-plugins", "--json", env_extra=env)
+    assert result.returncode == 0, result.stderr
+    return {p["name"]: p for p in json.loads(result.stdout)["plugins"]}, json.loads(result.stdout)
+
+
+def test_default_plugins_are_listed_with_what_they_provide():
+    plugins, full = listing({})
+    core = {n: p for n, p in plugins.items() if p["distribution"] == "roll-core"}
+    assert {"core.strategies", "core.algorithms", "core.rewards", "core.trackers", "core.pipelines"} <= set(core)
+    assert all(p["status"] == "ok" and p["builtin"] for p in core.values())
+    assert plugins["core.algorithms"]["provides"]["advantage_estimators"] == ["grpo", "reinforce_plus_plus", "rloo"]
+    assert plugins["core.strategies"]["provides"] == {"train_strategies": ["hf"], "infer_strategies": ["hf"]}
+    assert full["python"]["version"].count(".") == 2 and full["python"]["executable"]
+
+
+def test_installed_distribution_appears_and_its_reward_is_usable(fake_dist, tmp_path):
+    site = fake_dist("roll-acme-rewards", "roll_acme_rewards", GOOD, version="1.2.3")
+    env = {"PYTHONPATH": str(site)}
+    plugins, _ = listing(env)
+    acme = plugins["roll_acme_rewards"]
+    assert acme["distribution"] == "roll-acme-rewards" and acme["version"] == "1.2.3"
+    assert acme["status"] == "ok" and acme["provides"] == {"rewards": ["shout"]}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("roles:\n  reward:\n    name: shout\n")
+    result = run_roll("validate", str(cfg), env_extra=env)
+    assert result.returncode == 0, result.stderr
+    # without the distribution, the same config names the valid rewards
+    result = run_roll("validate", str(cfg))
+    assert result.returncode == 2 and "unknown reward 'shout'" in result.stderr
+
+
+def test_broken_plugin_is_reported_and_the_cli_keeps_working(fake_dist):
+    site = fake_dist("roll-broken", "roll_broken", BROKEN_IMPORT, version="0.9")
+    plugins, _ = listing({"PYTHONPATH": str(site)})
+    broken = plugins["roll_broken"]
+    assert broken["status"] == "broken" and broken["version"] == "0.9"
+    assert "ImportError: needs libfoo" in broken["error"]
+    assert plugins["core.rewards"]["status"] == "ok"
+    table = run_roll("list-plugins", env_extra={"PYTHONPATH": str(site), "COLUMNS": "200"})
+    assert table.returncode == 0 and "roll_broken" in table.stdout and "broken" in table.stdout
+
+
+def test_strict_mode_makes_a_broken_plugin_fatal(fake_dist):
+    site = fake_dist("roll-broken", "roll_broken", BROKEN_IMPORT)
+    result = run_roll("list-plugins", env_extra={"PYTHONPATH": str(site), "ROLL_STRICT_PLUGINS": "1"})
+    assert result.returncode == 2
+    assert "plugin 'roll_broken'" in result.stderr and "libfoo" in result.stderr
+
+
+def test_disable_plugins_by_name(fake_dist):
+    site = fake_dist("roll-acme-rewards", "roll_acme_rewards", GOOD)
+    plugins, _ = listing({"PYTHONPATH": str(site), "ROLL_DISABLE_PLUGINS": "roll-acme-rewards,core.trackers"})
+    assert plugins["roll_acme_rewards"]["status"] == "disabled"
+    assert plugins["core.trackers"]["status"] == "disabled" and plugins["core.trackers"]["provides"] == {}
+
+
+def test_listing_imports_no_heavy_backend(fake_dist):
+    site = fake_dist("roll-heavy", "roll_heavy", HEAVY)
+    code = ("import sys; from roll_core.plugins import get_plugins; p = get_plugins(); "
+            "assert 'heavy' in p.infer_strategies; "
+            "print(sorted(m for m in ('torch', 'transformers', 'ray', 'roll_heavy_backend_impl') if m in sys.modules))")
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(site)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_duplicate_name_from_two_plugins_names_both(roll_plugins):
+    import types
+
+    from roll_core import hookimpl
+
+    impostor = types.SimpleNamespace(
+        roll_register_rewards=hookimpl(lambda register: register("exact_match", "x:y")))
+    p = roll_plugins(("impostor", impostor))
+    info = p.plugins["impostor"]
+    assert info.status == "broken"
+    assert "'core.rewards'" in info.error and "'impostor'" in info.error
+    assert p.rewards.entry("exact_match").plugin == "core.rewards"

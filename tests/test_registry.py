@@ -1,0 +1,63 @@
+import pytest
+
+from roll_core.errors import RegistryError
+from roll_core.registry import Registry, import_target
+
+
+def test_lazy_target_is_imported_on_first_get():
+    reg = Registry("reward")
+    reg.register("join", "os.path:join", plugin="p")
+    assert not reg.entry("join").is_loaded
+    import os.path
+
+    assert reg.get("join") is os.path.join
+    assert reg.entry("join").is_loaded
+
+
+def test_object_registration_and_listing():
+    reg = Registry("reward")
+    reg.register("b", len, plugin="p")
+    reg.register("a", max, plugin="q", description="d")
+    assert reg.names() == ["a", "b"] and "a" in reg and len(reg) == 2
+    assert reg.get("b") is len
+
+
+def test_duplicate_names_both_plugins():
+    reg = Registry("reward")
+    reg.register("exact", len, plugin="first")
+    with pytest.raises(RegistryError) as err:
+        reg.register("exact", max, plugin="second")
+    assert "'first'" in str(err.value) and "'second'" in str(err.value)
+
+
+def test_unknown_name_lists_valid_names_and_suggests():
+    reg = Registry("reward")
+    for name in ("exact_match", "math_verify"):
+        reg.register(name, len, plugin="p")
+    with pytest.raises(RegistryError) as err:
+        reg.get("exact_mach")
+    msg = str(err.value)
+    assert "unknown reward 'exact_mach'" in msg
+    assert "Did you mean 'exact_match'?" in msg
+    assert "Valid names: exact_match, math_verify" in msg
+
+
+def test_broken_lazy_target_names_plugin_and_target():
+    reg = Registry("reward")
+    reg.register("bad", "no_such_module_xyz:thing", plugin="acme")
+    with pytest.raises(RegistryError, match="acme.*no_such_module_xyz:thing.*ModuleNotFoundError"):
+        reg.get("bad")
+
+
+@pytest.mark.parametrize("target", ["no_colon", ":attr", "mod:"])
+def test_invalid_target_strings(target):
+    with pytest.raises(RegistryError, match="expected 'package.module:attribute'"):
+        import_target(target)
+
+
+def test_unregister_plugin_withdraws_its_entries():
+    reg = Registry("reward")
+    reg.register("a", len, plugin="keep")
+    reg.register("b", len, plugin="drop")
+    reg.unregister_plugin("drop")
+    assert reg.names() == ["a"]
