@@ -32,7 +32,7 @@ class CarryAdditionConfig(BaseModel):
     max_operand: int = Field(99, ge=9, description="operands are drawn from 0..max_operand")
     num_eval: int = Field(500, ge=1, description="held-out pairs, never seen in training")
     teacher_carry_error: float = Field(
-        0.7, ge=0.0, le=1.0, description="probability the teacher drops the units carry"
+        0.8, ge=0.0, le=1.0, description="probability the teacher drops the units carry"
     )
     seed: int = 1234
 
