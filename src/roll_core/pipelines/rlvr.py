@@ -27,6 +27,7 @@ from roll_core.embedded.model import build_tiny_model
 from roll_core.errors import ConfigError
 from roll_core.pipelines import Pipeline
 from roll_core.pipelines.checkpoint import CheckpointManager
+from roll_core.rollout.sync import tokenize_prompts
 from roll_core.plugins import get_plugins
 from roll_core.runtime.workers import RewardWorker, RoleWorker
 
@@ -142,7 +143,7 @@ class RLVRPipeline(Pipeline):
         with progress:
             for step in range(1, wcfg.steps + 1):
                 chunk = stream.next(wcfg.batch_size)
-                prompt_ids, prompt_mask = self._tok([r["prompt"] for r in chunk], "left")
+                prompt_ids, prompt_mask = tokenize_prompts(self.tokenizer, [r["prompt"] for r in chunk])
                 resp = self.tokenizer([r["demonstration"] + eos for r in chunk], return_tensors="pt",
                                       padding=True, add_special_tokens=False, padding_side="right")
                 batch = Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
@@ -151,10 +152,6 @@ class RLVRPipeline(Pipeline):
                 progress.update(task, advance=1, info=f"loss {loss:.3f}")
         self.sync_weights()
         return {"warmup/loss": loss}
-
-    def _tok(self, texts: list[str], side: str):
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False, padding_side=side)
-        return enc["input_ids"], enc["attention_mask"]
 
     def rl_step(self) -> dict[str, float]:
         cfg = self.config

@@ -11,7 +11,7 @@ from roll_core.rollout import RolloutScheduler
 
 def tokenize_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded ``[B, P]`` ids and mask, without BOS/EOS (prompts are used verbatim)."""
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False, padding_side="left")
     return enc["input_ids"], enc["attention_mask"]
 
 
