@@ -7,16 +7,21 @@ import pytest
 import torch
 
 from roll_core.algorithms.advantages import (
-    AdvantageInput, discounted_returns, grpo, reinforce_plus_plus, rloo,
+    AdvantageInput, agentic_reinforce, discounted_returns, gae, gigpo, grpo, opd, raft, reinforce,
+    reinforce_plus_plus, reinforce_plus_plus_baseline, rloo, step_reinforce,
 )
-from roll_core.algorithms.kl import k1, k2, k3
-from roll_core.algorithms.losses import PolicyLossInput, aggregate, ppo_clip, vanilla_pg
+from roll_core.algorithms.kl import abs_kl, full, k1, k2, k3
+from roll_core.algorithms.losses import (
+    PolicyLossInput, aggregate, cispo, dual_clip, gspo, kimi, ppo_clip, tis, topr, value_loss, vanilla_pg,
+)
 
 EPS = 1e-6
 
 
 def cfg(**kw):
-    base = dict(norm_adv_by_std=True, gamma=1.0, clip_ratio_low=0.2, clip_ratio_high=0.2)
+    base = dict(norm_adv_by_std=True, gamma=1.0, lam=1.0, clip_ratio_low=0.2, clip_ratio_high=0.2,
+                dual_clip_c=3.0, tis_cap=2.0, topr_positive_weight=1.0, topr_negative_weight=1.0,
+                kimi_tau=0.1, raft_threshold=0.0, gigpo_step_weight=1.0)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -47,9 +52,16 @@ def test_grpo_without_std_is_dr_grpo():
 
 
 def test_grpo_edge_cases():
-    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
     # row 0: group of one -> 0; rows 1,2: equal rewards -> 0 / (0 + eps) = 0; row 3 fully masked -> 0
     adv, _ = grpo(AdvantageInput(outcome([5, 1, 1, 2]), mask, torch.tensor([0, 1, 1, 2])), cfg())
+    assert torch.count_nonzero(adv) == 0
+
+
+def test_outcome_estimators_ignore_rewards_on_masked_tokens():
+    # a reward sitting on a padding token is not part of the response: both rows score 0 -> A = 0
+    mask = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    adv, _ = grpo(AdvantageInput(outcome([5, 0]), mask, torch.tensor([0, 0])), cfg())
     assert torch.count_nonzero(adv) == 0
 
 
@@ -157,3 +169,248 @@ def test_gradient_accumulation_invariance(mode):
         total, g_acc = total + part.item(), g_acc + g
     assert total == pytest.approx(full.item(), rel=1e-5)
     torch.testing.assert_close(g_acc, g_full, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# more advantage estimators
+# ------------------------------------------------------------------------------------------------
+def test_reinforce_is_the_discounted_return():
+    # rewards [0, 1], gamma 0.5: G1 = 1, G0 = 0 + 0.5 * 1 = 0.5 ; padding row stays 0
+    r = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    adv, ret = reinforce(AdvantageInput(r, mask, torch.tensor([0, 0])), cfg(gamma=0.5))
+    torch.testing.assert_close(adv, torch.tensor([[0.5, 1.0], [0.0, 0.0]]))
+    assert torch.equal(adv, ret)
+
+
+def test_reinforce_plus_plus_baseline():
+    # group 0 scores 1, 0 -> centred +0.5, -0.5 ; group 1 scores 1, 1 -> 0, 0
+    # 8 valid tokens: 0.5, 0.5, -0.5, -0.5, 0, 0, 0, 0 -> mean 0, biased var 4 * 0.25 / 8 = 0.125,
+    # std 0.353553 -> A = +-0.5 / 0.353553 = +-1.414214 (and 0)
+    adv, centred = reinforce_plus_plus_baseline(
+        AdvantageInput(outcome([1, 0, 1, 1]), torch.ones(4, 2), torch.tensor([0, 0, 1, 1])), cfg())
+    torch.testing.assert_close(adv[:, 0], torch.tensor([1.414214, -1.414214, 0.0, 0.0]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(centred[:, 1], torch.tensor([0.5, -0.5, 0.0, 0.0]))
+
+
+def test_raft_accepts_samples_above_the_threshold():
+    batch = AdvantageInput(outcome([1.0, 0.0, 0.5]), torch.ones(3, 2), torch.tensor([0, 0, 0]))
+    assert raft(batch, cfg())[0][:, 0].tolist() == [1.0, 0.0, 1.0]  # threshold 0
+    assert raft(batch, cfg(raft_threshold=0.6))[0][:, 0].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_gae_gamma_lambda_one_is_return_minus_value():
+    # rewards [0, 0, 1], values [.5, .6, .7], gamma = lam = 1
+    # delta2 = 1 + 0 - .7 = .3 ; delta1 = 0 + .7 - .6 = .1 ; delta0 = 0 + .6 - .5 = .1
+    # A2 = .3 ; A1 = .1 + .3 = .4 ; A0 = .1 + .4 = .5 ; returns = A + V = 1, 1, 1
+    values = torch.tensor([[0.5, 0.6, 0.7]])
+    adv, ret = gae(AdvantageInput(torch.tensor([[0.0, 0.0, 1.0]]), torch.ones(1, 3), torch.tensor([0]),
+                                  values=values), cfg())
+    torch.testing.assert_close(adv, torch.tensor([[0.5, 0.4, 0.3]]))
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 1.0]]))
+
+
+def test_gae_discounted():
+    # gamma .9, lam .5 (gamma * lam = .45), same rewards and values
+    # delta2 = 1 - .7 = .3 ; delta1 = .9 * .7 - .6 = .03 ; delta0 = .9 * .6 - .5 = .04
+    # A2 = .3 ; A1 = .03 + .45 * .3 = .165 ; A0 = .04 + .45 * .165 = .11425
+    values = torch.tensor([[0.5, 0.6, 0.7]])
+    adv, _ = gae(AdvantageInput(torch.tensor([[0.0, 0.0, 1.0]]), torch.ones(1, 3), torch.tensor([0]),
+                                values=values), cfg(gamma=0.9, lam=0.5))
+    torch.testing.assert_close(adv, torch.tensor([[0.11425, 0.165, 0.3]]))
+
+
+def test_gae_padding_ends_the_episode_and_masked_tokens_are_skipped():
+    # row 0: mask [1, 1, 0]: the value 9 on padding is never used.
+    #   delta1 = 1 + 0 - .4 = .6 ; delta0 = 0 + .4 - .2 = .2 -> A = [.8, .6, 0]
+    # row 1: mask [1, 0, 1] (an environment token in the middle): token 0's successor is token 2.
+    #   delta2 = 1 - .7 = .3 ; delta0 = 0 + .7 - .5 = .2 -> A0 = .2 + .3 = .5 -> A = [.5, 0, .3]
+    rewards = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
+    values = torch.tensor([[0.2, 0.4, 9.0], [0.5, 9.0, 0.7]])
+    adv, _ = gae(AdvantageInput(rewards, mask, torch.tensor([0, 1]), values=values), cfg())
+    torch.testing.assert_close(adv, torch.tensor([[0.8, 0.6, 0.0], [0.5, 0.0, 0.3]]))
+
+
+def test_gae_without_values_names_the_critic():
+    with pytest.raises(ValueError, match="roles.critic"):
+        gae(AdvantageInput(outcome([1]), torch.ones(1, 2), torch.tensor([0])), cfg())
+
+
+# two rows of 4 tokens; row 0 has turns 0, 0, 1, 1 with turn rewards 0.5 and 1; row 1 has two
+# one-token turns with reward 0 followed by padding
+TURN_REWARDS = torch.tensor([[0.0, 0.5, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+TURN_MASK = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+TURN_INDEX = torch.tensor([[0, 0, 1, 1], [0, 1, -1, -1]])
+
+
+def test_step_reinforce_whitens_turn_returns():
+    # gamma 1: row 0 G = [0.5 + 1, 1] = [1.5, 1]; row 1 G = [0, 0]
+    # over the 4 valid turns: mean 2.5 / 4 = 0.625 ; biased var (0.875^2 + 0.375^2 + 2 * 0.625^2) / 4
+    #   = (0.765625 + 0.140625 + 0.78125) / 4 = 0.421875 ; std 0.649519
+    # A = 0.875 / 0.649519 = 1.347151 ; 0.375 / 0.649519 = 0.577350 ; -0.625 / 0.649519 = -0.962250
+    adv, ret = step_reinforce(AdvantageInput(TURN_REWARDS, TURN_MASK, torch.tensor([0, 0]),
+                                             turn_index=TURN_INDEX), cfg())
+    expected = torch.tensor([[1.347151, 1.347151, 0.577350, 0.577350], [-0.962250, -0.962250, 0.0, 0.0]])
+    torch.testing.assert_close(adv, expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(ret, torch.tensor([[1.5, 1.5, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]))
+
+
+def test_agentic_reinforce_uses_the_group_mean_episode_return():
+    # same group; episode returns G_0: 1.5 and 0 -> baseline 0.75
+    # row 0: [1.5 - .75, 1 - .75] = [.75, .25] ; row 1: [-.75, -.75]
+    adv, _ = agentic_reinforce(AdvantageInput(TURN_REWARDS, TURN_MASK, torch.tensor([0, 0]),
+                                              turn_index=TURN_INDEX), cfg())
+    torch.testing.assert_close(adv, torch.tensor([[0.75, 0.75, 0.25, 0.25], [-0.75, -0.75, 0.0, 0.0]]))
+
+
+def test_single_turn_agentic_reinforce_is_dr_grpo():
+    batch = AdvantageInput(outcome([1, 0, 0, 1, 1]), torch.ones(5, 2), torch.tensor([0, 0, 0, 1, 1]))
+    torch.testing.assert_close(agentic_reinforce(batch, cfg())[0], grpo(batch, cfg(norm_adv_by_std=False))[0])
+
+
+def test_gigpo_episode_plus_step_groups():
+    # group 0: three trajectories of two one-token turns; states (hash) and turn rewards:
+    #   T0: states [7, 11], rewards [0, 1] ; T1: [7, 13], [0, 0] ; T2: [7, 11], [1, 0]
+    # group 1: T3: states [7, 11], rewards [1, 1] (alone in its group)
+    # episode: R = 1, 0, 1 -> mean 2/3 -> A_E = 1/3, -2/3, 1/3 ; T3 alone -> 0   (no std division)
+    # turn returns (gamma 1): T0 [1, 1], T1 [0, 0], T2 [1, 0]
+    # step groups: (g0, 7): 1, 0, 1 -> A_S = 1/3, -2/3, 1/3 ; (g0, 11): T0 1, T2 0 -> +0.5, -0.5 ;
+    #   (g0, 13): T1 alone -> 0 ; (g1, 7), (g1, 11): T3 alone -> 0   (same state, other group)
+    # A = A_E + A_S: T0 [2/3, 1/3 + .5] ; T1 [-4/3, -2/3] ; T2 [2/3, 1/3 - .5] ; T3 [0, 0]
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
+    states = torch.tensor([[7, 11], [7, 13], [7, 11], [7, 11]])
+    batch = AdvantageInput(rewards, torch.ones(4, 2), torch.tensor([0, 0, 0, 1]),
+                           turn_index=torch.tensor([[0, 1]] * 4), state_hash=states)
+    adv, _ = gigpo(batch, cfg(norm_adv_by_std=False))
+    expected = torch.tensor([[2 / 3, 5 / 6], [-4 / 3, -2 / 3], [2 / 3, -1 / 6], [0.0, 0.0]])
+    torch.testing.assert_close(adv, expected)
+    # the step weight scales only the step part: T1 turn 1 has A_S = 0, so it keeps A_E = -2/3
+    adv_half, _ = gigpo(batch, cfg(norm_adv_by_std=False, gigpo_step_weight=0.5))
+    assert float(adv_half[1, 1]) == pytest.approx(-2 / 3) and float(adv_half[0, 1]) == pytest.approx(1 / 3 + 0.25)
+
+
+def test_opd_is_teacher_minus_student_log_prob():
+    # A = log p_teacher - log p_student: (-1) - (-1.5) = 0.5 ; (-2) - (-1) = -1 ; padding 0
+    batch = AdvantageInput(torch.zeros(1, 3), torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([0]),
+                           old_log_probs=torch.tensor([[-1.5, -1.0, -3.0]]),
+                           teacher_log_probs=torch.tensor([[-1.0, -2.0, -1.0]]))
+    torch.testing.assert_close(opd(batch, cfg())[0], torch.tensor([[0.5, -1.0, 0.0]]))
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                                  "raft", "step_reinforce", "agentic_reinforce", "gigpo"])
+def test_critic_free_estimators_edge_cases(name):
+    from roll_core.algorithms import advantages
+
+    fn = getattr(advantages, name)
+    # a group of one, an all-equal group and a fully masked row: finite, and 0 on masked tokens
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    adv, ret = fn(AdvantageInput(outcome([1, 0.5, 0.5, 1]), mask, torch.tensor([0, 1, 1, 2])), cfg())
+    assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
+    assert adv[3].abs().sum() == 0 and ret[3].abs().sum() == 0
+    if name in ("grpo", "rloo", "agentic_reinforce", "gigpo"):  # group baselines: all zero here
+        assert adv.abs().sum() == 0
+    # zero valid tokens anywhere
+    adv, _ = fn(AdvantageInput(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([0, 0])), cfg())
+    assert adv.abs().sum() == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# more policy losses
+# ------------------------------------------------------------------------------------------------
+def loss_input(lp, adv, old=None, infer=None):
+    lp, adv = torch.tensor([lp]), torch.tensor([adv])
+    old = torch.zeros_like(lp) if old is None else torch.tensor([old])
+    return PolicyLossInput(lp, old, adv, torch.ones_like(lp), None if infer is None else torch.tensor([infer]))
+
+
+def test_dual_clip_caps_negative_advantage_losses():
+    # ratio e^2 = 7.389 with A = -1: PPO loss = -min(-7.389, -1.2) = 7.389 ; capped at c * |A| = 3
+    # ratio e^2 with A = +1: PPO clips to 1.2 -> -1.2 (the cap only applies to A < 0)
+    # ratio e^0.1 = 1.10517 (inside the clip range) with A = -1: PPO loss 1.10517, below the cap
+    loss, metrics = dual_clip(loss_input([2.0, 2.0, 0.1], [-1.0, 1.0, -1.0]), cfg())
+    torch.testing.assert_close(loss, torch.tensor([[3.0, -1.2, math.exp(0.1)]]))
+    assert metrics["dual_clip_frac"] == pytest.approx(1 / 3)
+
+
+def test_gspo_uses_the_sequence_ratio_with_per_token_gradients():
+    # log ratios [0.1, 0.3] -> mean 0.2 -> s = e^0.2 = 1.221403 for both tokens
+    # A = +1, clip (0.2, 0.2): min(1.2214, 1.2) -> loss -1.2 on both tokens (clipped)
+    # with a wide clip range the loss is -s and d(-s)/d lp_t = -s (each token carries the full s)
+    lp = torch.tensor([[0.1, 0.3]], requires_grad=True)
+    inputs = PolicyLossInput(lp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2))
+    loss, _ = gspo(inputs, cfg())
+    torch.testing.assert_close(loss.detach(), torch.tensor([[-1.2, -1.2]]))
+    loss, _ = gspo(inputs, cfg(clip_ratio_low=10.0, clip_ratio_high=10.0))
+    torch.testing.assert_close(loss.detach(), torch.full((1, 2), -math.exp(0.2)))
+    (grad,) = torch.autograd.grad(loss.sum(), lp)
+    torch.testing.assert_close(grad, torch.full((1, 2), -math.exp(0.2)))
+
+
+def test_gspo_ignores_padding_in_the_sequence_ratio():
+    # padding token with a huge log-ratio must not move s: mean over the valid token only -> e^0.1
+    inputs = PolicyLossInput(torch.tensor([[0.1, 5.0]]), torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([[1.0, 0.0]]))
+    loss, _ = gspo(inputs, cfg(clip_ratio_low=10.0, clip_ratio_high=10.0))
+    assert float(loss[0, 0]) == pytest.approx(-math.exp(0.1), rel=1e-6)
+
+
+def test_tis_weights_ppo_by_the_truncated_sampler_ratio():
+    # old - infer = log 1.5 -> w = 1.5 ; old - infer = log 4 -> w = min(4, cap 2) = 2
+    # PPO part: ratio 1 (lp = old = 0), A = 1 -> -1 ; so loss = -1.5 and -2
+    loss, metrics = tis(loss_input([0.0, 0.0], [1.0, 1.0], infer=[-math.log(1.5), -math.log(4.0)]), cfg())
+    torch.testing.assert_close(loss, torch.tensor([[-1.5, -2.0]]))
+    assert metrics["tis_weight_mean"] == pytest.approx(1.75)
+    with pytest.raises(ValueError, match="infer_log_probs"):
+        tis(loss_input([0.0], [1.0]), cfg())
+
+
+def test_topr_tapers_only_negative_samples():
+    # token 0: A = +2, log p = -1, ratio e^1 -> w = positive weight 1 (no ratio) -> -1 * 2 * -1 = 2
+    # token 1: A = -1, log p = 0.5, old 1.0 -> ratio e^-0.5 = 0.60653 -> w = 0.60653
+    #   loss = -0.60653 * -1 * 0.5 = 0.30327
+    # token 2: A = -1, ratio e^0.5 > 1 -> clipped to 1 -> loss = -1 * -1 * 0.5 = 0.5
+    loss, _ = topr(loss_input([-1.0, 0.5, 0.5], [2.0, -1.0, -1.0], old=[-2.0, 1.0, 0.0]), cfg())
+    torch.testing.assert_close(loss, torch.tensor([[2.0, 0.5 * math.exp(-0.5), 0.5]]))
+    # separate weights: positive 0.5, negative 2 -> 1.0, 0.60653, 1.0
+    loss, _ = topr(loss_input([-1.0, 0.5, 0.5], [2.0, -1.0, -1.0], old=[-2.0, 1.0, 0.0]),
+                   cfg(topr_positive_weight=0.5, topr_negative_weight=2.0))
+    torch.testing.assert_close(loss, torch.tensor([[1.0, math.exp(-0.5), 1.0]]))
+
+
+def test_cispo_clips_the_detached_weight_and_keeps_every_gradient():
+    # ratio e^0.5 = 1.6487, clip high 0.28 -> w = 1.28 ; A = 1 ; loss = -1.28 * 1 * 0.5 = -0.64
+    # d loss / d lp = -w * A = -1.28 even though the ratio is outside the clip range (PPO gives 0)
+    lp = torch.tensor([[0.5]], requires_grad=True)
+    loss, metrics = cispo(PolicyLossInput(lp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1)),
+                          cfg(clip_ratio_high=0.28))
+    assert float(loss.detach()) == pytest.approx(-0.64)
+    (grad,) = torch.autograd.grad(loss.sum(), lp)
+    assert float(grad) == pytest.approx(-1.28) and metrics["clip_frac"] == 1.0
+
+
+def test_kimi_squared_log_ratio():
+    # A = 2, log p = -1, old = -1.5: -2 * -1 + 0.1 / 2 * 0.5^2 = 2 + 0.0125 = 2.0125
+    loss, _ = kimi(loss_input([-1.0], [2.0], old=[-1.5]), cfg())
+    assert float(loss) == pytest.approx(2.0125)
+
+
+def test_value_loss_clipped_and_unclipped():
+    # V = 1.0, V_old = 0.5, G = 2.0, clip 0.2: V_clip = 0.5 + 0.2 = 0.7
+    # unclipped (1 - 2)^2 = 1 ; clipped (0.7 - 2)^2 = 1.69 -> 0.5 * max = 0.845
+    v, old, g = torch.tensor([[1.0]]), torch.tensor([[0.5]]), torch.tensor([[2.0]])
+    assert float(value_loss(v, old, g, 0.2)) == pytest.approx(0.845)
+    assert float(value_loss(v, old, g, None)) == pytest.approx(0.5)
+
+
+def test_kl_abs_and_full():
+    lp, ref = torch.tensor([math.log(0.25)]), torch.tensor([math.log(0.5)])
+    assert float(abs_kl(lp, ref)) == pytest.approx(math.log(2))  # |log .25 - log .5|
+    # p = (.5, .5), q = (.25, .75): KL = .5 log(.5/.25) + .5 log(.5/.75) = .5 * .693147 + .5 * -.405465
+    #   = 0.143841
+    p = torch.tensor([[[0.5, 0.5]]]).log()
+    q = torch.tensor([[[0.25, 0.75]]]).log()
+    assert float(full(p, q)) == pytest.approx(0.143841, abs=1e-6)
+    assert float(full(p, p)) == 0.0
+    with pytest.raises(ValueError, match=r"\[B, R, V\]"):
+        full(lp, ref)

@@ -51,7 +51,7 @@ def test_overrides_parse_yaml_values():
 
 
 def test_cross_field_check():
-    with pytest.raises(ConfigError, match="needs a reference role"):
+    with pytest.raises(ConfigError, match="need a reference role"):
         load_config(None, ["roles.reference=null", "algorithm.kl_loss_coef=0.1"])
 
 
@@ -60,7 +60,10 @@ def test_cross_field_check():
     [
         ("roles.reward.name=exact_mtch", "roles.reward.name", "Did you mean 'exact_match'?"),
         ("roles.actor_train.strategy=hff", "roles.actor_train.strategy", "Valid names: hf"),
-        ("algorithm.advantage_estimator=grop", "algorithm.advantage_estimator", "Valid names: grpo"),
+        ("algorithm.advantage_estimator=grop", "algorithm.advantage_estimator", "Did you mean 'grpo'?"),
+        ("algorithm.policy_loss=gpso", "algorithm.policy_loss", "Valid names: cispo, dual_clip, gspo, kimi,"),
+        ("algorithm.kl_penalty.estimator=k4", "algorithm.kl_penalty.estimator", "Valid names: abs, full, k1, k2, k3"),
+        ("roles.critic.strategy=hff", "roles.critic.strategy", "Valid names: hf"),
         ("trackers=[stdout,wandbb]", "trackers[1]", "Valid names: jsonl, stdout, tensorboard"),
     ],
 )

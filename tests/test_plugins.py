@@ -43,8 +43,15 @@ def test_default_plugins_are_listed_with_what_they_provide():
     core = {n: p for n, p in plugins.items() if p["distribution"] == "roll-core"}
     assert {"core.strategies", "core.algorithms", "core.rewards", "core.trackers", "core.pipelines"} <= set(core)
     assert all(p["status"] == "ok" and p["builtin"] for p in core.values())
-    assert plugins["core.algorithms"]["provides"]["advantage_estimators"] == ["grpo", "reinforce_plus_plus", "rloo"]
-    assert plugins["core.strategies"]["provides"] == {"train_strategies": ["hf"], "infer_strategies": ["hf"]}
+    provides = plugins["core.algorithms"]["provides"]
+    assert provides["advantage_estimators"] == sorted([
+        "gae", "grpo", "rloo", "reinforce", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "raft",
+        "step_reinforce", "agentic_reinforce", "gigpo", "opd"])
+    assert provides["policy_losses"] == sorted(
+        ["ppo_clip", "dual_clip", "vanilla_pg", "gspo", "tis", "topr", "cispo", "kimi"])
+    assert provides["kl_estimators"] == ["abs", "full", "k1", "k2", "k3"]
+    assert plugins["core.strategies"]["provides"] == {
+        "train_strategies": ["hf"], "infer_strategies": ["hf"], "critic_strategies": ["hf"]}
     assert full["python"]["version"].count(".") == 2 and full["python"]["executable"]
 
 
@@ -116,3 +123,52 @@ def test_duplicate_name_from_two_plugins_names_both(roll_plugins):
     assert info.status == "broken"
     assert "'core.rewards'" in info.error and "'impostor'" in info.error
     assert p.rewards.entry("exact_match").plugin == "core.rewards"
+
+
+ALGORITHMS = '''
+"""A third-party algorithm package: one advantage estimator and one policy loss."""
+import torch
+from roll_core import hookimpl
+
+
+def sign_advantage(batch, config):
+    """+1 / -1 by comparison with the group's mean score (a toy estimator of a research package)."""
+    from roll_core.algorithms.advantages import group_stats
+    scores = (batch.token_level_rewards * batch.response_mask).sum(-1)
+    mean, _, _ = group_stats(scores, batch.group_index)
+    adv = torch.sign(scores - mean)[:, None] * batch.response_mask
+    return adv, adv
+
+
+def half_pg(inputs, config):
+    return -0.5 * inputs.advantages * inputs.log_prob, {"half": 1.0}
+
+
+@hookimpl
+def roll_register_advantage_estimators(register):
+    register("sign", sign_advantage, description="sign of r - mean(group)")
+
+
+@hookimpl
+def roll_register_policy_losses(register):
+    register("half_pg", half_pg, description="half a policy gradient")
+'''
+
+
+def test_third_party_estimator_and_loss_are_listed_and_used_by_name(fake_dist, tmp_path):
+    site = fake_dist("roll-acme-algos", "roll_acme_algos", ALGORITHMS)
+    env = {"PYTHONPATH": str(site)}
+    plugins, _ = listing(env)
+    assert plugins["roll_acme_algos"]["provides"] == {"advantage_estimators": ["sign"], "policy_losses": ["half_pg"]}
+    out = tmp_path / "run"
+    result = run_roll(
+        "run", "algorithm.advantage_estimator=sign", "algorithm.policy_loss=half_pg", f"output_dir={out}",
+        "executor=local", "warmup.steps=2", "rollout.prompts_per_step=2", "rollout.num_return_sequences=4",
+        "trainer.max_steps=1", "trainer.eval_every=0", "data.eval_size=4", "trackers=[jsonl]", env_extra=env,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    step1 = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1]
+    assert step1["train/half"] == 1.0  # the plugin's loss ran inside the training worker
+    # a misspelled name lists the valid ones, including the plugin's
+    result = run_roll("validate", "algorithm.advantage_estimator=sing", env_extra=env)
+    assert result.returncode == 2 and "Did you mean 'sign'?" in result.stderr and "gigpo" in result.stderr

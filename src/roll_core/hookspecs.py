@@ -35,8 +35,9 @@ def roll_register_strategies(register):
 
     Args:
         register: ``register(name, target, *, kind, description="")`` where ``kind`` is ``"train"``
-            (a :class:`roll_core.strategy.TrainStrategy`: forward/backward/optimizer, log-probs) or
-            ``"infer"`` (a :class:`roll_core.strategy.InferStrategy`: generation and log-probs).
+            (a :class:`roll_core.strategy.TrainStrategy`: forward/backward/optimizer, log-probs),
+            ``"infer"`` (a :class:`roll_core.strategy.InferStrategy`: generation and log-probs) or
+            ``"critic"`` (a :class:`roll_core.strategy.CriticStrategy`: PPO's value model).
             The same name may be registered once per kind.
 
     Returns: nothing.
@@ -55,9 +56,11 @@ def roll_register_advantage_estimators(register):
     Called once per process when the plugin registries are built.
 
     Args:
-        register: ``register(name, target, *, description="")``; ``target`` is a callable
+        register: ``register(name, target, *, description="", needs=())``; ``target`` is a callable
             ``fn(batch: AdvantageInput, config: AlgorithmConfig) -> (advantages [B, R], returns [B, R])``
-            (see :mod:`roll_core.algorithms.advantages`).
+            (see :mod:`roll_core.algorithms.advantages`). ``needs`` names the roles it reads
+            (``"critic"`` for values, ``"reference"`` for teacher log-probs); a config that uses
+            the estimator without them is rejected before any worker starts.
 
     Returns: nothing.
     """
@@ -88,6 +91,8 @@ def roll_register_kl_estimators(register):
     Args:
         register: ``register(name, target, *, description="")``; ``target`` is a callable
             ``fn(log_prob [B, R], ref_log_prob [B, R]) -> kl [B, R]`` (see :mod:`roll_core.algorithms.kl`).
+            Pass ``distribution=True`` for an estimator that takes full log-distributions
+            ``[B, R, V]`` instead of the sampled tokens' log-probs.
 
     Returns: nothing.
     """

@@ -55,7 +55,7 @@ REGISTRY_HOOKS: dict[str, str] = {
     "trackers": "roll_register_trackers",
     "pipelines": "roll_register_pipelines",
 }
-STRATEGY_KINDS = ("train", "infer")
+STRATEGY_KINDS = ("train", "infer", "critic")
 
 
 @dataclass

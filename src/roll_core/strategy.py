@@ -27,8 +27,9 @@ class InferStrategy(ABC):
         (which carries ``prompt_ids`` and ``prompt_mask``) and return it. ``temperature=0`` is greedy."""
 
     @abstractmethod
-    def compute_log_probs(self, batch: Batch, temperature: float) -> torch.Tensor:
-        """Log-probs ``[B, R]`` of ``batch['responses']`` given the prompts."""
+    def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
+        """Log-probs ``[B, R]`` of ``batch['responses']`` given the prompts; with ``distribution``
+        the full log-softmax ``[B, R, V]`` (for KL estimators registered with ``distribution=True``)."""
 
     @abstractmethod
     def load_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
@@ -46,12 +47,15 @@ class TrainStrategy(ABC):
     """Forward/backward/optimizer. Constructed as ``cls(model_path, role_config, run_config, seed)``."""
 
     @abstractmethod
-    def compute_log_probs(self, batch: Batch, temperature: float) -> torch.Tensor:
-        """Log-probs ``[B, R]`` of the responses under the current weights (no gradient)."""
+    def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
+        """Log-probs ``[B, R]`` of the responses under the current weights (no gradient); with
+        ``distribution`` the full log-softmax ``[B, R, V]``."""
 
     @abstractmethod
     def train_step(self, batch: Batch) -> dict[str, float]:
-        """One policy update on ``batch`` (RL objective from :mod:`roll_core.algorithms.objective`)."""
+        """Policy update on ``batch``: ``algorithm.ppo_epochs`` passes of one optimizer step per
+        ``algorithm.ppo_mini_batch_size`` samples, loss from :func:`roll_core.algorithms.objective.actor_loss`
+        with denominators counted per mini-batch (:func:`~roll_core.algorithms.objective.loss_denominators`)."""
 
     @abstractmethod
     def sft_step(self, batch: Batch, lr: float) -> dict[str, float]:
@@ -64,6 +68,26 @@ class TrainStrategy(ABC):
     @abstractmethod
     def save_checkpoint(self, path: str) -> None:
         """Model (Hugging Face format, safetensors), optimizer and RNG state under ``path``."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: str) -> None:
+        """Inverse of :meth:`save_checkpoint`."""
+
+
+class CriticStrategy(ABC):
+    """PPO's value model. Constructed as ``cls(model_path, role_config, run_config, seed)``."""
+
+    @abstractmethod
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """``V(s_t)`` ``[B, R]`` for every response token (the state before the token), 0 on padding."""
+
+    @abstractmethod
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """Regress on ``batch['returns']`` with :func:`roll_core.algorithms.objective.critic_loss`."""
+
+    @abstractmethod
+    def save_checkpoint(self, path: str) -> None:
+        """Model (Hugging Face format) and optimizer state under ``path``."""
 
     @abstractmethod
     def load_checkpoint(self, path: str) -> None:

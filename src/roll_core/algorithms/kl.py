@@ -1,6 +1,7 @@
 """KL estimators between the actor and the reference policy, per token.
 
-``fn(log_prob [B, R], ref_log_prob [B, R]) -> kl [B, R]``, estimated from samples drawn from the actor.
+``fn(log_prob [B, R], ref_log_prob [B, R]) -> kl [B, R]``, estimated from samples drawn from the actor;
+estimators registered with ``distribution=True`` (``full``) take ``[B, R, V]`` log-distributions.
 See Schulman, "Approximating KL Divergence" (2020), for k1/k2/k3.
 """
 
@@ -26,3 +27,23 @@ def k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     """
     delta = (ref_log_prob - log_prob).clamp(-20.0, 20.0)
     return delta.exp() - delta - 1.0
+
+
+def abs_kl(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    """``|log p - log q|``: the magnitude of k1, biased but never negative (registered as ``abs``)."""
+    return (log_prob - ref_log_prob).abs()
+
+
+def full(log_dist: torch.Tensor, ref_log_dist: torch.Tensor) -> torch.Tensor:
+    """Exact per-position ``KL(p || q) = sum_v p(v) (log p(v) - log q(v))`` over the vocabulary.
+
+    Takes full log-distributions ``[B, R, V]`` (registered with ``distribution=True``, so strategies
+    and the pipeline pass log-softmax over the vocabulary instead of the sampled token's log-prob)
+    and returns ``[B, R]``. No sampling noise, at ``V`` times the memory: for small vocabularies or
+    short responses.
+    """
+    if log_dist.dim() != 3 or ref_log_dist.dim() != 3:
+        raise ValueError("kl estimator 'full' needs [B, R, V] log-distributions, got "
+                         f"{tuple(log_dist.shape)} and {tuple(ref_log_dist.shape)}")
+    # Positions where both are all-zero (padding) give 0.
+    return (log_dist.exp() * (log_dist - ref_log_dist)).sum(-1)

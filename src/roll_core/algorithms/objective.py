@@ -4,14 +4,40 @@
 
 Living in the core (not in a strategy) means ``hf``, ``deepspeed``, ``megatron`` and ``fsdp2`` all
 optimise exactly the same thing; a strategy only supplies log-probs and the backward pass.
+Tokens count where ``loss_mask`` is 1 (the response mask with masked samples removed).
 """
 
 from __future__ import annotations
 
 import torch
 
-from roll_core.algorithms.losses import PolicyLossInput, aggregate
+from roll_core.algorithms.losses import PolicyLossInput, aggregate, value_loss
 from roll_core.data import Batch
+
+
+def loss_mask_of(batch: Batch) -> torch.Tensor:
+    """``loss_mask`` when the pipeline set one, else the response mask. ``[B, R]`` float."""
+    return (batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]).float()
+
+
+def loss_denominators(batch: Batch) -> tuple[float, float]:
+    """``(tokens, sequences)`` that count in the loss of ``batch`` (a whole mini-batch).
+
+    Strategies compute these once per mini-batch *before* splitting it into micro-batches (and, for
+    data parallelism, sum them over ranks) so each micro-batch's loss is a share of the mini-batch
+    loss and gradient accumulation does not change the result.
+    """
+    mask = loss_mask_of(batch)
+    return float(mask.sum()), float((mask.sum(-1) > 0).sum())
+
+
+def needs_distribution(config, plugins=None) -> bool:
+    """Whether the KL loss term needs full log-distributions ``[B, R, V]`` from the strategy."""
+    from roll_core.plugins import get_plugins
+
+    plugins = plugins or get_plugins()
+    return bool(config.kl_loss_coef) and bool(
+        plugins.kl_estimators.entry(config.kl_estimator).metadata.get("distribution"))
 
 
 def actor_loss(
@@ -22,18 +48,27 @@ def actor_loss(
     *,
     global_tokens: float,
     global_seqs: float,
+    max_response_length: int | None = None,
+    log_dist: torch.Tensor | None = None,
     plugins=None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar loss of one micro-batch (scaled for accumulation over the mini-batch) and its metrics."""
+    """Scalar loss of one micro-batch (scaled for accumulation over the mini-batch) and its metrics.
+
+    Shapes: ``log_prob``, ``entropy`` ``[b, R]``; ``log_dist`` ``[b, R, V]`` only when the KL
+    estimator is registered with ``distribution=True``.
+    """
     from roll_core.plugins import get_plugins
 
     plugins = plugins or get_plugins()
-    mask = micro["response_mask"].to(log_prob.dtype)
+    mask = loss_mask_of(micro).to(log_prob.dtype)
+    horizon = max_response_length or mask.shape[-1]
     agg = lambda x: aggregate(x, mask, config.loss_agg_mode, global_tokens=global_tokens,
-                              global_seqs=global_seqs, max_response_length=mask.shape[-1])
+                              global_seqs=global_seqs, max_response_length=horizon)
     policy_loss_fn = plugins.policy_losses.get(config.policy_loss)
     pg_mat, metrics = policy_loss_fn(
-        PolicyLossInput(log_prob, micro["old_log_probs"], micro["advantages"], mask), config
+        PolicyLossInput(log_prob, micro["old_log_probs"], micro["advantages"], mask,
+                        micro["infer_log_probs"] if "infer_log_probs" in micro else None),
+        config,
     )
     pg_loss = agg(pg_mat)
     loss = pg_loss
@@ -46,8 +81,30 @@ def actor_loss(
             loss = loss - config.entropy_coef * ent
     if "ref_log_probs" in micro:
         kl_fn = plugins.kl_estimators.get(config.kl_estimator)
-        kl = agg(kl_fn(log_prob, micro["ref_log_probs"]))
-        metrics["train/kl"] = kl.item()
-        if config.kl_loss_coef:
-            loss = loss + config.kl_loss_coef * kl
+        if log_dist is not None and "ref_log_dist" in micro:
+            kl_mat = kl_fn(log_dist, micro["ref_log_dist"])
+        elif plugins.kl_estimators.entry(config.kl_estimator).metadata.get("distribution"):
+            kl_mat = None  # a distribution estimator without distributions: only reported when used
+        else:
+            kl_mat = kl_fn(log_prob, micro["ref_log_probs"])
+        if kl_mat is not None:
+            kl = agg(kl_mat)
+            metrics["train/kl"] = kl.item()
+            if config.kl_loss_coef:
+                loss = loss + config.kl_loss_coef * kl
     return loss, metrics
+
+
+def critic_loss(values: torch.Tensor, micro: Batch, config, *, global_tokens: float, global_seqs: float,
+                max_response_length: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scalar value loss of one micro-batch (clipped, aggregated like the policy loss) and metrics.
+
+    Reads ``values`` (the critic's values at rollout time) and ``returns`` (the estimator's targets).
+    """
+    mask = loss_mask_of(micro).to(values.dtype)
+    mat = value_loss(values, micro["values"], micro["returns"], config.value_clip)
+    loss = aggregate(mat, mask, config.loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs,
+                     max_response_length=max_response_length or mask.shape[-1])
+    err = ((values.detach() - micro["returns"]) * mask)
+    return loss, {"critic/value_loss": loss.item(),
+                  "critic/abs_error": float(err.abs().sum() / mask.sum().clamp(min=1))}

@@ -102,16 +102,36 @@ def registry_references(cfg: RollConfig) -> list[tuple[str, str, str]]:
         ("algorithm.advantage_estimator", "advantage_estimators", cfg.algorithm.advantage_estimator),
         ("algorithm.policy_loss", "policy_losses", cfg.algorithm.policy_loss),
         ("algorithm.kl_estimator", "kl_estimators", cfg.algorithm.kl_estimator),
+        ("algorithm.kl_penalty.estimator", "kl_estimators", cfg.algorithm.kl_penalty.estimator),
         ("roles.actor_train.strategy", "train_strategies", cfg.roles.actor_train.strategy),
         ("roles.actor_infer.strategy", "infer_strategies", cfg.roles.actor_infer.strategy),
         ("roles.reward.name", "rewards", cfg.roles.reward.name),
     ]
     if cfg.roles.reference is not None:
         refs.append(("roles.reference.strategy", "infer_strategies", cfg.roles.reference.strategy))
+    if cfg.roles.critic is not None:
+        refs.append(("roles.critic.strategy", "critic_strategies", cfg.roles.critic.strategy))
     if cfg.data.train_file is None:
         refs.append(("data.dataset", "datasets", cfg.data.dataset))
     refs += [(f"trackers[{i}]", "trackers", name) for i, name in enumerate(cfg.trackers)]
     return refs
+
+
+def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
+    """Estimators and losses declare the roles they need (``needs=("critic",)`` at registration)."""
+    problems = []
+    for key, registry, name in (
+        ("algorithm.advantage_estimator", "advantage_estimators", cfg.algorithm.advantage_estimator),
+        ("algorithm.policy_loss", "policy_losses", cfg.algorithm.policy_loss),
+    ):
+        try:
+            needs = plugins.registry(registry).entry(name).metadata.get("needs", ())
+        except RegistryError:
+            continue  # already reported as an unknown name
+        for role in needs:
+            if getattr(cfg.roles, role) is None:
+                problems.append(f"key '{key}': '{name}' needs roles.{role}, which is not configured")
+    return problems
 
 
 def check_registry_names(cfg: RollConfig, plugins=None) -> None:
@@ -125,15 +145,20 @@ def check_registry_names(cfg: RollConfig, plugins=None) -> None:
             plugins.registry(registry).entry(name)
         except RegistryError as exc:
             problems.append(f"key '{key}': {exc}")
+    problems += _role_requirements(cfg, plugins)
     for key in ("train_file", "eval_file"):
         value = getattr(cfg.data, key)
         if value is not None and not Path(value).is_file():
             problems.append(f"key 'data.{key}': file '{value}' does not exist")
-    if cfg.model.path != "tiny" and not (Path(cfg.model.path) / "config.json").is_file():
-        problems.append(
-            f"key 'model.path': '{cfg.model.path}' is not a Hugging Face model directory "
-            "(no config.json); roll never downloads from a hub at run time, point it at a local checkpoint"
-        )
+    model_paths = [("model.path", cfg.model.path)]
+    if cfg.roles.reference is not None and cfg.roles.reference.model_path is not None:
+        model_paths.append(("roles.reference.model_path", cfg.roles.reference.model_path))
+    for key, path in model_paths:
+        if path != "tiny" and not (Path(path) / "config.json").is_file():
+            problems.append(
+                f"key '{key}': '{path}' is not a Hugging Face model directory (no config.json); "
+                "roll never downloads from a hub at run time, point it at a local checkpoint"
+            )
     if problems:
         raise ConfigError("config error: " + "; ".join(problems))
 

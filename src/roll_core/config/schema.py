@@ -50,20 +50,77 @@ class RolloutConfig(Strict):
     top_p: float = Field(1.0, gt=0, le=1)
 
 
+class RewardNormConfig(Strict):
+    """Step 2 of reward shaping: ``(score - mean) / std``, each statistic over its own scope."""
+
+    mean: Literal["none", "batch", "group", "running"] = "none"
+    std: Literal["none", "batch", "group", "running"] = "none"
+
+
+class KLPenaltyConfig(Strict):
+    """Step 5 of reward shaping: ``r_t -= beta * kl_t(actor || reference)`` (0 disables it)."""
+
+    coef: float = Field(0.0, ge=0, description="beta; the initial beta when adaptive")
+    estimator: str = Field("k1", description="registered KL estimator")
+    adaptive: bool = Field(False, description="adapt beta toward target_kl (Ziegler et al. 2019)")
+    target_kl: float = Field(0.1, gt=0, description="per-sequence KL the adaptive controller aims at")
+    horizon: int = Field(10000, ge=1, description="adaptive controller horizon in samples")
+
+
+class RangeConfig(Strict):
+    low: float = 0.0
+    high: float = 1.0
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.low >= self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        return self
+
+
+class DynamicSamplingConfig(Strict):
+    """DAPO-style dynamic sampling: drop groups that fail a filter and draw more prompts."""
+
+    filter: Literal["none", "mean", "std"] = "none"
+    mean_low: float = Field(0.0, description="mean filter keeps groups with mean score in (mean_low, mean_high)")
+    mean_high: float = 1.0
+    std_min: float = Field(0.0, ge=0, description="std filter keeps groups whose score std exceeds this")
+    max_rounds: int = Field(4, ge=1, description="collection rounds per step before training on what is kept")
+
+
 class AlgorithmConfig(Strict):
     advantage_estimator: str = "grpo"
     policy_loss: str = "ppo_clip"
-    kl_estimator: str = "k3"
+    kl_estimator: str = Field("k3", description="estimator of the KL loss term (kl_loss_coef)")
     kl_loss_coef: float = Field(0.0, ge=0, description="weight of the KL(actor || reference) loss term")
     entropy_coef: float = 0.0
     clip_ratio_low: float = Field(0.2, ge=0)
     clip_ratio_high: float = Field(0.2, ge=0)
+    dual_clip_c: float = Field(3.0, gt=1, description="dual_clip: loss of negative advantages capped at c * |A|")
+    tis_cap: float = Field(2.0, gt=0, description="tis: truncation of the trainer/sampler importance weight")
+    topr_positive_weight: float = Field(1.0, ge=0)
+    topr_negative_weight: float = Field(1.0, ge=0)
+    kimi_tau: float = Field(0.1, ge=0, description="kimi: weight of the squared log-ratio")
+    raft_threshold: float = Field(0.0, description="raft: samples with score above this are accepted")
+    gigpo_step_weight: float = Field(1.0, ge=0, description="gigpo: weight of the step-level advantage")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    norm_adv_by_std: bool = Field(True, description="GRPO: divide by the group std (False = Dr. GRPO)")
+    norm_adv_by_std: bool = Field(True, description="GRPO/GiGPO: divide by the group std (False = Dr. GRPO)")
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
     ppo_epochs: int = Field(1, ge=1)
+    ppo_mini_batch_size: int | None = Field(None, ge=1, description="samples per optimizer step; None = the whole batch")
     max_grad_norm: float = Field(1.0, gt=0)
+    value_clip: float | None = Field(0.2, gt=0, description="critic: clip range of the value loss (None = unclipped)")
+    # reward shaping and sample masks, applied in the order of roll_core.algorithms.shaping
+    max_length_mask: bool = Field(False, description="drop responses cut off at rollout.max_new_tokens")
+    difficulty_mask: RangeConfig | None = Field(None, description="train only groups whose mean score is in (low, high)")
+    reward_norm: RewardNormConfig = RewardNormConfig()
+    reward_clip: float | None = Field(None, gt=0)
+    kl_penalty: KLPenaltyConfig = KLPenaltyConfig()
+    whiten_rewards: bool = False
+    whiten_advantages: bool = False
+    advantage_clip: float | None = Field(None, gt=0)
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
 
 
 class TrainRoleConfig(Strict):
@@ -77,6 +134,16 @@ class TrainRoleConfig(Strict):
 class InferRoleConfig(Strict):
     strategy: str = "hf"
     num_workers: int = Field(1, ge=1)
+    model_path: str | None = Field(
+        None, description="load this model instead of the policy's (a reference role used as distillation teacher)"
+    )
+
+
+class CriticRoleConfig(TrainRoleConfig):
+    """The value model of PPO (``advantage_estimator: gae``): the policy's backbone with a scalar head.
+    A fresh head learns faster than the policy may move, hence a higher default learning rate."""
+
+    lr: float = Field(1e-3, gt=0)
 
 
 class RewardRoleConfig(Strict):
@@ -92,6 +159,7 @@ class RolesConfig(Strict):
         InferRoleConfig(), description="frozen copy of the initial policy; null disables it (no KL)"
     )
     reward: RewardRoleConfig = RewardRoleConfig()
+    critic: CriticRoleConfig | None = Field(None, description="value model; needed by advantage_estimator gae")
 
 
 class TrainerConfig(Strict):
@@ -126,6 +194,12 @@ class RollConfig(Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self):
-        if self.algorithm.kl_loss_coef > 0 and self.roles.reference is None:
-            raise ValueError("algorithm.kl_loss_coef > 0 needs a reference role (roles.reference is null)")
+        algo = self.algorithm
+        if (algo.kl_loss_coef > 0 or algo.kl_penalty.coef > 0) and self.roles.reference is None:
+            raise ValueError("algorithm.kl_loss_coef / kl_penalty.coef > 0 need a reference role (roles.reference is null)")
+        if algo.ppo_mini_batch_size is not None:
+            samples = self.rollout.prompts_per_step * self.rollout.num_return_sequences
+            if samples % algo.ppo_mini_batch_size:
+                raise ValueError(f"algorithm.ppo_mini_batch_size ({algo.ppo_mini_batch_size}) must divide the "
+                                 f"samples per step (prompts_per_step * num_return_sequences = {samples})")
         return self

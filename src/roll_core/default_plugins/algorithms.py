@@ -1,4 +1,4 @@
-"""Built-in advantage estimators, policy losses and KL estimators."""
+"""Built-in advantage estimators, policy losses and KL estimators (see ``roll list-plugins``)."""
 
 from roll_core.hookspecs import hookimpl
 
@@ -9,19 +9,39 @@ _KL = "roll_core.algorithms.kl"
 
 @hookimpl
 def roll_register_advantage_estimators(register):
+    register("gae", f"{_ADV}:gae", description="generalized advantage estimation with a critic (PPO)",
+             needs=("critic",))
     register("grpo", f"{_ADV}:grpo", description="group-normalised outcome advantage (GRPO / Dr. GRPO)")
     register("rloo", f"{_ADV}:rloo", description="leave-one-out baseline")
+    register("reinforce", f"{_ADV}:reinforce", description="discounted return, no baseline")
     register("reinforce_plus_plus", f"{_ADV}:reinforce_plus_plus", description="batch-whitened discounted return")
+    register("reinforce_plus_plus_baseline", f"{_ADV}:reinforce_plus_plus_baseline",
+             description="group-mean baseline, then batch whitening")
+    register("raft", f"{_ADV}:raft", description="1 for accepted samples, 0 otherwise (RAFT / RAFT++)")
+    register("step_reinforce", f"{_ADV}:step_reinforce", description="per-turn discounted return, batch-whitened")
+    register("agentic_reinforce", f"{_ADV}:agentic_reinforce",
+             description="per-turn discounted return minus the group's mean episode return (StarPO)")
+    register("gigpo", f"{_ADV}:gigpo", description="episode-group plus step-group (state hash) advantage")
+    register("opd", f"{_ADV}:opd", description="on-policy distillation: teacher minus student log-prob",
+             needs=("reference",))
 
 
 @hookimpl
 def roll_register_policy_losses(register):
     register("ppo_clip", f"{_LOSS}:ppo_clip", description="PPO clipped surrogate, asymmetric clip range")
+    register("dual_clip", f"{_LOSS}:dual_clip", description="PPO clip plus a cap on negative-advantage losses")
     register("vanilla_pg", f"{_LOSS}:vanilla_pg", description="-A * log pi")
+    register("gspo", f"{_LOSS}:gspo", description="sequence-level importance ratio (GSPO)")
+    register("tis", f"{_LOSS}:tis", description="PPO clip with truncated sampler/trainer importance weights")
+    register("topr", f"{_LOSS}:topr", description="tapered off-policy REINFORCE, separate +/- weights")
+    register("cispo", f"{_LOSS}:cispo", description="clipped, detached IS weight on every token (MiniMax-M1)")
+    register("kimi", f"{_LOSS}:kimi", description="-A log pi + tau/2 (log ratio)^2 (Kimi k1.5)")
 
 
 @hookimpl
 def roll_register_kl_estimators(register):
     register("k1", f"{_KL}:k1", description="log p - log q")
-    register("k2", f"{_KL}:k2", description="0.5 (log p - log q)^2")
+    register("k2", f"{_KL}:k2", description="0.5 (log p - log q)^2 (mse)")
     register("k3", f"{_KL}:k3", description="exp(q - p) - (q - p) - 1, low variance")
+    register("abs", f"{_KL}:abs_kl", description="|log p - log q|")
+    register("full", f"{_KL}:full", description="exact KL over the vocabulary", distribution=True)

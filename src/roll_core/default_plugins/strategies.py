@@ -9,3 +9,5 @@ def roll_register_strategies(register):
              description="transformers + torch, AdamW, one process")
     register("hf", "roll_core.strategies.hf:HFInferStrategy", kind="infer",
              description="transformers + torch, KV-cached sampling")
+    register("hf", "roll_core.strategies.hf:HFCriticStrategy", kind="critic",
+             description="transformers token-classification head (one value per token), AdamW")

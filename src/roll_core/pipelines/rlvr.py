@@ -3,8 +3,11 @@
 One step::
 
     prompts -> rollout (generate groups on actor_infer, score on reward workers)
-            -> reference and old log-probs -> advantages (registered estimator)
-            -> policy update on actor_train -> weight sync to actor_infer -> metrics -> checkpoint
+            [-> dynamic sampling: drop groups that fail the filter, draw more prompts]
+            -> reference and old log-probs [, critic values]
+            -> reward shaping and advantages (roll_core.algorithms.shaping, in its documented order)
+            -> policy update on actor_train [, value update on critic]
+            -> weight sync to actor_infer -> metrics -> checkpoint
 
 Before RL, an optional supervised warm-up imitates the data's demonstrations, and held-out accuracy
 (greedy decoding) is measured before and after RL. Runs resume from the latest checkpoint in
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from roll_core.algorithms.advantages import AdvantageInput
+from roll_core.algorithms.shaping import RewardShaper, keep_groups
 from roll_core.data import Batch, PromptStream, read_jsonl
 from roll_core.embedded.model import build_tiny_model
 from roll_core.errors import ConfigError
@@ -90,14 +93,22 @@ class RLVRPipeline(Pipeline):
             [(roles.reward.name, roles.reward.options, cfg) for _ in range(roles.reward.num_workers)],
         )
         self.reference = None
+        self.critic = None
 
-    def _spawn_reference(self, model_path: str) -> None:
-        ref = self.config.roles.reference
+    def _spawn_policy_copies(self, model_path: str) -> None:
+        """Roles that start from the policy RL begins with (the warmed-up model): reference, critic."""
+        ref, critic = self.config.roles.reference, self.config.roles.critic
         if ref is not None:
+            # A reference with its own model_path is a different model (a distillation teacher).
+            path = ref.model_path or model_path
             self.reference = self.executor.spawn(
                 "reference", RoleWorker,
-                [("reference", "infer", model_path, ref, self.config, self.config.seed + 2000 + r)
+                [("reference", "infer", path, ref, self.config, self.config.seed + 2000 + r)
                  for r in range(ref.num_workers)],
+            )
+        if critic is not None:
+            self.critic = self.executor.spawn(
+                "critic", RoleWorker, [("critic", "critic", model_path, critic, self.config, self.config.seed + 3000)]
             )
 
     def _make_trackers(self) -> list:
@@ -111,11 +122,57 @@ class RLVRPipeline(Pipeline):
         buckets = self.actor.call("weight_bucket_list", WEIGHT_BUCKET_BYTES)[0]
         self.executor.get(self.infer.call("load_weight_buckets", buckets))
 
-    def _log_probs(self, group, batch: Batch) -> torch.Tensor:
+    def _log_probs(self, group, batch: Batch, distribution: bool = False) -> torch.Tensor:
         temperature = self.config.rollout.temperature
         parts = self.executor.get(group.map("compute_log_probs", batch.chunk(len(group)),
-                                            temperature=temperature))
-        return torch.cat([torch.nn.functional.pad(p, (0, batch["responses"].shape[1] - p.shape[1])) for p in parts])
+                                            temperature=temperature, distribution=distribution))
+        width = batch["responses"].shape[1]
+        pad = (lambda p: (0, 0, 0, width - p.shape[1])) if distribution else (lambda p: (0, width - p.shape[1]))
+        return torch.cat([torch.nn.functional.pad(p, pad(p)) for p in parts])
+
+    def _kl_needs_distribution(self) -> tuple[bool, bool]:
+        """(loss term, reward penalty) use a KL estimator that takes full distributions."""
+        algo, kls = self.config.algorithm, self.plugins.kl_estimators
+        loss = bool(algo.kl_loss_coef) and kls.entry(algo.kl_estimator).metadata.get("distribution", False)
+        penalty = bool(algo.kl_penalty.coef) and kls.entry(algo.kl_penalty.estimator).metadata.get("distribution", False)
+        return bool(loss), bool(penalty)
+
+    def collect(self) -> tuple[Batch, dict[str, float]]:
+        """One step's scored groups, after dynamic sampling when it is configured."""
+        cfg = self.config
+        want = cfg.rollout.prompts_per_step
+        ds = cfg.algorithm.dynamic_sampling
+        kept: list[Batch] = []
+        n_kept = filtered = rounds = 0
+        all_scores = []
+        batch = None
+        while n_kept < want and rounds < ds.max_rounds:
+            rows = self.stream.next(want)
+            batch = self.scheduler.collect(rows, num_return_sequences=cfg.rollout.num_return_sequences,
+                                           temperature=cfg.rollout.temperature)
+            # Group ids unique across rounds, so groups from different rounds never mix.
+            batch.update(group_index=batch["group_index"] + rounds * want)
+            all_scores.append(batch["scores"])
+            rounds += 1
+            keep = keep_groups(batch["scores"], batch["group_index"], ds)
+            groups = batch["group_index"][keep].unique()
+            filtered += want - len(groups)
+            groups = groups[: want - n_kept]
+            if len(groups):
+                kept.append(batch.select(torch.isin(batch["group_index"], groups)))
+                n_kept += len(groups)
+        scores = torch.cat(all_scores)
+        metrics = {"reward/mean": float(scores.mean()),
+                   "reward/std": float(scores.std()) if len(scores) > 1 else 0.0}
+        if ds.filter != "none":
+            metrics.update({"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/filtered_groups": float(filtered),
+                            "dynamic_sampling/kept_groups": float(n_kept)})
+        if not kept:
+            # Nothing passed the filter within max_rounds: train on the last round as it is (for
+            # GRPO-style estimators its advantages are zero, so the update is a no-op) and say so.
+            metrics["dynamic_sampling/fallback"] = 1.0
+            return batch, metrics
+        return Batch.concat(kept), metrics
 
     def evaluate(self) -> dict[str, float]:
         """Held-out accuracy with greedy decoding (mean verifiable reward, per domain too)."""
@@ -156,30 +213,34 @@ class RLVRPipeline(Pipeline):
     def rl_step(self) -> dict[str, float]:
         cfg = self.config
         t0 = time.perf_counter()
-        rows = self.stream.next(cfg.rollout.prompts_per_step)
-        batch = self.scheduler.collect(rows, num_return_sequences=cfg.rollout.num_return_sequences,
-                                       temperature=cfg.rollout.temperature)
+        batch, metrics = self.collect()
         t_rollout = time.perf_counter() - t0
+        dist_loss, dist_penalty = self._kl_needs_distribution()
         if self.reference is not None:
             batch.update(ref_log_probs=self._log_probs(self.reference, batch))
+            if dist_loss or dist_penalty:
+                batch.update(ref_log_dist=self._log_probs(self.reference, batch, distribution=True))
         batch.update(old_log_probs=self._log_probs(self.actor, batch))
-        estimator = self.plugins.advantage_estimators.get(cfg.algorithm.advantage_estimator)
-        adv, returns = estimator(
-            AdvantageInput(batch["token_level_rewards"], batch["response_mask"].float(), batch["group_index"]),
-            cfg.algorithm,
-        )
-        batch.update(advantages=adv, returns=returns)
+        if dist_penalty:
+            batch.update(old_log_dist=self._log_probs(self.actor, batch, distribution=True))
+        if self.critic is not None:
+            batch.update(values=self.executor.get(self.critic.call("compute_values", batch))[0])
+        metrics.update(self.shaper.shape(batch))
+        batch.tensors.pop("old_log_dist", None)
+        if not dist_loss:
+            batch.tensors.pop("ref_log_dist", None)
         t1 = time.perf_counter()
-        metrics = self.executor.get(self.actor.call("train_step", batch))[0]
+        pending_critic = self.critic.call("train_step", batch) if self.critic is not None else None
+        metrics.update(self.executor.get(self.actor.call("train_step", batch))[0])
+        if pending_critic is not None:
+            metrics.update(self.executor.get(pending_critic)[0])
         t_train = time.perf_counter() - t1
         t2 = time.perf_counter()
         self.sync_weights()
         lengths = batch["response_mask"].sum(-1).float()
         metrics.update({
-            "reward/mean": float(batch["scores"].mean()),
-            "reward/std": float(batch["scores"].std()) if len(batch) > 1 else 0.0,
             "response_length/mean": float(lengths.mean()),
-            "advantage/abs_mean": float(adv.abs().sum() / batch["response_mask"].sum().clamp(min=1)),
+            "response_length/clip_ratio": float(batch["truncated"].float().mean()) if "truncated" in batch else 0.0,
             "time/rollout_s": t_rollout,
             "time/train_s": t_train,
             "time/weight_sync_s": time.perf_counter() - t2,
@@ -193,10 +254,13 @@ class RLVRPipeline(Pipeline):
     def save(self, step: int) -> Path:
         def write(tmp: Path) -> None:
             self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
+            if self.critic is not None:
+                self.executor.get(self.critic.call("save_checkpoint", str(tmp / "critic")))
             rng = self.executor.get(self.infer.call("rng_state"))
             torch.save({"actor_infer": rng}, tmp / "infer_rng.pt")
 
-        state = {"data": self.stream.state(), "before_rl": self.before_rl, "seed": self.config.seed}
+        state = {"data": self.stream.state(), "before_rl": self.before_rl, "seed": self.config.seed,
+                 "shaping": self.shaper.state_dict()}
         return self.checkpoints.save(step, write, state)
 
     def restore(self, path: Path) -> int:
@@ -209,6 +273,8 @@ class RLVRPipeline(Pipeline):
                            for h, s in zip(self.infer.handles, rng)])
         self.stream.load_state(state["data"])
         self.before_rl = state["before_rl"]
+        if "shaping" in state:
+            self.shaper.load_state_dict(state["shaping"])
         self.sync_weights()
         return int(state["step"])
 
@@ -226,6 +292,7 @@ class RLVRPipeline(Pipeline):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.train_rows, self.eval_rows = self._load_data()
         self.stream = PromptStream(self.train_rows, cfg.seed)
+        self.shaper = RewardShaper(cfg.algorithm, self.plugins)
         self._spawn_workers(model_path)
         scheduler_cls = self.plugins.schedulers.get(cfg.rollout.scheduler)
         self.scheduler = scheduler_cls(cfg, self.executor, self.infer, self.reward, self.tokenizer)
@@ -238,7 +305,9 @@ class RLVRPipeline(Pipeline):
             if latest is not None:
                 start = self.restore(latest)
                 print(f"resumed from {latest} at step {start} (data position {self.stream.state()})", flush=True)
-                self._spawn_reference(str(warm_dir) if (warm_dir / "config.json").exists() else model_path)
+                self._spawn_policy_copies(str(warm_dir) if (warm_dir / "config.json").exists() else model_path)
+                if self.critic is not None:
+                    self.executor.get(self.critic.call("load_checkpoint", str(latest / "critic")))
             else:
                 first = {}
                 if cfg.warmup.steps:
@@ -247,7 +316,7 @@ class RLVRPipeline(Pipeline):
                     # The reference is the policy RL starts from: the warmed-up model.
                     _replace_dir(warm_dir.with_name("warm-tmp") / "model", warm_dir)
                     self.tokenizer.save_pretrained(warm_dir)
-                self._spawn_reference(str(warm_dir) if cfg.warmup.steps else model_path)
+                self._spawn_policy_copies(str(warm_dir) if cfg.warmup.steps else model_path)
                 self.before_rl = self.evaluate()
                 first.update(self.before_rl)
                 if self.before_rl:

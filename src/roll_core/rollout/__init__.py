@@ -24,4 +24,5 @@ class RolloutScheduler(ABC):
     def collect(self, rows: list[dict], *, num_return_sequences: int, temperature: float) -> Batch:
         """Generate ``num_return_sequences`` responses per row, score them and return the batch with
         ``prompt_ids``, ``prompt_mask``, ``responses``, ``response_mask``, ``infer_log_probs``,
-        ``token_level_rewards`` ``[B, R]``, ``scores`` ``[B]`` and ``group_index`` ``[B]``."""
+        ``token_level_rewards`` ``[B, R]``, ``scores`` ``[B]``, ``group_index`` ``[B]`` and ``truncated``
+        ``[B]`` (bool: cut off at ``max_new_tokens`` without EOS)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from roll_core.algorithms.shaping import outcome_token_rewards
 from roll_core.data import Batch
 from roll_core.rewards import RewardInput
 from roll_core.rollout import RolloutScheduler
@@ -13,14 +14,6 @@ def tokenize_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch
     """Left-padded ``[B, P]`` ids and mask, without BOS/EOS (prompts are used verbatim)."""
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False, padding_side="left")
     return enc["input_ids"], enc["attention_mask"]
-
-
-def outcome_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Place each sequence score on its last valid response token. ``[B]`` -> ``[B, R]``."""
-    rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(-1) - 1).clamp(min=0)
-    rewards[torch.arange(len(scores)), last] = scores.float()
-    return rewards * (response_mask.sum(-1, keepdim=True) > 0)
 
 
 class SyncRolloutScheduler(RolloutScheduler):
@@ -42,6 +35,11 @@ class SyncRolloutScheduler(RolloutScheduler):
             temperature=temperature, top_p=rollout.top_p,
         ))
         batch = Batch.concat(parts)
+        # Cut off at max_new_tokens without EOS (for algorithm.max_length_mask).
+        lengths = batch["response_mask"].sum(-1)
+        last = batch["responses"].gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
+        truncated = (lengths >= rollout.max_new_tokens) & (last != self.tokenizer.eos_token_id)
+        batch.update(truncated=truncated)
         texts = self.tokenizer.batch_decode(batch["responses"], skip_special_tokens=True)
         samples = [
             RewardInput(p, t, g, d)

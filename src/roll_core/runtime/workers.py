@@ -20,7 +20,7 @@ class RewardError(RollError):
 
 
 class RoleWorker:
-    """Hosts a train or infer strategy. ``kind`` is ``"train"`` or ``"infer"``."""
+    """Hosts a train, infer or critic strategy (``kind``)."""
 
     def __init__(self, role: str, kind: str, model_path: str, role_config, run_config, seed: int):
         torch.set_num_threads(run_config.torch_threads)
@@ -32,8 +32,11 @@ class RoleWorker:
     def generate(self, batch, **sampling):
         return self.strategy.generate(batch, **sampling)
 
-    def compute_log_probs(self, batch, temperature: float):
-        return self.strategy.compute_log_probs(batch, temperature)
+    def compute_log_probs(self, batch, temperature: float, distribution: bool = False):
+        return self.strategy.compute_log_probs(batch, temperature, distribution)
+
+    def compute_values(self, batch):
+        return self.strategy.compute_values(batch)
 
     def rng_state(self):
         return self.strategy.rng_state()

@@ -14,10 +14,10 @@ from typing import Iterator
 
 import torch
 
-from roll_core.algorithms.objective import actor_loss
+from roll_core.algorithms.objective import actor_loss, critic_loss, loss_denominators, needs_distribution
 from roll_core.data import Batch
-from roll_core.strategies.sequences import response_log_probs, sample_responses
-from roll_core.strategy import InferStrategy, TrainStrategy
+from roll_core.strategies.sequences import position_ids_from_mask, response_log_probs, sample_responses
+from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy
 
 
 def _device() -> torch.device:
@@ -49,12 +49,15 @@ class _HFBase:
         return t.to(self.device)
 
     @torch.no_grad()
-    def compute_log_probs(self, batch: Batch, temperature: float) -> torch.Tensor:
+    def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
         self.model.eval()
         ids, mask = _full_sequence(batch)
-        logp = response_log_probs(self.model, self._to(ids), self._to(mask), batch["responses"].shape[1],
-                                  temperature)
-        return (logp * self._to(batch["response_mask"])).cpu()
+        rmask = self._to(batch["response_mask"])
+        out = response_log_probs(self.model, self._to(ids), self._to(mask), batch["responses"].shape[1],
+                                 temperature, with_distribution=distribution)
+        if distribution:
+            return (out[2] * rmask[..., None]).cpu()
+        return (out * rmask).cpu()
 
     def rng_state(self):
         return self.generator.get_state()
@@ -90,8 +93,70 @@ class HFInferStrategy(_HFBase, InferStrategy):
             params[name].data.copy_(tensor.to(self.device))
 
 
-class HFTrainStrategy(_HFBase, TrainStrategy):
+# Metrics that are shares of a mini-batch loss (scaled by global denominators) add up over its
+# micro-batches; every other metric is a per-micro-batch mean and is averaged.
+_ADDITIVE = {"train/pg_loss", "train/kl", "train/entropy", "critic/value_loss"}
+
+
+class _Optimizing:
+    """The update loop shared by the actor and the critic: epochs x mini-batches x micro-batches.
+
+    Each mini-batch is one optimizer step. Its loss denominators are counted over the whole
+    mini-batch before it is split, so accumulating micro-batch gradients gives the gradient of the
+    mini-batch loss whatever ``micro_batch_size`` is. A non-finite gradient norm skips the step.
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def micro_loss(self, micro: Batch, tokens: float, seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError
+
+    def accumulate_gradients(self, mini: Batch) -> dict[str, float]:
+        """Backward passes over the micro-batches of ``mini`` (no optimizer step). Returns metrics."""
+        tokens, seqs = loss_denominators(mini)
+        totals: dict[str, float] = {}
+        n_micro = 0
+        for micro in mini.split(self.role_config.micro_batch_size):
+            micro = Batch({k: self._to(v) for k, v in micro.tensors.items()}, micro.non_tensors)
+            loss, metrics = self.micro_loss(micro, tokens, seqs)
+            loss.backward()
+            n_micro += 1
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + value
+        return {k: v if k in _ADDITIVE else v / n_micro for k, v in totals.items()}
+
+    def optimize(self, batch: Batch) -> dict[str, float]:
+        algo = self.run_config.algorithm
+        self.model.train()
+        size = algo.ppo_mini_batch_size or len(batch)
+        sums: dict[str, float] = {}
+        updates = 0
+        skipped = 0
+        for _ in range(algo.ppo_epochs):
+            for mini in batch.split(size):
+                self.optimizer.zero_grad(set_to_none=True)
+                metrics = self.accumulate_gradients(mini)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm)
+                if torch.isfinite(grad_norm):
+                    self.optimizer.step()
+                else:
+                    # A non-finite gradient would poison the weights: skip the update and report it.
+                    self.optimizer.zero_grad(set_to_none=True)
+                    skipped += 1
+                metrics[f"{self.metric_prefix}/grad_norm"] = float(grad_norm)
+                updates += 1
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value
+        out = {k: v / updates for k, v in sums.items()}
+        out[f"{self.metric_prefix}/skipped_updates"] = float(skipped)
+        return out
+
+
+class HFTrainStrategy(_Optimizing, _HFBase, TrainStrategy):
     """AdamW on the full model; gradient accumulation over micro-batches with global loss denominators."""
+
+    metric_prefix = "train"
 
     def __init__(self, model_path: str, role_config, run_config, seed: int):
         super().__init__(model_path, role_config, run_config, seed)
@@ -102,44 +167,18 @@ class HFTrainStrategy(_HFBase, TrainStrategy):
         # moments (sized for cross-entropy gradients) into RL would shrink the first RL updates.
         self.warmup_optimizer: torch.optim.Optimizer | None = None
 
-    def train_step(self, batch: Batch) -> dict[str, float]:
+    def micro_loss(self, micro: Batch, tokens: float, seqs: float):
         algo = self.run_config.algorithm
-        temperature = self.run_config.rollout.temperature
-        self.model.train()
-        totals: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        for _ in range(algo.ppo_epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            tokens = float(batch["response_mask"].sum())
-            seqs = float(len(batch))
-            for micro in batch.split(self.role_config.micro_batch_size):
-                ids, mask = _full_sequence(micro)
-                logp, entropy = response_log_probs(
-                    self.model, self._to(ids), self._to(mask), micro["responses"].shape[1], temperature,
-                    with_entropy=True,
-                )
-                micro_dev = Batch({k: self._to(v) for k, v in micro.tensors.items()}, micro.non_tensors)
-                loss, metrics = actor_loss(logp, entropy, micro_dev, algo, global_tokens=tokens, global_seqs=seqs)
-                loss.backward()
-                for key, value in metrics.items():
-                    totals[key] = totals.get(key, 0.0) + value
-                    counts[key] = counts.get(key, 0) + 1
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm)
-            if not torch.isfinite(grad_norm):
-                # A non-finite gradient would poison the weights: skip the update and report it.
-                self.optimizer.zero_grad(set_to_none=True)
-                totals["train/skipped_updates"] = totals.get("train/skipped_updates", 0.0) + 1
-                counts["train/skipped_updates"] = 1
-            else:
-                self.optimizer.step()
-            totals["train/grad_norm"] = totals.get("train/grad_norm", 0.0) + float(grad_norm)
-            counts["train/grad_norm"] = counts.get("train/grad_norm", 0) + 1
-        # Losses were scaled by mini-batch denominators, so micro-batch values add up; per-epoch
-        # values and ratios are averaged.
-        summed = {"train/pg_loss", "train/kl", "train/entropy"}
-        return {
-            k: (v / algo.ppo_epochs if k in summed else v / counts[k]) for k, v in totals.items()
-        }
+        ids, mask = _full_sequence(micro)
+        logp, entropy, log_dist = response_log_probs(
+            self.model, ids, mask, micro["responses"].shape[1], self.run_config.rollout.temperature,
+            with_entropy=True, with_distribution=needs_distribution(algo),
+        )
+        return actor_loss(logp, entropy, micro, algo, global_tokens=tokens, global_seqs=seqs,
+                          max_response_length=self.run_config.rollout.max_new_tokens, log_dist=log_dist)
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        return self.optimize(batch)
 
     def sft_step(self, batch: Batch, lr: float) -> dict[str, float]:
         if self.warmup_optimizer is None:
@@ -185,6 +224,71 @@ class HFTrainStrategy(_HFBase, TrainStrategy):
         state = torch.load(path / "train_state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
+
+
+class HFCriticStrategy(_Optimizing, CriticStrategy):
+    """PPO's value model: the policy checkpoint loaded as ``AutoModelForTokenClassification`` with one
+    label, so the backbone starts from the policy and a fresh linear head gives ``V(s_t)`` per token.
+    Checkpoints stay plain Hugging Face directories."""
+
+    metric_prefix = "critic"
+
+    def __init__(self, model_path: str, role_config, run_config, seed: int):
+        from transformers import AutoModelForTokenClassification
+
+        self.role_config, self.run_config = role_config, run_config
+        self.device = _device()
+        # The new head is initialised from the global RNG: fork it so the driver's RNG (local
+        # executor) is untouched and the head is the same for a given seed in any executor.
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the "score head newly initialised" report is expected
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                self.model = AutoModelForTokenClassification.from_pretrained(
+                    model_path, num_labels=1, dtype=torch.float32).to(self.device)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=role_config.lr,
+                                           weight_decay=role_config.weight_decay)
+
+    def _to(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device)
+
+    def _values(self, batch: Batch) -> torch.Tensor:
+        ids, mask = _full_sequence(batch)
+        ids, mask = self._to(ids), self._to(mask)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
+        width = batch["responses"].shape[1]
+        # V(s_t) is read where the log-prob of token t is: at the position before it.
+        return out.logits[:, -width - 1 : -1, 0].float() * self._to(batch["response_mask"]).float()
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        self.model.eval()
+        return self._values(batch).cpu()
+
+    def micro_loss(self, micro: Batch, tokens: float, seqs: float):
+        return critic_loss(self._values(micro), micro, self.run_config.algorithm, global_tokens=tokens,
+                           global_seqs=seqs, max_response_length=self.run_config.rollout.max_new_tokens)
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        return self.optimize(batch)
+
+    def save_checkpoint(self, path: str) -> None:
+        path = Path(path)
+        self.model.save_pretrained(path / "model", safe_serialization=True)
+        torch.save({"optimizer": self.optimizer.state_dict()}, path / "train_state.pt")
+
+    def load_checkpoint(self, path: str) -> None:
+        from transformers import AutoModelForTokenClassification
+
+        path = Path(path)
+        loaded = AutoModelForTokenClassification.from_pretrained(path / "model", dtype=torch.float32)
+        self.model.load_state_dict(loaded.state_dict())
+        self.optimizer.load_state_dict(torch.load(path / "train_state.pt", weights_only=False)["optimizer"])
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

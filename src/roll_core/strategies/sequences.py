@@ -106,6 +106,7 @@ def response_log_probs(
     temperature: float = 1.0,
     *,
     with_entropy: bool = False,
+    with_distribution: bool = False,
 ):
     """Log-probs of the last ``response_length`` tokens of ``input_ids`` under ``model``.
 
@@ -113,7 +114,8 @@ def response_log_probs(
         input_ids, attention_mask: ``[B, P + R]`` prompt-then-response sequences.
         temperature: divides the logits, matching the distribution the sampler drew from.
     Returns:
-        ``log_probs [B, R]`` (and ``entropy [B, R]`` when ``with_entropy``).
+        ``log_probs [B, R]``, or ``(log_probs, entropy [B, R] | None, log_dist [B, R, V] | None)``
+        when ``with_entropy`` or ``with_distribution`` asks for the extras.
     """
     out = model(
         input_ids=input_ids,
@@ -127,7 +129,7 @@ def response_log_probs(
     log_softmax = F.log_softmax(logits, dim=-1)
     targets = input_ids[:, -response_length:]
     logp = log_softmax.gather(-1, targets[..., None]).squeeze(-1)
-    if not with_entropy:
+    if not (with_entropy or with_distribution):
         return logp
-    entropy = -(log_softmax.exp() * log_softmax).sum(-1)
-    return logp, entropy
+    entropy = -(log_softmax.exp() * log_softmax).sum(-1) if with_entropy else None
+    return logp, entropy, (log_softmax if with_distribution else None)

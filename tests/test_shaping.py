@@ -1,0 +1,177 @@
+"""Reward shaping, sample masks and group filters, against numbers computed by hand."""
+
+
+import pytest
+import torch
+
+from roll_core.algorithms.shaping import (
+    AdaptiveKLController, RewardShaper, RunningMoments, keep_groups, outcome_token_rewards,
+)
+from roll_core.config.schema import AlgorithmConfig
+from roll_core.data import Batch
+from roll_core.plugins import get_plugins
+
+
+def shaper(**algo):
+    return RewardShaper(AlgorithmConfig(**algo), get_plugins())
+
+
+def scored(scores, groups, width=2, **extra):
+    scores = torch.tensor(scores, dtype=torch.float32)
+    mask = torch.ones(len(scores), width, dtype=torch.long)
+    return Batch({"scores": scores, "group_index": torch.tensor(groups), "response_mask": mask,
+                  "old_log_probs": torch.zeros(len(scores), width), **extra})
+
+
+def test_outcome_token_rewards_on_last_valid_token():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
+    r = outcome_token_rewards(torch.tensor([2.0, 3.0, 4.0]), mask)
+    assert r.tolist() == [[0.0, 2.0, 0.0], [0.0, 0.0, 3.0], [0.0, 0.0, 0.0]]
+
+
+def test_reward_norm_litePPO_group_mean_batch_std():
+    # scores 1, 0 | 1, 1: group means .5, .5, 1, 1 -> centred .5, -.5, 0, 0
+    # batch std (unbiased) of [1, 0, 1, 1]: mean .75, var (.0625 * 3 + .5625) / 3 = .25, std .5
+    # -> 1, -1, 0, 0 ; with the reinforce estimator (gamma 1) that is the advantage of every token
+    s = shaper(advantage_estimator="reinforce", reward_norm={"mean": "group", "std": "batch"})
+    batch = scored([1, 0, 1, 1], [0, 0, 1, 1])
+    s.shape(batch)
+    torch.testing.assert_close(batch["advantages"][:, 0], torch.tensor([1.0, -1.0, 0.0, 0.0]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mean, std, expected", [
+    # scores [2, 4, 6, 8], groups [0, 0, 1, 1]
+    ("batch", "none", [-3.0, -1.0, 1.0, 3.0]),                     # mean 5
+    ("none", "batch", [2 / 2.581989, 4 / 2.581989, 6 / 2.581989, 8 / 2.581989]),  # std sqrt(20/3)
+    ("group", "group", [-0.707107, 0.707107, -0.707107, 0.707107]),  # (x - 3) / sqrt(2) ...
+])
+def test_reward_norm_scopes(mean, std, expected):
+    s = shaper(reward_norm={"mean": mean, "std": std})
+    out = s.normalize(torch.tensor([2.0, 4.0, 6.0, 8.0]), torch.tensor([0, 0, 1, 1]))
+    torch.testing.assert_close(out, torch.tensor(expected), atol=1e-4, rtol=0)
+
+
+def test_running_norm_uses_every_score_so_far():
+    # step 1 scores [0, 2], step 2 [4]: running mean of 0, 2, 4 = 2, unbiased std 2 -> (4 - 2) / 2 = 1
+    s = shaper(reward_norm={"mean": "running", "std": "running"})
+    s.normalize(torch.tensor([0.0, 2.0]), torch.tensor([0, 0]))
+    out = s.normalize(torch.tensor([4.0]), torch.tensor([0]))
+    assert float(out) == pytest.approx(1.0, abs=1e-5)
+    # the state survives a checkpoint round trip
+    restored = shaper(reward_norm={"mean": "running", "std": "running"})
+    restored.load_state_dict(s.state_dict())
+    assert restored.running.mean == pytest.approx(2.0) and restored.running.std == pytest.approx(2.0)
+
+
+def test_running_moments_match_the_whole_sample():
+    m = RunningMoments()
+    data = torch.tensor([1.0, 5.0, 2.0, 8.0, 3.0])
+    m.update(data[:2])
+    m.update(data[2:])
+    assert m.mean == pytest.approx(float(data.mean())) and m.std == pytest.approx(float(data.std()))
+
+
+def test_reward_clip_after_normalisation():
+    # batch mean of [0, 10] is 5 -> centred -5, 5 -> clipped to -2, 2 (clip comes after normalisation)
+    s = shaper(advantage_estimator="reinforce", reward_norm={"mean": "batch"}, reward_clip=2.0)
+    batch = scored([0, 10], [0, 1])
+    s.shape(batch)
+    assert batch["token_level_rewards"][:, -1].tolist() == [-2.0, 2.0]
+
+
+def test_fixed_kl_penalty_on_every_token():
+    # k1 = old - ref = 0.5 on each of 2 tokens; beta 0.1 -> each token -0.05 ; score 1 on the last
+    s = shaper(advantage_estimator="reinforce", kl_penalty={"coef": 0.1, "estimator": "k1"})
+    batch = scored([1.0], [0], old_log_probs=torch.tensor([[0.0, 0.0]]), ref_log_probs=torch.tensor([[-0.5, -0.5]]))
+    metrics = s.shape(batch)
+    torch.testing.assert_close(batch["token_level_rewards"], torch.tensor([[-0.05, 0.95]]))
+    assert metrics["shaping/kl_penalty_kl"] == pytest.approx(1.0)  # per-sequence sum 0.5 + 0.5
+    assert metrics["shaping/kl_coef"] == pytest.approx(0.1)
+
+
+def test_adaptive_kl_controller_by_hand():
+    # target .1, observed .3 -> error clip(3 - 1) = .2 ; n 64, horizon 640 -> beta * (1 + .2 * .1) = 1.02 beta
+    c = AdaptiveKLController(0.5, target=0.1, horizon=640)
+    c.update(0.3, 64)
+    assert c.value == pytest.approx(0.51)
+    # observed .05 -> error .05 / .1 - 1 = -.5 -> clipped to -.2 -> * (1 - .02)
+    c.update(0.05, 64)
+    assert c.value == pytest.approx(0.51 * 0.98)
+
+
+def test_adaptive_kl_penalty_updates_beta_after_use():
+    s = shaper(advantage_estimator="reinforce",
+               kl_penalty={"coef": 0.1, "estimator": "k1", "adaptive": True, "target_kl": 0.5, "horizon": 10})
+    batch = scored([1.0], [0], old_log_probs=torch.tensor([[0.0, 0.0]]), ref_log_probs=torch.tensor([[-0.5, -0.5]]))
+    metrics = s.shape(batch)
+    assert metrics["shaping/kl_coef"] == pytest.approx(0.1)  # the step used the current beta ...
+    # ... then kl 1.0 vs target .5: error clip(1) = .2, n 1, horizon 10 -> 0.1 * 1.02
+    assert s.beta == pytest.approx(0.102)
+    assert s.state_dict()["kl_coef"] == pytest.approx(0.102)
+
+
+def test_whiten_rewards_keeps_the_mean():
+    # token rewards [[0, 1], [0, 3]]: biased std over 4 tokens: mean 1, var (1 + 0 + 1 + 4) / 4 = 1.5
+    # divided (not centred) by 1.224745 -> [0, .816497], [0, 2.449490]
+    s = shaper(advantage_estimator="reinforce", whiten_rewards=True)
+    batch = scored([1.0, 3.0], [0, 1])
+    s.shape(batch)
+    torch.testing.assert_close(batch["token_level_rewards"], torch.tensor([[0.0, 0.816497], [0.0, 2.449490]]),
+                               atol=1e-4, rtol=0)
+
+
+def test_whiten_and_clip_advantages():
+    # reinforce with scores 0, 4 on two tokens each: advantages (returns) 0, 0, 4, 4 -> whitened
+    # mean 2, biased std 2 -> -1, -1, 1, 1 ; clip 0.5 -> -.5, .5
+    s = shaper(advantage_estimator="reinforce", whiten_advantages=True, advantage_clip=0.5)
+    batch = scored([0.0, 4.0], [0, 1])
+    s.shape(batch)
+    torch.testing.assert_close(batch["advantages"], torch.tensor([[-0.5, -0.5], [0.5, 0.5]]), atol=1e-5, rtol=0)
+
+
+def test_max_length_mask_removes_truncated_samples_from_the_loss():
+    s = shaper(advantage_estimator="reinforce", max_length_mask=True)
+    batch = scored([1.0, 1.0], [0, 1], truncated=torch.tensor([True, False]))
+    metrics = s.shape(batch)
+    assert batch["loss_mask"].tolist() == [[0.0, 0.0], [1.0, 1.0]]
+    assert batch["advantages"][0].abs().sum() == 0 and metrics["shaping/masked_samples"] == 1.0
+
+
+def test_difficulty_mask_keeps_groups_with_mean_inside_the_range():
+    # group means: g0 (1, 1) = 1 -> out ; g1 (1, 0) = .5 -> in ; g2 (0, 0) = 0 -> out   (range (0, 1))
+    s = shaper(difficulty_mask={"low": 0.0, "high": 1.0})
+    batch = scored([1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 2, 2])
+    s.shape(batch)
+    assert batch["loss_mask"][:, 0].tolist() == [0.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+
+
+def test_keep_groups_mean_and_std_filters():
+    from roll_core.config.schema import DynamicSamplingConfig
+
+    scores = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.5])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3])
+    mean = keep_groups(scores, groups, DynamicSamplingConfig(filter="mean"))
+    # means 1, .5, 0, .5 -> only groups 1 and 3 are strictly inside (0, 1)
+    assert mean.tolist() == [False, False, True, True, False, False, True]
+    std = keep_groups(scores, groups, DynamicSamplingConfig(filter="std"))
+    # std 0, .7071, 0, and group 3 has one sample (no spread) -> only group 1
+    assert std.tolist() == [False, False, True, True, False, False, False]
+    assert keep_groups(scores, groups, DynamicSamplingConfig()).all()
+
+
+def test_masked_samples_do_not_count_in_loss_denominators():
+    from roll_core.algorithms.objective import loss_denominators
+
+    batch = Batch({"response_mask": torch.ones(3, 4), "loss_mask": torch.tensor([[1.0] * 4, [0.0] * 4, [1, 1, 0, 0]])})
+    assert loss_denominators(batch) == (6.0, 2.0)
+
+
+def test_config_rejects_a_mini_batch_that_does_not_divide_the_step():
+    from roll_core.config.loader import load_config
+    from roll_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="ppo_mini_batch_size"):
+        load_config(None, ["rollout.prompts_per_step=4", "rollout.num_return_sequences=2",
+                           "algorithm.ppo_mini_batch_size=3"])
+    with pytest.raises(ConfigError, match="low"):
+        load_config(None, ["algorithm.difficulty_mask.low=0.9", "algorithm.difficulty_mask.high=0.1"])
