@@ -1,4 +1,4 @@
-"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s quickstart`.
+"""Developer sessions: `nox -s tests`, `nox -s plugin`, `nox -s lint`, `nox -s quickstart`.
 
 Each package is installed alone into its own session venv, which catches undeclared dependencies.
 torch is installed first from its pinned CPU build so no session pulls a CUDA wheel.
@@ -6,7 +6,7 @@ torch is installed first from its pinned CPU build so no session pulls a CUDA wh
 
 import nox
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "plugin"]
 TORCH = "torch==2.13.0"
 
 
@@ -15,6 +15,15 @@ def tests(session):
     session.install(TORCH)
     session.install("-e", ".[test]")
     session.run("pytest", "-q", *session.posargs)
+
+
+@nox.session
+@nox.parametrize("plugin", ["roll_rewards"])
+def plugin(session, plugin):
+    """One plugin installed alone on top of roll-core, running its own tests."""
+    session.install(TORCH)
+    session.install("-e", ".[test]", "-e", f"plugins/{plugin}")
+    session.run("pytest", "-q", f"plugins/{plugin}/tests", *session.posargs)
 
 
 @nox.session

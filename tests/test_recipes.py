@@ -91,3 +91,16 @@ def test_estimators_that_need_a_role_are_rejected_before_anything_starts():
         check_registry_names(load_config(None, ["algorithm.advantage_estimator=gae"]))
     with pytest.raises(ConfigError, match="'opd' needs roles.reference"):
         check_registry_names(load_config(None, ["algorithm.advantage_estimator=opd", "roles.reference=null"]))
+
+
+def test_ppo_resumes_with_its_critic_and_shaping_state(tmp_path):
+    ppo = RECIPES[0].with_name("ppo.yaml")
+    adaptive = ["algorithm.ppo_mini_batch_size=16", "algorithm.kl_penalty.adaptive=true",
+                "algorithm.reward_norm.mean=running"]
+    run(ppo, tmp_path, *adaptive)
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
+    assert (ckpt / "critic" / "model" / "config.json").exists()
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["shaping"]["running"][0] == 2 * 16 and state["shaping"]["kl_coef"] > 0
+    rows = run(ppo, tmp_path, *adaptive, "trainer.max_steps=3")
+    assert rows[-1]["step"] == 3 and "critic/value_loss" in rows[-1]

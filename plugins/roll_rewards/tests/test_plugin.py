@@ -1,0 +1,35 @@
+"""The installed plugin is discovered through its entry point, listed, and usable by name."""
+
+import json
+import subprocess
+import sys
+
+
+def roll(*args):
+    return subprocess.run([sys.executable, "-m", "roll_core.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_listed_with_its_rewards():
+    out = roll("list-plugins", "--json")
+    assert out.returncode == 0, out.stderr
+    plugins = {p["name"]: p for p in json.loads(out.stdout)["plugins"]}
+    mine = plugins["rewards"]
+    assert mine["distribution"] == "roll-rewards" and mine["status"] == "ok"
+    assert mine["provides"] == {"rewards": ["code", "math_verify"]}
+
+
+def test_listing_does_not_import_sympy_or_math_verify():
+    code = ("import sys; from roll_core.plugins import get_plugins; assert 'code' in get_plugins().rewards; "
+            "print([m for m in ('sympy', 'math_verify', 'roll_rewards.sandbox') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_config_selects_the_reward_by_name(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("roles:\n  reward:\n    name: math_verify\n    options: {timeout_seconds: 3}\n")
+    out = roll("validate", str(cfg))
+    assert out.returncode == 0, out.stderr
+    out = roll("validate", str(cfg), "roles.reward.name=math_verfy")
+    assert out.returncode == 2 and "Did you mean 'math_verify'?" in out.stderr
