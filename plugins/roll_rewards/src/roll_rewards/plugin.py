@@ -9,3 +9,9 @@ def roll_register_rewards(register):
              description="symbolic equivalence of the final answer (math-verify), with timeouts")
     register("code", "roll_rewards.code:CodeReward",
              description="runs the response's program against tests (stdio / assert / pytest) in a sandbox")
+    register("multiple_choice", "roll_rewards.choice:MultipleChoiceReward",
+             description="final choice letter (A-J) against the gold letter")
+    register("trl_function", "roll_rewards.adapters:TRLRewardFunction",
+             description="a TRL-style f(prompts, completions, **columns) -> list[float | None], by import path")
+    register("verl_compute_score", "roll_rewards.adapters:VerlComputeScore",
+             description="a verl-style compute_score(data_source, solution_str, ground_truth, extra_info)")
