@@ -15,7 +15,8 @@ def test_listed_with_its_rewards():
     plugins = {p["name"]: p for p in json.loads(out.stdout)["plugins"]}
     mine = plugins["rewards"]
     assert mine["distribution"] == "roll-rewards" and mine["status"] == "ok"
-    assert mine["provides"] == {"rewards": ["code", "math_verify", "multiple_choice", "trl_function", "verl_compute_score"]}
+    assert mine["provides"] == {"rewards": [
+        "code", "ifeval", "math_verify", "multiple_choice", "shaped", "trl_function", "verl_compute_score"]}
 
 
 def test_listing_does_not_import_sympy_or_math_verify():

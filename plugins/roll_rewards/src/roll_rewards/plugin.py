@@ -15,3 +15,7 @@ def roll_register_rewards(register):
              description="a TRL-style f(prompts, completions, **columns) -> list[float | None], by import path")
     register("verl_compute_score", "roll_rewards.adapters:VerlComputeScore",
              description="a verl-style compute_score(data_source, solution_str, ground_truth, extra_info)")
+    register("ifeval", "roll_rewards.ifeval:IFEvalReward",
+             description="IFEval-style instruction checks (word counts, keywords, formats, case, ...)")
+    register("shaped", "roll_rewards.penalties:ShapedReward",
+             description="any reward plus a format penalty and DAPO's soft overlong penalty")
