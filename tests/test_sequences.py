@@ -34,6 +34,10 @@ def test_sampler_log_probs_match_a_fresh_forward_pass(tiny_model_path):
     full = torch.cat([ids, resp], 1)
     recomputed = response_log_probs(model, full, torch.cat([mask, rmask], 1), resp.shape[1], temperature=0.7)
     torch.testing.assert_close(recomputed * rmask, logp, atol=1e-4, rtol=1e-4)
+    # the full distribution (for distribution KL estimators) holds the same token log-probs
+    _, _, dist = response_log_probs(model, full, torch.cat([mask, rmask], 1), resp.shape[1], temperature=0.7,
+                                    with_distribution=True)
+    torch.testing.assert_close(dist.gather(-1, resp[..., None]).squeeze(-1), recomputed)
 
 
 def test_same_generator_seed_same_samples(tiny_model_path):

@@ -24,15 +24,25 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
+def count_sequences(mask: torch.Tensor) -> float:
+    """Rows with at least one token in the loss (samples masked out entirely do not count)."""
+    return float((mask.sum(-1) > 0).sum())
+
+
 def _ratio(inputs: PolicyLossInput) -> tuple[torch.Tensor, torch.Tensor]:
     log_ratio = (inputs.log_prob - inputs.old_log_prob).clamp(-20.0, 20.0)
     return log_ratio.exp(), log_ratio
 
 
-def _clipped_surrogate(ratio, adv, low: float, high: float):
+def _clipped_surrogate(ratio, log_ratio, inputs: PolicyLossInput, config):
+    """``-min(ratio A, clip(ratio) A)`` and its metrics (shared by ``ppo_clip`` and ``gspo``)."""
+    adv, mask = inputs.advantages, inputs.response_mask
     unclipped = ratio * adv
-    clipped = ratio.clamp(1.0 - low, 1.0 + high) * adv
-    return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
+    clipped = ratio.clamp(1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high) * adv
+    return -torch.minimum(unclipped, clipped), {
+        "clip_frac": _masked_mean((clipped < unclipped).float(), mask),
+        "approx_kl": _masked_mean(-log_ratio.detach(), mask),
+    }
 
 
 def ppo_clip(inputs: PolicyLossInput, config) -> tuple[torch.Tensor, dict[str, float]]:
@@ -45,9 +55,7 @@ def ppo_clip(inputs: PolicyLossInput, config) -> tuple[torch.Tensor, dict[str, f
     Shapes: all inputs ``[B, R]``; returns the loss ``[B, R]`` and scalar metrics.
     """
     ratio, log_ratio = _ratio(inputs)
-    loss, clipped = _clipped_surrogate(ratio, inputs.advantages, config.clip_ratio_low, config.clip_ratio_high)
-    mask = inputs.response_mask
-    return loss, {"clip_frac": _masked_mean(clipped, mask), "approx_kl": _masked_mean(-log_ratio.detach(), mask)}
+    return _clipped_surrogate(ratio, log_ratio, inputs, config)
 
 
 def dual_clip(inputs: PolicyLossInput, config) -> tuple[torch.Tensor, dict[str, float]]:
@@ -86,8 +94,7 @@ def gspo(inputs: PolicyLossInput, config) -> tuple[torch.Tensor, dict[str, float
     seq_log_ratio = log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)
     token_log_ratio = inputs.log_prob - inputs.log_prob.detach() + seq_log_ratio.detach()[:, None]
     ratio = token_log_ratio.clamp(max=20.0).exp()
-    loss, clipped = _clipped_surrogate(ratio, inputs.advantages, config.clip_ratio_low, config.clip_ratio_high)
-    return loss, {"clip_frac": _masked_mean(clipped, mask), "approx_kl": _masked_mean(-log_ratio.detach(), mask)}
+    return _clipped_surrogate(ratio, log_ratio, inputs, config)
 
 
 def tis(inputs: PolicyLossInput, config) -> tuple[torch.Tensor, dict[str, float]]:
@@ -195,8 +202,7 @@ def aggregate(
     * ``seq-mean-token-sum-norm``: sum(loss * mask) / (seqs * max_response_length) (Dr. GRPO)
     """
     tokens = global_tokens if global_tokens is not None else float(mask.sum())
-    # A sequence counts when it has at least one token in the loss (masked samples do not).
-    seqs = global_seqs if global_seqs is not None else float((mask.sum(-1) > 0).sum())
+    seqs = global_seqs if global_seqs is not None else count_sequences(mask)
     masked = loss * mask
     if mode == "token-mean":
         return masked.sum() / max(tokens, 1.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from roll_core.algorithms.losses import PolicyLossInput, aggregate, value_loss
+from roll_core.algorithms.losses import PolicyLossInput, aggregate, count_sequences, value_loss
 from roll_core.data import Batch
 
 
@@ -28,16 +28,20 @@ def loss_denominators(batch: Batch) -> tuple[float, float]:
     loss and gradient accumulation does not change the result.
     """
     mask = loss_mask_of(batch)
-    return float(mask.sum()), float((mask.sum(-1) > 0).sum())
+    return float(mask.sum()), float(count_sequences(mask))
+
+
+def kl_takes_distribution(name: str, plugins=None) -> bool:
+    """Whether KL estimator ``name`` was registered with ``distribution=True`` (takes ``[B, R, V]``)."""
+    from roll_core.plugins import get_plugins
+
+    plugins = plugins or get_plugins()
+    return bool(plugins.kl_estimators.entry(name).metadata.get("distribution"))
 
 
 def needs_distribution(config, plugins=None) -> bool:
     """Whether the KL loss term needs full log-distributions ``[B, R, V]`` from the strategy."""
-    from roll_core.plugins import get_plugins
-
-    plugins = plugins or get_plugins()
-    return bool(config.kl_loss_coef) and bool(
-        plugins.kl_estimators.entry(config.kl_estimator).metadata.get("distribution"))
+    return bool(config.kl_loss_coef) and kl_takes_distribution(config.kl_estimator, plugins)
 
 
 def actor_loss(
@@ -83,7 +87,7 @@ def actor_loss(
         kl_fn = plugins.kl_estimators.get(config.kl_estimator)
         if log_dist is not None and "ref_log_dist" in micro:
             kl_mat = kl_fn(log_dist, micro["ref_log_dist"])
-        elif plugins.kl_estimators.entry(config.kl_estimator).metadata.get("distribution"):
+        elif kl_takes_distribution(config.kl_estimator, plugins):
             kl_mat = None  # a distribution estimator without distributions: only reported when used
         else:
             kl_mat = kl_fn(log_prob, micro["ref_log_probs"])

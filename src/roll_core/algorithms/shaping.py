@@ -168,9 +168,10 @@ class RewardShaper:
     def kl_penalty(self, token_rewards: torch.Tensor, batch, mask: torch.Tensor):
         """Step 5. Returns the penalised rewards and the mean per-sequence KL."""
         kl_cfg = self.config.kl_penalty
-        entry = self.plugins.kl_estimators.entry(kl_cfg.estimator)
+        from roll_core.algorithms.objective import kl_takes_distribution
+
         fn = self.plugins.kl_estimators.get(kl_cfg.estimator)
-        if entry.metadata.get("distribution"):
+        if kl_takes_distribution(kl_cfg.estimator, self.plugins):
             kl = fn(batch["old_log_dist"], batch["ref_log_dist"])
         else:
             kl = fn(batch["old_log_probs"], batch["ref_log_probs"])

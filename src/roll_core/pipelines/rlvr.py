@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from roll_core.algorithms.objective import kl_takes_distribution, needs_distribution
 from roll_core.algorithms.shaping import RewardShaper, keep_groups
 from roll_core.data import Batch, PromptStream, read_jsonl
 from roll_core.embedded.model import build_tiny_model
@@ -122,20 +123,24 @@ class RLVRPipeline(Pipeline):
         buckets = self.actor.call("weight_bucket_list", WEIGHT_BUCKET_BYTES)[0]
         self.executor.get(self.infer.call("load_weight_buckets", buckets))
 
-    def _log_probs(self, group, batch: Batch, distribution: bool = False) -> torch.Tensor:
+    def _log_probs(self, group, batch: Batch, distribution: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Token log-probs ``[B, R]`` of the responses under ``group``'s model, and with
+        ``distribution`` the full log-distributions ``[B, R, V]`` from the same forward pass."""
         temperature = self.config.rollout.temperature
         parts = self.executor.get(group.map("compute_log_probs", batch.chunk(len(group)),
                                             temperature=temperature, distribution=distribution))
         width = batch["responses"].shape[1]
         pad = (lambda p: (0, 0, 0, width - p.shape[1])) if distribution else (lambda p: (0, width - p.shape[1]))
-        return torch.cat([torch.nn.functional.pad(p, pad(p)) for p in parts])
+        out = torch.cat([torch.nn.functional.pad(p, pad(p)) for p in parts])
+        if not distribution:
+            return out, None
+        return out.gather(-1, batch["responses"][..., None]).squeeze(-1), out
 
     def _kl_needs_distribution(self) -> tuple[bool, bool]:
         """(loss term, reward penalty) use a KL estimator that takes full distributions."""
-        algo, kls = self.config.algorithm, self.plugins.kl_estimators
-        loss = bool(algo.kl_loss_coef) and kls.entry(algo.kl_estimator).metadata.get("distribution", False)
-        penalty = bool(algo.kl_penalty.coef) and kls.entry(algo.kl_penalty.estimator).metadata.get("distribution", False)
-        return bool(loss), bool(penalty)
+        algo = self.config.algorithm
+        penalty = bool(algo.kl_penalty.coef) and kl_takes_distribution(algo.kl_penalty.estimator, self.plugins)
+        return needs_distribution(algo, self.plugins), penalty
 
     def collect(self) -> tuple[Batch, dict[str, float]]:
         """One step's scored groups, after dynamic sampling when it is configured."""
@@ -217,12 +222,14 @@ class RLVRPipeline(Pipeline):
         t_rollout = time.perf_counter() - t0
         dist_loss, dist_penalty = self._kl_needs_distribution()
         if self.reference is not None:
-            batch.update(ref_log_probs=self._log_probs(self.reference, batch))
-            if dist_loss or dist_penalty:
-                batch.update(ref_log_dist=self._log_probs(self.reference, batch, distribution=True))
-        batch.update(old_log_probs=self._log_probs(self.actor, batch))
-        if dist_penalty:
-            batch.update(old_log_dist=self._log_probs(self.actor, batch, distribution=True))
+            ref, ref_dist = self._log_probs(self.reference, batch, distribution=dist_loss or dist_penalty)
+            batch.update(ref_log_probs=ref)
+            if ref_dist is not None:
+                batch.update(ref_log_dist=ref_dist)
+        old, old_dist = self._log_probs(self.actor, batch, distribution=dist_penalty)
+        batch.update(old_log_probs=old)
+        if old_dist is not None:
+            batch.update(old_log_dist=old_dist)
         if self.critic is not None:
             batch.update(values=self.executor.get(self.critic.call("compute_values", batch))[0])
         metrics.update(self.shaper.shape(batch))
