@@ -104,3 +104,28 @@ def test_cli_validate_ok():
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
 def test_example_configs_validate(path):
     load_and_check(path)
+
+
+def test_reward_options_are_checked_against_the_reward_before_workers_start(roll_plugins):
+    import types
+
+    from roll_core import hookimpl
+    from roll_core.rewards import Reward
+
+    class Graded(Reward):
+        def __init__(self, threshold: float, partial: bool = True):
+            self.threshold, self.partial = threshold, partial
+
+        def score(self, sample):
+            return 0.0
+
+    roll_plugins(("t", types.SimpleNamespace(
+        roll_register_rewards=hookimpl(lambda register: register("graded", Graded)))))
+    with pytest.raises(ConfigError, match=r"unknown option 'partal'. Did you mean 'partial'\? Valid options: threshold, partial"):
+        load_and_check(None, ["roles.reward.name=graded", "roles.reward.options.threshold=1",
+                              "roles.reward.options.partal=false"])
+    with pytest.raises(ConfigError, match=r"missing required option\(s\) threshold"):
+        load_and_check(None, ["roles.reward.name=graded"])
+    with pytest.raises(ConfigError, match="reward 'exact_match'.*unknown option 'strict'"):
+        load_and_check(None, ["roles.reward.options.strict=true"])
+    load_and_check(None, ["roles.reward.name=graded", "roles.reward.options.threshold=0.5"])

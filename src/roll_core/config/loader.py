@@ -8,6 +8,7 @@ the key (and the file), says what is wrong and, for misspellings, suggests the r
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,33 @@ def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
     return problems
 
 
+def _reward_options(cfg: RollConfig, plugins) -> list[str]:
+    """``roles.reward.options`` must fit the reward's constructor: checked here, before the reward
+    workers start, instead of failing inside one with a traceback."""
+    from roll_core.rewards import Reward
+
+    name, options = cfg.roles.reward.name, cfg.roles.reward.options
+    try:
+        cls = plugins.rewards.get(name)
+    except RegistryError:
+        return []  # already reported as an unknown name
+    if not isinstance(cls, type) or not issubclass(cls, Reward):
+        return []
+    key = f"key 'roles.reward.options' for reward '{name}'"
+    if cls.__init__ is Reward.__init__:
+        return [f"{key}: it takes no options, got {sorted(options)}"] if options else []
+    params = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    problems = [f"{key}: unknown option '{k}'.{did_you_mean(k, params)} Valid options: {', '.join(params)}"
+                for k in options if k not in params]
+    missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in options]
+    if missing:
+        problems.append(f"{key}: missing required option(s) {', '.join(missing)}")
+    return problems
+
+
 def check_registry_names(cfg: RollConfig, plugins=None) -> None:
     """Raise one ConfigError listing every name that no installed plugin registered."""
     from roll_core.plugins import get_plugins
@@ -146,6 +174,7 @@ def check_registry_names(cfg: RollConfig, plugins=None) -> None:
         except RegistryError as exc:
             problems.append(f"key '{key}': {exc}")
     problems += _role_requirements(cfg, plugins)
+    problems += _reward_options(cfg, plugins)
     for key in ("train_file", "eval_file"):
         value = getattr(cfg.data, key)
         if value is not None and not Path(value).is_file():
