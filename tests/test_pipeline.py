@@ -105,9 +105,13 @@ def test_kill_after_checkpoint_then_resume_continues(tmp_path):
 @pytest.mark.ray
 def test_same_seed_same_metrics_local_and_ray(tmp_path):
     results = {}
+    # Two inference workers, each running two requests whose rewards are scored while the next
+    # request generates on two reward workers: completion order differs between the executors,
+    # the numbers must not.
+    streaming = ["rollout.request_size=4", "roles.actor_infer.num_workers=2", "roles.reward.num_workers=2"]
     for executor in ("local", "ray"):
         run_dir = tmp_path / executor
-        out = subprocess.run(_run_cli(run_dir, "trainer.max_steps=3", executor=executor),
+        out = subprocess.run(_run_cli(run_dir, "trainer.max_steps=3", *streaming, executor=executor),
                              capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
         results[executor] = metrics_of(run_dir)

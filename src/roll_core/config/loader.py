@@ -112,7 +112,13 @@ def registry_references(cfg: RollConfig) -> list[tuple[str, str, str]]:
         refs.append(("roles.reference.strategy", "infer_strategies", cfg.roles.reference.strategy))
     if cfg.roles.critic is not None:
         refs.append(("roles.critic.strategy", "critic_strategies", cfg.roles.critic.strategy))
-    if cfg.data.train_file is None:
+    for domain, spec in cfg.roles.domain_rewards.items():
+        refs += [(f"roles.domain_rewards.{domain}.rewards[{i}].name", "rewards", r.name)
+                 for i, r in enumerate(spec.rewards)]
+    if cfg.data.domains:
+        refs += [(f"data.domains.{d}.dataset", "datasets", src.dataset)
+                 for d, src in cfg.data.domains.items() if src.dataset is not None]
+    elif cfg.data.train_file is None:
         refs.append(("data.dataset", "datasets", cfg.data.dataset))
     refs += [(f"trackers[{i}]", "trackers", name) for i, name in enumerate(cfg.trackers)]
     return refs
@@ -136,18 +142,25 @@ def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
 
 
 def _reward_options(cfg: RollConfig, plugins) -> list[str]:
-    """``roles.reward.options`` must fit the reward's constructor: checked here, before the reward
-    workers start, instead of failing inside one with a traceback."""
+    """Every reward's options must fit its constructor: checked here, before the reward workers
+    start, instead of failing inside one with a traceback."""
+    rewards = [("roles.reward.options", cfg.roles.reward.name, cfg.roles.reward.options)]
+    for domain, spec in cfg.roles.domain_rewards.items():
+        rewards += [(f"roles.domain_rewards.{domain}.rewards[{i}].options", r.name, r.options)
+                    for i, r in enumerate(spec.rewards)]
+    return [problem for key, name, options in rewards for problem in _options_fit(key, name, options, plugins)]
+
+
+def _options_fit(key: str, name: str, options: dict, plugins) -> list[str]:
     from roll_core.rewards import Reward
 
-    name, options = cfg.roles.reward.name, cfg.roles.reward.options
     try:
         cls = plugins.rewards.get(name)
     except RegistryError:
         return []  # already reported as an unknown name
     if not isinstance(cls, type) or not issubclass(cls, Reward):
         return []
-    key = f"key 'roles.reward.options' for reward '{name}'"
+    key = f"key '{key}' for reward '{name}'"
     if cls.__init__ is Reward.__init__:
         return [f"{key}: it takes no options, got {sorted(options)}"] if options else []
     params = inspect.signature(cls).parameters
@@ -175,10 +188,12 @@ def check_registry_names(cfg: RollConfig, plugins=None) -> None:
             problems.append(f"key '{key}': {exc}")
     problems += _role_requirements(cfg, plugins)
     problems += _reward_options(cfg, plugins)
-    for key in ("train_file", "eval_file"):
-        value = getattr(cfg.data, key)
-        if value is not None and not Path(value).is_file():
-            problems.append(f"key 'data.{key}': file '{value}' does not exist")
+    sources = [("data", cfg.data)] + [(f"data.domains.{d}", src) for d, src in cfg.data.domains.items()]
+    for prefix, source in sources:
+        for key in ("train_file", "eval_file"):
+            value = getattr(source, key)
+            if value is not None and not Path(value).is_file():
+                problems.append(f"key '{prefix}.{key}': file '{value}' does not exist")
     model_paths = [("model.path", cfg.model.path)]
     if cfg.roles.reference is not None and cfg.roles.reference.model_path is not None:
         model_paths.append(("roles.reference.model_path", cfg.roles.reference.model_path))

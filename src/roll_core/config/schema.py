@@ -25,12 +25,48 @@ class ModelConfig(Strict):
     tiny: TinyModelConfig = TinyModelConfig()
 
 
+class DomainDataConfig(Strict):
+    """The data of one domain of a multi-domain run; every row gets the domain's name as ``domain``."""
+
+    dataset: str | None = Field(None, description="registered dataset name (or train_file)")
+    options: dict[str, Any] = Field(default_factory=dict, description="options of the registered dataset")
+    train_file: str | None = None
+    eval_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.dataset is None) == (self.train_file is None):
+            raise ValueError("give exactly one of dataset and train_file")
+        return self
+
+
 class DataConfig(Strict):
     dataset: str = Field("carry_addition", description="registered dataset name (ignored when train_file is set)")
     options: dict[str, Any] = Field(default_factory=dict, description="options of the registered dataset")
     train_file: str | None = Field(None, description="JSONL rows with prompt, ground_truth[, demonstration, domain]")
     eval_file: str | None = None
-    eval_size: int | None = Field(None, ge=1, description="evaluate on the first N held-out rows only")
+    eval_size: int | None = Field(None, ge=1, description="evaluate on the first N held-out rows (per domain)")
+    domains: dict[str, DomainDataConfig] = Field(
+        default_factory=dict, description="multi-domain data, one source per domain (replaces dataset/train_file)"
+    )
+    domain_interleave_probs: dict[str, float] | None = Field(
+        None, description="share of each domain in every step's prompts (sums to 1); None = as the data comes"
+    )
+
+    @model_validator(mode="after")
+    def _probabilities(self):
+        probs = self.domain_interleave_probs
+        if probs is None:
+            return self
+        if not probs or any(p < 0 for p in probs.values()) or abs(sum(probs.values()) - 1) > 1e-6:
+            raise ValueError(f"domain_interleave_probs must be non-negative and sum to 1, got {probs}")
+        if self.domains:
+            unknown = sorted(set(probs) - set(self.domains))
+            missing = sorted(set(self.domains) - set(probs))
+            if unknown or missing:
+                raise ValueError(f"domain_interleave_probs must name the domains of data.domains "
+                                 f"({', '.join(self.domains)}); unknown {unknown}, missing {missing}")
+        return self
 
 
 class WarmupConfig(Strict):
@@ -43,6 +79,9 @@ class WarmupConfig(Strict):
 
 class RolloutConfig(Strict):
     scheduler: str = "sync"
+    request_size: int | None = Field(
+        None, ge=1, description="samples per generation request; each request is scored as soon as it "
+        "finishes while the next one generates (None = one request per inference worker)")
     prompts_per_step: int = Field(32, ge=1)
     num_return_sequences: int = Field(8, ge=1, description="group size")
     max_new_tokens: int = Field(8, ge=1)
@@ -147,8 +186,23 @@ class CriticRoleConfig(TrainRoleConfig):
 
 
 class RewardRoleConfig(Strict):
+    """The reward of every sample whose domain has no entry in ``roles.domain_rewards``."""
+
     name: str = "exact_match"
     options: dict[str, Any] = Field(default_factory=dict)
+    num_workers: int = Field(1, ge=1)
+
+
+class WeightedRewardConfig(Strict):
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    weight: float = 1.0
+
+
+class DomainRewardConfig(Strict):
+    """The reward workers of one domain. The score is ``sum(weight * reward)`` over ``rewards``."""
+
+    rewards: list[WeightedRewardConfig] = Field(min_length=1)
     num_workers: int = Field(1, ge=1)
 
 
@@ -159,6 +213,9 @@ class RolesConfig(Strict):
         InferRoleConfig(), description="frozen copy of the initial policy; null disables it (no KL)"
     )
     reward: RewardRoleConfig = RewardRoleConfig()
+    domain_rewards: dict[str, DomainRewardConfig] = Field(
+        default_factory=dict, description="per-domain rewards, each on its own workers (rows carry 'domain')"
+    )
     critic: CriticRoleConfig | None = Field(None, description="value model; needed by advantage_estimator gae")
 
 
@@ -195,6 +252,8 @@ class RollConfig(Strict):
     @model_validator(mode="after")
     def _cross_checks(self):
         algo = self.algorithm
+        if self.data.domains and (self.data.train_file or self.data.eval_file):
+            raise ValueError("data.domains replaces data.train_file / data.eval_file: give each domain its own files")
         if (algo.kl_loss_coef > 0 or algo.kl_penalty.coef > 0) and self.roles.reference is None:
             raise ValueError("algorithm.kl_loss_coef / kl_penalty.coef > 0 need a reference role (roles.reference is null)")
         if algo.ppo_mini_batch_size is not None:

@@ -7,3 +7,5 @@ from roll_core.hookspecs import hookimpl
 def roll_register_datasets(register):
     register("carry_addition", "roll_core.embedded.tasks:CarryAdditionTask.from_options",
              description="2-digit sums, demonstrations from a teacher that forgets carries")
+    register("python_expr", "roll_core.embedded.tasks:PythonExprTask.from_options",
+             description="linear functions as Python lambdas, checked by running tests (reward: code)")

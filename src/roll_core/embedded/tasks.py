@@ -89,3 +89,62 @@ class CarryAdditionTask:
 
     def eval_rows(self) -> list[dict]:
         return [self._row(a, b) for a, b in self._eval_pairs]
+
+
+class PythonExprConfig(BaseModel):
+    """Options of the ``python_expr`` task."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_coef: int = Field(9, ge=2, description="coefficients are drawn from 2..max_coef")
+    max_const: int = Field(99, ge=1, description="constants are drawn from 0..max_const")
+    num_eval: int = Field(100, ge=1, description="held-out functions, never seen in training")
+    teacher_syntax_error: float = Field(
+        0.8, ge=0.0, le=1.0, description="probability the teacher writes '3x' for '3*x'"
+    )
+    seed: int = 4321
+
+
+class PythonExprTask:
+    """``python_expr``: a code-style task whose answers are checked by running them.
+
+    Prompts are linear functions in math notation (``"7x+23:"``); the answer is a Python program
+    defining them (``"f=lambda x:7*x+23"``). The ground truth is not a string to match but tests for
+    the ``code`` reward of ``roll-rewards`` (``{"style": "assert", "tests": "assert f(0)==23\\n..."}``),
+    so any correct program scores 1 (``lambda x:23+7*x`` too). The demonstrations come from a
+    teacher who writes math, not Python: with probability ``teacher_syntax_error`` it drops the
+    ``*`` (``7x``, a SyntaxError). As with ``carry_addition``, imitation tops out where the teacher
+    does and running the code tells right from wrong.
+    """
+
+    name = "python_expr"
+
+    def __init__(self, config: PythonExprConfig | None = None):
+        self.config = config or PythonExprConfig()
+        cfg = self.config
+        rng = random.Random(cfg.seed)
+        pairs = [(a, b) for a in range(2, cfg.max_coef + 1) for b in range(cfg.max_const + 1)]
+        rng.shuffle(pairs)
+        if cfg.num_eval >= len(pairs):
+            raise ValueError(f"python_expr: num_eval={cfg.num_eval} leaves no training functions "
+                             f"(only {len(pairs)} with max_coef={cfg.max_coef}, max_const={cfg.max_const})")
+        self._eval, self._train = pairs[: cfg.num_eval], pairs[cfg.num_eval :]
+        self._sloppy = [rng.random() < cfg.teacher_syntax_error for _ in self._train]
+
+    @classmethod
+    def from_options(cls, options: dict) -> "PythonExprTask":
+        return cls(PythonExprConfig.model_validate(options))
+
+    @staticmethod
+    def _row(a: int, b: int, sloppy: bool | None = None) -> dict:
+        tests = "\n".join(f"assert f({x})=={a * x + b}" for x in (0, 1, 3, -2))
+        row = {"prompt": f"{a}x+{b}:", "ground_truth": {"style": "assert", "tests": tests}, "domain": "code"}
+        if sloppy is not None:
+            row["demonstration"] = f"f=lambda x:{a}{'' if sloppy else '*'}x+{b}"
+        return row
+
+    def train_rows(self) -> list[dict]:
+        return [self._row(a, b, s) for (a, b), s in zip(self._train, self._sloppy)]
+
+    def eval_rows(self) -> list[dict]:
+        return [self._row(a, b) for a, b in self._eval]

@@ -26,11 +26,12 @@ import torch
 
 from roll_core.algorithms.objective import kl_takes_distribution, needs_distribution
 from roll_core.algorithms.shaping import RewardShaper, keep_groups
-from roll_core.data import Batch, PromptStream, read_jsonl
+from roll_core.data import Batch, DomainMixer, PromptStream, read_jsonl
 from roll_core.embedded.model import build_tiny_model
-from roll_core.errors import ConfigError
+from roll_core.errors import ConfigError, did_you_mean
 from roll_core.pipelines import Pipeline
 from roll_core.pipelines.checkpoint import CheckpointManager
+from roll_core.rollout.rewards import RewardRouter
 from roll_core.rollout.sync import tokenize_prompts
 from roll_core.plugins import get_plugins
 from roll_core.runtime.workers import RewardWorker, RoleWorker
@@ -45,6 +46,25 @@ def _progress(total: int, description: str):
                         TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
     task = progress.add_task(description, total=total, info="")
     return progress, task
+
+
+def domain_metrics(batch: Batch) -> dict[str, float]:
+    """Per-domain reward, accuracy (share of samples with score >= 1), response length and sample
+    count, plus the mean of every reward component of a domain scored by several rewards."""
+    out: dict[str, float] = {}
+    lengths = batch["response_mask"].sum(-1).float()
+    for d in sorted(set(batch["domain"])):
+        idx = [i for i, x in enumerate(batch["domain"]) if x == d]
+        scores = batch["scores"][idx]
+        out[f"reward/{d}/mean"] = float(scores.mean())
+        out[f"reward/{d}/accuracy"] = float((scores >= 1.0).float().mean())
+        out[f"response_length/{d}/mean"] = float(lengths[idx].mean())
+        out[f"samples/{d}"] = float(len(idx))
+        parts = [batch["reward_components"][i] for i in idx] if "reward_components" in batch else []
+        if parts and len(parts[0]) > 1:
+            for name in parts[0]:
+                out[f"reward/{d}/{name}"] = sum(p[name] for p in parts) / len(parts)
+    return out
 
 
 class RLVRPipeline(Pipeline):
@@ -63,21 +83,37 @@ class RLVRPipeline(Pipeline):
             return str(build_tiny_model(self.run_dir / "tiny-model", self.config.model.tiny))
         return self.config.model.path
 
+    def _read_source(self, source, key: str) -> tuple[list[dict], list[dict]]:
+        """Train and held-out rows of a data config (``data`` or one of ``data.domains``)."""
+        if source.train_file:
+            return read_jsonl(source.train_file), (read_jsonl(source.eval_file) if source.eval_file else [])
+        factory = self.plugins.datasets.get(source.dataset)
+        try:
+            built = factory(source.options)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"key '{key}.options' for dataset '{source.dataset}': {exc}") from None
+        return built.train_rows(), built.eval_rows()
+
     def _load_data(self) -> tuple[list[dict], list[dict]]:
         data = self.config.data
-        if data.train_file:
-            train = read_jsonl(data.train_file)
-            evals = read_jsonl(data.eval_file) if data.eval_file else []
-        else:
-            factory = self.plugins.datasets.get(data.dataset)
-            try:
-                source = factory(data.options)
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"key 'data.options' for dataset '{data.dataset}': {exc}") from None
-            train, evals = source.train_rows(), source.eval_rows()
-        if data.eval_size:
-            evals = evals[: data.eval_size]
+        if not data.domains:
+            train, evals = self._read_source(data, "data")
+            return train, evals[: data.eval_size] if data.eval_size else evals
+        train, evals = [], []
+        for domain, source in data.domains.items():
+            t, e = self._read_source(source, f"data.domains.{domain}")
+            train += [{**row, "domain": domain} for row in t]
+            evals += [{**row, "domain": domain} for row in (e[: data.eval_size] if data.eval_size else e)]
         return train, evals
+
+    def _check_domains(self) -> None:
+        """Every domain with its own reward must occur in the data (a typo would silently fall back
+        to the default reward)."""
+        present = {row.get("domain", "default") for row in self.train_rows}
+        for domain in self.config.roles.domain_rewards:
+            if domain not in present:
+                raise ConfigError(f"key 'roles.domain_rewards.{domain}': no training row has domain '{domain}'."
+                                  f"{did_you_mean(domain, present)} The data has: {', '.join(sorted(present))}")
 
     def _spawn_workers(self, model_path: str) -> None:
         cfg, roles, seed = self.config, self.config.roles, self.config.seed
@@ -89,10 +125,18 @@ class RLVRPipeline(Pipeline):
             [("actor_infer", "infer", model_path, roles.actor_infer, cfg, seed + 1000 + r)
              for r in range(roles.actor_infer.num_workers)],
         )
-        self.reward = self.executor.spawn(
+        default = self.executor.spawn(
             "reward", RewardWorker,
-            [(roles.reward.name, roles.reward.options, cfg) for _ in range(roles.reward.num_workers)],
+            [([(roles.reward.name, roles.reward.options, 1.0)], cfg) for _ in range(roles.reward.num_workers)],
         )
+        by_domain = {
+            domain: self.executor.spawn(
+                f"reward/{domain}", RewardWorker,
+                [([(r.name, r.options, r.weight) for r in spec.rewards], cfg) for _ in range(spec.num_workers)],
+            )
+            for domain, spec in roles.domain_rewards.items()
+        }
+        self.reward = RewardRouter(self.executor, default, by_domain)
         self.reference = None
         self.critic = None
 
@@ -149,15 +193,19 @@ class RLVRPipeline(Pipeline):
         ds = cfg.algorithm.dynamic_sampling
         kept: list[Batch] = []
         n_kept = filtered = rounds = 0
-        all_scores = []
+        all_scores, rounds_seen = [], []
         batch = None
+        timings: dict[str, float] = {}
         while n_kept < want and rounds < ds.max_rounds:
             rows = self.stream.next(want)
             batch = self.scheduler.collect(rows, num_return_sequences=cfg.rollout.num_return_sequences,
                                            temperature=cfg.rollout.temperature)
+            for k, v in self.scheduler.last_metrics.items():
+                timings[k] = timings.get(k, 0.0) + v
             # Group ids unique across rounds, so groups from different rounds never mix.
             batch.update(group_index=batch["group_index"] + rounds * want)
             all_scores.append(batch["scores"])
+            rounds_seen.append(batch)
             rounds += 1
             keep = keep_groups(batch["scores"], batch["group_index"], ds)
             groups = batch["group_index"][keep].unique()
@@ -168,10 +216,12 @@ class RLVRPipeline(Pipeline):
                 n_kept += len(groups)
         scores = torch.cat(all_scores)
         metrics = {"reward/mean": float(scores.mean()),
-                   "reward/std": float(scores.std()) if len(scores) > 1 else 0.0}
+                   "reward/std": float(scores.std()) if len(scores) > 1 else 0.0, **timings}
         if ds.filter != "none":
             metrics.update({"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/filtered_groups": float(filtered),
                             "dynamic_sampling/kept_groups": float(n_kept)})
+        if self.multi_domain:
+            metrics.update(domain_metrics(Batch.concat(rounds_seen)))
         if not kept:
             # Nothing passed the filter within max_rounds: train on the last round as it is (for
             # GRPO-style estimators its advantages are zero, so the update is a no-op) and say so.
@@ -216,7 +266,6 @@ class RLVRPipeline(Pipeline):
         return {"warmup/loss": loss}
 
     def rl_step(self) -> dict[str, float]:
-        cfg = self.config
         t0 = time.perf_counter()
         batch, metrics = self.collect()
         t_rollout = time.perf_counter() - t0
@@ -298,7 +347,13 @@ class RLVRPipeline(Pipeline):
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.train_rows, self.eval_rows = self._load_data()
-        self.stream = PromptStream(self.train_rows, cfg.seed)
+        self._check_domains()
+        domains = {row.get("domain", "default") for row in self.train_rows}
+        self.multi_domain = len(domains) > 1 or bool(cfg.roles.domain_rewards)
+        if cfg.data.domain_interleave_probs:
+            self.stream = DomainMixer(self.train_rows, cfg.data.domain_interleave_probs, cfg.seed)
+        else:
+            self.stream = PromptStream(self.train_rows, cfg.seed)
         self.shaper = RewardShaper(cfg.algorithm, self.plugins)
         self._spawn_workers(model_path)
         scheduler_cls = self.plugins.schedulers.get(cfg.rollout.scheduler)

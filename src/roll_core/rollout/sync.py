@@ -1,6 +1,17 @@
-"""``sync``: generate every group, then score every sample. Simple, deterministic, the baseline."""
+"""``sync``: generate every group of the step, scoring each generation request as soon as it finishes.
+
+The step's samples are split into one contiguous chunk per inference worker and, with
+``rollout.request_size``, each chunk into requests of that many samples. Every request is queued on
+its worker up front (a worker runs its requests in order, so its sampling RNG draws the same numbers
+whatever the timing, and the ``local`` and ``ray`` executors agree). When a request finishes its
+samples go straight to the reward workers of their domain, which score them while the next
+requests generate; the step ends when the last score is in. Training waits for the whole step:
+asynchronous training is a different scheduler under the same interface.
+"""
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -16,42 +27,71 @@ def tokenize_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch
     return enc["input_ids"], enc["attention_mask"]
 
 
+def expand_rows(tokenizer, rows: list[dict], num_return_sequences: int) -> Batch:
+    """One row per sample (each prompt repeated ``num_return_sequences`` times, as its group)."""
+    expanded = [row for row in rows for _ in range(num_return_sequences)]
+    group_index = torch.arange(len(rows)).repeat_interleave(num_return_sequences)
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, [r["prompt"] for r in expanded])
+    return Batch(
+        {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "group_index": group_index},
+        {
+            "prompt": [r["prompt"] for r in expanded],
+            "ground_truth": [r["ground_truth"] for r in expanded],
+            "domain": [r.get("domain", "default") for r in expanded],
+        },
+    )
+
+
 class SyncRolloutScheduler(RolloutScheduler):
-    def collect(self, rows, *, num_return_sequences, temperature):
-        expanded = [row for row in rows for _ in range(num_return_sequences)]
-        group_index = torch.arange(len(rows)).repeat_interleave(num_return_sequences)
-        prompt_ids, prompt_mask = tokenize_prompts(self.tokenizer, [r["prompt"] for r in expanded])
-        batch = Batch(
-            {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "group_index": group_index},
-            {
-                "prompt": [r["prompt"] for r in expanded],
-                "ground_truth": [r["ground_truth"] for r in expanded],
-                "domain": [r.get("domain", "default") for r in expanded],
-            },
-        )
-        rollout = self.config.rollout
-        parts = self.executor.get(self.infer.map(
-            "generate", batch.chunk(len(self.infer)), max_new_tokens=rollout.max_new_tokens,
-            temperature=temperature, top_p=rollout.top_p,
-        ))
-        batch = Batch.concat(parts)
+    def _finish_request(self, part: Batch) -> tuple[Batch, list[RewardInput]]:
+        """Decode one finished request, mark truncations, and build its reward inputs."""
+        max_new = self.config.rollout.max_new_tokens
+        lengths = part["response_mask"].sum(-1)
+        last = part["responses"].gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
         # Cut off at max_new_tokens without EOS (for algorithm.max_length_mask).
-        lengths = batch["response_mask"].sum(-1)
-        last = batch["responses"].gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
-        truncated = (lengths >= rollout.max_new_tokens) & (last != self.tokenizer.eos_token_id)
-        batch.update(truncated=truncated)
-        texts = self.tokenizer.batch_decode(batch["responses"], skip_special_tokens=True)
-        samples = [
-            RewardInput(p, t, g, d)
-            for p, t, g, d in zip(batch["prompt"], texts, batch["ground_truth"], batch["domain"])
-        ]
-        chunks, start = [], 0
-        for part in batch.chunk(len(self.reward)):
-            chunks.append(samples[start : start + len(part)])
-            start += len(part)
-        scores = torch.tensor([s for part in self.executor.get(self.reward.map("score", chunks)) for s in part])
+        part.update(truncated=(lengths >= max_new) & (last != self.tokenizer.eos_token_id))
+        texts = self.tokenizer.batch_decode(part["responses"], skip_special_tokens=True)
+        part.update(response_text=texts)
+        samples = [RewardInput(p, t, g, d)
+                   for p, t, g, d in zip(part["prompt"], texts, part["ground_truth"], part["domain"])]
+        return part, samples
+
+    def collect(self, rows, *, num_return_sequences, temperature):
+        rollout = self.config.rollout
+        batch = expand_rows(self.tokenizer, rows, num_return_sequences)
+        requests = []  # (worker, request) in submission order = row order
+        for w, chunk in enumerate(batch.chunk(len(self.infer))):
+            for part in chunk.split(rollout.request_size or max(len(chunk), 1)) if len(chunk) else []:
+                requests.append((w, part))
+        sampling = {"max_new_tokens": rollout.max_new_tokens, "temperature": temperature, "top_p": rollout.top_p}
+        t0 = time.perf_counter()
+        pending = [(self.executor.invoke(self.infer.handles[w], "generate", (part,), sampling), i)
+                   for i, (w, part) in enumerate(requests)]
+        done: list[Batch | None] = [None] * len(requests)
+        tickets: list = [None] * len(requests)
+        while pending:
+            ready = set(self.executor.wait([f for f, _ in pending]))
+            for future, i in [p for k, p in enumerate(pending) if k in ready]:
+                done[i], samples = self._finish_request(self.executor.get(future))
+                tickets[i] = self.reward.submit(samples)
+            pending = [p for k, p in enumerate(pending) if k not in ready]
+        t_generated = time.perf_counter()
+        scores, components, reward_seconds = [], [], 0.0
+        for ticket in tickets:
+            s, c, sec = self.reward.gather(ticket)
+            scores += s
+            components += c
+            reward_seconds += sec
+        t_scored = time.perf_counter()
+        self.last_metrics = {
+            "time/generate_s": t_generated - t0,
+            "time/reward_s": reward_seconds,  # summed over reward calls, overlapping generation
+            "time/reward_wait_s": t_scored - t_generated,  # scoring left after the last generation
+        }
+        batch = Batch.concat(done)
+        scores_t = torch.tensor(scores, dtype=torch.float32)
         return batch.update(
-            response_text=texts,
-            scores=scores,
-            token_level_rewards=outcome_token_rewards(scores, batch["response_mask"]),
+            scores=scores_t,
+            reward_components=components,
+            token_level_rewards=outcome_token_rewards(scores_t, batch["response_mask"]),
         )

@@ -49,6 +49,10 @@ class Executor(ABC):
     @abstractmethod
     def get(self, futures): ...
 
+    def wait(self, futures: list) -> list[int]:
+        """Positions in ``futures`` of those that have finished (at least one; blocks until then)."""
+        return list(range(len(futures)))
+
     def shutdown(self) -> None:
         pass
 
@@ -111,6 +115,11 @@ class RayExecutor(Executor):
             raise
         except self.ray.exceptions.RayActorError as exc:
             raise RollError(f"a worker process died: {exc}") from exc
+
+    def wait(self, futures):
+        ready, _ = self.ray.wait(list(futures), num_returns=1, fetch_local=False)
+        ready = set(ready)
+        return [i for i, f in enumerate(futures) if f in ready]
 
     def shutdown(self):
         if self._owns_cluster and self.ray.is_initialized():

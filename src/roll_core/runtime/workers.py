@@ -72,27 +72,43 @@ class RoleWorker:
 
 
 class RewardWorker:
-    """Scores finished samples with one registered reward."""
+    """Scores finished samples with one or more registered rewards: ``sum(weight * reward)``.
 
-    def __init__(self, name: str, options: dict, run_config):
+    ``rewards`` is a list of ``(name, options, weight)``. One worker serves one domain (or the
+    default reward), so a slow reward of one domain never holds up the others.
+    """
+
+    def __init__(self, rewards: list[tuple[str, dict, float]], run_config):
+        import time
+
+        self._clock = time.perf_counter
         torch.set_num_threads(1)
-        entry = get_plugins().rewards.entry(name)
-        self.name, self.plugin = name, entry.plugin
-        self.reward = get_plugins().rewards.get(name)(**options)
+        plugins = get_plugins()
+        self.rewards = []
+        for name, options, weight in rewards:
+            entry = plugins.rewards.entry(name)
+            self.rewards.append((name, entry.plugin, float(weight), plugins.rewards.get(name)(**options)))
+
+    def _score_one_reward(self, name: str, plugin: str, reward, samples: list[RewardInput]) -> list[float]:
+        try:
+            scores = reward.score_batch(samples)
+        except Exception as exc:
+            raise RewardError(f"reward '{name}' (plugin '{plugin}') raised {type(exc).__name__}: {exc}") from exc
+        if len(scores) != len(samples):
+            raise RewardError(f"reward '{name}' (plugin '{plugin}') returned {len(scores)} scores "
+                              f"for {len(samples)} samples")
+        return [float(s) for s in scores]
+
+    def score_detailed(self, samples: list[RewardInput]) -> dict:
+        """``{"scores": [...], "components": {name: [...]}, "seconds": float}``."""
+        t0 = self._clock()
+        components = {name: self._score_one_reward(name, plugin, reward, samples)
+                      for name, plugin, _, reward in self.rewards}
+        scores = [sum(w * components[name][i] for name, _, w, _ in self.rewards) for i in range(len(samples))]
+        return {"scores": scores, "components": components, "seconds": self._clock() - t0}
 
     def score(self, samples: list[RewardInput]) -> list[float]:
-        try:
-            scores = self.reward.score_batch(samples)
-        except Exception as exc:
-            raise RewardError(
-                f"reward '{self.name}' (plugin '{self.plugin}') raised {type(exc).__name__}: {exc}"
-            ) from exc
-        if len(scores) != len(samples):
-            raise RewardError(
-                f"reward '{self.name}' (plugin '{self.plugin}') returned {len(scores)} scores "
-                f"for {len(samples)} samples"
-            )
-        return [float(s) for s in scores]
+        return self.score_detailed(samples)["scores"]
 
     def pid(self) -> int:
         return os.getpid()
