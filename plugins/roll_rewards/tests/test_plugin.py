@@ -16,12 +16,12 @@ def test_listed_with_its_rewards():
     mine = plugins["rewards"]
     assert mine["distribution"] == "roll-rewards" and mine["status"] == "ok"
     assert mine["provides"] == {"rewards": [
-        "code", "ifeval", "math_verify", "multiple_choice", "shaped", "trl_function", "verl_compute_score"]}
+        "code", "ifeval", "llm_judge", "math_verify", "multiple_choice", "shaped", "trl_function", "verl_compute_score"]}
 
 
-def test_listing_does_not_import_sympy_or_math_verify():
+def test_listing_does_not_import_sympy_math_verify_or_httpx():
     code = ("import sys; from roll_core.plugins import get_plugins; assert 'code' in get_plugins().rewards; "
-            "print([m for m in ('sympy', 'math_verify', 'roll_rewards.sandbox') if m in sys.modules])")
+            "print([m for m in ('sympy', 'math_verify', 'roll_rewards.sandbox', 'httpx') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -19,3 +19,5 @@ def roll_register_rewards(register):
              description="IFEval-style instruction checks (word counts, keywords, formats, case, ...)")
     register("shaped", "roll_rewards.penalties:ShapedReward",
              description="any reward plus a format penalty and DAPO's soft overlong penalty")
+    register("llm_judge", "roll_rewards.judge:LLMJudgeReward",
+             description="an LLM grades the response: OpenAI-compatible HTTP endpoint or a roll inference strategy")
