@@ -3,6 +3,7 @@
     roll run [CONFIG] [key=value ...]       run a pipeline (no CONFIG: the embedded quickstart)
     roll validate CONFIG [key=value ...]    check a config against the schema and installed plugins
     roll list-plugins [--json]              installed plugins and what each provides
+    roll check-plugin NAME                  a plugin's contract checks (exit 1 when one fails)
 
 User errors (bad config, unknown names, broken data) print one message and exit with status 2;
 nothing already written to the run directory is removed.
@@ -38,6 +39,25 @@ def _cmd_list_plugins(args) -> int:
         table.add_row(p["name"], p["distribution"], p["version"], status, provides, style=style)
     Console(width=max(120, Console().width)).print(table)
     return 0
+
+
+def _cmd_check_plugin(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from roll_core.contracts import check_plugin
+
+    report = check_plugin(args.name)
+    table = Table(title=f"contract checks of '{args.name}'")
+    for col in ("component", "check", "result", "detail"):
+        table.add_column(col, overflow="fold")
+    styles = {"ok": "green", "failed": "red", "skipped": "yellow"}
+    for r in report.results:
+        table.add_row(r.component, r.check, r.status, r.detail, style=styles[r.status])
+    Console(width=max(120, Console().width)).print(table)
+    counts = {s: sum(r.status == s for r in report.results) for s in ("ok", "failed", "skipped")}
+    print(f"{counts['ok']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+    return 1 if counts["failed"] else 0
 
 
 def _cmd_validate(args) -> int:
@@ -81,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     lp = sub.add_parser("list-plugins", help="installed plugins and what they provide")
     lp.add_argument("--json", action="store_true", help="machine-readable output")
     lp.set_defaults(func=_cmd_list_plugins)
+
+    cp = sub.add_parser("check-plugin", help="run a plugin's contract checks on sample inputs")
+    cp.add_argument("name", help="plugin name (as in list-plugins) or distribution name")
+    cp.set_defaults(func=_cmd_check_plugin)
     return parser
 
 

@@ -33,6 +33,10 @@ class Reward(ABC):
     def score(self, sample: RewardInput) -> float:
         """The reward of one sample (a float; 1.0 = correct for verifiable tasks)."""
 
+    # Optional: ``@classmethod contract_examples(cls) -> [(options, RewardInput, expected score or
+    # None), ...]``, the cases ``roll check-plugin`` scores (see roll_core.contracts). Without it the
+    # reward is built without options and scored on generic inputs.
+
     def score_batch(self, samples: list[RewardInput]) -> list[float]:
         return [float(self.score(s)) for s in samples]
 
@@ -53,3 +57,8 @@ class ExactMatch(Reward):
 
     def score(self, sample: RewardInput) -> float:
         return float(self._norm(sample.response) == self._norm(sample.ground_truth))
+
+    @classmethod
+    def contract_examples(cls):
+        return [({}, RewardInput("47+38=", " 085\n", "085"), 1.0), ({}, RewardInput("47+38=", "075", "085"), 0.0),
+                ({"case_sensitive": False}, RewardInput("Capital?", "paris", "Paris"), 1.0)]

@@ -25,9 +25,28 @@ def _load(function: str):
     return fn
 
 
+def exact_match_completions(prompts, completions, ground_truth, **columns):
+    """A TRL-style reward function (the shape ``trl_function`` takes): 1.0 per exact completion."""
+    return [float(c.strip() == str(t).strip()) for c, t in zip(completions, ground_truth)]
+
+
+def exact_match_compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """A verl-style ``compute_score`` (the shape ``verl_compute_score`` takes)."""
+    return {"score": float(solution_str.strip() == str(ground_truth).strip())}
+
+
+def _examples(function: str):
+    options = {"function": function}
+    return [(options, RewardInput("1+1=", "2", "2"), 1.0), (options, RewardInput("1+1=", "3", "2"), 0.0)]
+
+
 class TRLRewardFunction(Reward):
     def __init__(self, function: str):
         self.fn = _load(function)
+
+    @classmethod
+    def contract_examples(cls):
+        return _examples("roll_rewards.adapters:exact_match_completions")
 
     def score(self, sample: RewardInput) -> float:
         return self.score_batch([sample])[0]
@@ -45,6 +64,10 @@ class TRLRewardFunction(Reward):
 class VerlComputeScore(Reward):
     def __init__(self, function: str):
         self.fn = _load(function)
+
+    @classmethod
+    def contract_examples(cls):
+        return _examples("roll_rewards.adapters:exact_match_compute_score")
 
     def score(self, sample: RewardInput) -> float:
         out = self.fn(sample.domain, sample.response, sample.ground_truth, dict(sample.extra))

@@ -27,6 +27,11 @@ def extract_choice(response: str) -> str | None:
 class MultipleChoiceReward(Reward):
     """1.0 when the extracted letter equals ``ground_truth`` (a letter, or ``"(B)"``), else 0.0."""
 
+    @classmethod
+    def contract_examples(cls):
+        return [({}, RewardInput("Q? (A) x (B) y", "The answer is (B).", "B"), 1.0),
+                ({}, RewardInput("Q? (A) x (B) y", "Answer: A", "(B)"), 0.0)]
+
     def score(self, sample: RewardInput) -> float:
         gold = str(sample.ground_truth).strip().strip("()").upper()
         return float(extract_choice(sample.response) == gold)

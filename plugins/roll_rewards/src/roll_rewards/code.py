@@ -51,6 +51,12 @@ class CodeReward(Reward):
                              f"got {str(ground_truth)[:80]!r}")
         return spec
 
+    @classmethod
+    def contract_examples(cls):
+        tests = {"style": "assert", "tests": "assert add(2, 3) == 5"}
+        return [({}, RewardInput("Write add.", "```python\ndef add(a, b):\n    return a + b\n```", tests), 1.0),
+                ({}, RewardInput("Write add.", "def add(a, b): return a - b", tests), 0.0)]
+
     def score(self, sample: RewardInput) -> float:
         spec = self.spec(sample.ground_truth)
         code = extract_code(sample.response)

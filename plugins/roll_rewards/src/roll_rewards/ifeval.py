@@ -87,6 +87,12 @@ class IFEvalReward(Reward):
     def __init__(self, all_or_nothing: bool = False):
         self.all_or_nothing = all_or_nothing
 
+    @classmethod
+    def contract_examples(cls):
+        rules = [{"id": "punctuation:no_comma"}, {"id": "change_case:english_lowercase"}]
+        return [({}, RewardInput("Describe rain.", "wet and grey", rules), 1.0),
+                ({"all_or_nothing": True}, RewardInput("Describe rain.", "Wet, grey", rules), 0.0)]
+
     def score(self, sample: RewardInput) -> float:
         truth = sample.ground_truth
         instructions = json.loads(truth) if isinstance(truth, str) else truth

@@ -29,6 +29,12 @@ class MathVerifyReward(Reward):
         self.pred_config = [latex] if boxed_only else [latex, ExprExtractionConfig()]
         self.gold_config = [LatexExtractionConfig(), ExprExtractionConfig()]
 
+    @classmethod
+    def contract_examples(cls):
+        """Samples for ``roll check-plugin``: (options, sample, expected score)."""
+        return [({}, RewardInput("1/2 as a decimal?", "The answer is $\\boxed{0.5}$", "\\frac{1}{2}"), 1.0),
+                ({}, RewardInput("2+2?", "\\boxed{5}", "4"), 0.0)]
+
     def score(self, sample: RewardInput) -> float:
         from math_verify import parse, verify
 

@@ -58,5 +58,10 @@ class ShapedReward(Reward):
             scores = [x + overlong_penalty(len(s.response), **self.overlong) for x, s in zip(scores, samples)]
         return scores
 
+    @classmethod
+    def contract_examples(cls):
+        options = {"reward": "exact_match", "format_pattern": r"^\d+$", "format_penalty": -1.0}
+        return [(options, RewardInput("1+1=", "2", "2"), 1.0), (options, RewardInput("1+1=", "two", "2"), -1.0)]
+
     def score(self, sample: RewardInput) -> float:
         return self.score_batch([sample])[0]

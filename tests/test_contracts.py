@@ -1,0 +1,121 @@
+"""``roll check-plugin``: every built-in passes its contract checks, and the usual plugin bugs fail
+them with a message that says what is wrong."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from roll_core import hookimpl
+from roll_core.contracts import check_plugin
+from roll_core.errors import PluginError
+from roll_core.rewards import Reward, RewardInput
+
+
+@pytest.mark.parametrize("name", ["roll-core", "rewards"])
+def test_builtin_plugins_pass(name, roll_plugins):
+    if name == "rewards":
+        pytest.importorskip("roll_rewards")
+    report = check_plugin(name, roll_plugins())
+    assert report.ok, report.failures()
+    assert sum(r.status == "ok" for r in report.results) >= 10
+
+
+class ReturnsText(Reward):
+    def score(self, sample):
+        return "1.0"
+
+
+class WrongExample(Reward):
+    def score(self, sample):
+        return 0.0
+
+    @classmethod
+    def contract_examples(cls):
+        return [({}, RewardInput("q", "a", "a"), 1.0)]
+
+
+class NeedsOptions(Reward):
+    def __init__(self, path: str):
+        self.path = path
+
+    def score(self, sample):
+        return 0.0
+
+
+class TakesTwo(Reward):
+    def score(self, sample, extra):
+        return 0.0
+
+
+def per_sequence_estimator(batch, config):
+    scores = batch.token_level_rewards.sum(-1)
+    return scores, scores  # [B], not [B, R]
+
+
+def scalar_loss(inputs, config):
+    return (inputs.log_prob * inputs.advantages).mean(), {}
+
+
+def _buggy_plugin():
+    def rewards(register):
+        for cls in (ReturnsText, WrongExample, NeedsOptions, TakesTwo):
+            register(cls.__name__.lower(), cls)
+
+    return types.SimpleNamespace(
+        roll_register_rewards=hookimpl(rewards),
+        roll_register_advantage_estimators=hookimpl(lambda register: register("per_seq", per_sequence_estimator)),
+        roll_register_policy_losses=hookimpl(lambda register: register("scalar", scalar_loss)),
+    )
+
+
+def test_common_plugin_bugs_fail_with_what_is_wrong(roll_plugins):
+    report = check_plugin("buggy", roll_plugins(("buggy", _buggy_plugin())))
+    assert not report.ok
+    failed = {r.component: r.detail for r in report.results if r.status == "failed"}
+    assert "must be a number, got str '1.0'" in failed["rewards:returnstext"]
+    assert "= 0.0, expected 1.0" in failed["rewards:wrongexample"]
+    assert "cannot be built without options" in failed["rewards:needsoptions"]
+    assert "define contract_examples()" in failed["rewards:needsoptions"]
+    assert "score() must take exactly one sample" in failed["rewards:takestwo"]
+    assert "advantages must be a [B, R] = [4, 3] tensor, got torch.Size([4])" in failed["advantage_estimators:per_seq"]
+    assert "the loss must be per token" in failed["policy_losses:scalar"]
+
+
+def test_unknown_and_broken_plugins(roll_plugins):
+    plugins = roll_plugins()
+    with pytest.raises(PluginError, match="no installed plugin or distribution 'core.reward'. Did you mean 'core.rewards'"):
+        check_plugin("core.reward", plugins)
+
+    def boom(register):
+        raise RuntimeError("bad import")
+
+    report = check_plugin("broken", roll_plugins(("broken", types.SimpleNamespace(
+        roll_register_rewards=hookimpl(boom)))))
+    assert not report.ok and "bad import" in report.failures()
+
+
+def test_cli_exit_codes():
+    ok = subprocess.run([sys.executable, "-m", "roll_core.cli", "check-plugin", "core.rewards"],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "rewards:exact_match" in ok.stdout and "0 failed" in ok.stdout
+    missing = subprocess.run([sys.executable, "-m", "roll_core.cli", "check-plugin", "nope"],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "no installed plugin or distribution 'nope'" in missing.stderr
+
+
+def test_kl_estimators_are_checked_on_distributions_when_registered_so(roll_plugins):
+    def full_like(log_dist, ref_log_dist):
+        return (log_dist.exp() * (log_dist - ref_log_dist)).sum(-1)
+
+    plugin = types.SimpleNamespace(roll_register_kl_estimators=hookimpl(
+        lambda register: register("full_like", full_like, distribution=True)))
+    report = check_plugin("dist", roll_plugins(("dist", plugin)))
+    assert report.ok, report.failures()
+    assert "from [4, 3, 5] distributions" in report.results[0].detail
+    assert torch.is_tensor(full_like(torch.zeros(1, 1, 2), torch.zeros(1, 1, 2)))
