@@ -1,4 +1,4 @@
-"""Developer sessions: `nox -s tests`, `nox -s plugin`, `nox -s lint`, `nox -s quickstart`.
+"""Developer sessions: `nox -s tests`, `nox -s plugin`, `nox -s example_plugin`, `nox -s lint`, `nox -s quickstart`.
 
 Each package is installed alone into its own session venv, which catches undeclared dependencies.
 torch is installed first from its pinned CPU build so no session pulls a CUDA wheel.
@@ -6,7 +6,7 @@ torch is installed first from its pinned CPU build so no session pulls a CUDA wh
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "plugin"]
+nox.options.sessions = ["lint", "tests", "plugin", "example_plugin"]
 TORCH = "torch==2.13.0"
 
 
@@ -24,6 +24,16 @@ def plugin(session, plugin):
     session.install(TORCH)
     session.install("-e", ".[test]", "-e", f"plugins/{plugin}")
     session.run("pytest", "-q", f"plugins/{plugin}/tests", *session.posargs)
+
+
+@nox.session
+def example_plugin(session):
+    """The third-party example (examples/reward-plugin) installed like a user would, not editable."""
+    session.install(TORCH)
+    session.install("-e", ".[test]")
+    session.install("./examples/reward-plugin")
+    session.run("roll", "check-plugin", "roll-numeric-reward")
+    session.run("pytest", "-q", "examples/reward-plugin/tests", *session.posargs)
 
 
 @nox.session

@@ -1,0 +1,1 @@
+"""roll-numeric-reward: an example third-party reward plugin for roll (see docs/tutorial-reward-plugin.md)."""

@@ -1,0 +1,30 @@
+"""Docs that quote real files must quote them exactly: every ``<!-- file: PATH -->`` marker in
+docs/*.md is followed by a caption line and a fenced block whose body is the file's content."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = re.compile(r"<!-- file: (\S+) -->\n`[^`]+`:\n\n```[a-z]*\n(.*?)```", re.DOTALL)
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+
+
+def _quotes():
+    return [(doc.name, path, body) for doc in DOCS for path, body in MARKER.findall(doc.read_text())]
+
+
+def test_the_tutorial_quotes_every_file_of_the_example_plugin():
+    quoted = {path for doc, path, _ in _quotes() if doc == "tutorial-reward-plugin.md"}
+    example = ROOT / "examples" / "reward-plugin"
+    files = {str(p.relative_to(ROOT)) for p in example.rglob("*") if p.suffix in (".py", ".toml", ".yaml")
+             and p.name != "__init__.py" and "__pycache__" not in p.parts}
+    assert files <= quoted, f"not quoted in docs/tutorial-reward-plugin.md: {sorted(files - quoted)}"
+
+
+@pytest.mark.parametrize("doc, path, body", _quotes(), ids=lambda x: x if isinstance(x, str) and "/" in x else None)
+def test_quoted_file_matches(doc, path, body):
+    assert (ROOT / path).read_text() == body, f"{doc} quotes an outdated copy of {path}"
