@@ -82,6 +82,12 @@ class RolloutConfig(Strict):
     request_size: int | None = Field(
         None, ge=1, description="samples per generation request; each request is scored as soon as it "
         "finishes while the next one generates (None = one request per inference worker)")
+    async_generation_ratio: float = Field(
+        0.0, ge=0, description="async scheduler: how many steps generation may run ahead of training "
+        "(0 = synchronous; fractional = part of a batch); samples are never staler than ceil(ratio) steps")
+    max_running_requests: int = Field(2, ge=1, description="async scheduler: requests queued per inference worker")
+    max_additional_running_prompts: int = Field(
+        0, ge=0, description="async scheduler: redundant groups in flight so a batch fills without stragglers")
     prompts_per_step: int = Field(32, ge=1)
     num_return_sequences: int = Field(8, ge=1, description="group size")
     max_new_tokens: int = Field(8, ge=1)
@@ -252,6 +258,12 @@ class RollConfig(Strict):
     @model_validator(mode="after")
     def _cross_checks(self):
         algo = self.algorithm
+        r = self.rollout
+        if r.async_generation_ratio > 0 and r.scheduler == "sync":
+            raise ValueError("rollout.async_generation_ratio > 0 needs rollout.scheduler: async")
+        if r.scheduler == "async" and r.request_size is not None and r.request_size % r.num_return_sequences:
+            raise ValueError(f"rollout.request_size ({r.request_size}) must be a multiple of num_return_sequences "
+                             f"({r.num_return_sequences}) with the async scheduler: requests are whole groups")
         if self.data.domains and (self.data.train_file or self.data.eval_file):
             raise ValueError("data.domains replaces data.train_file / data.eval_file: give each domain its own files")
         if (algo.kl_loss_coef > 0 or algo.kl_penalty.coef > 0) and self.roles.reference is None:

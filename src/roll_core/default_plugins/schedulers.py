@@ -5,4 +5,6 @@ from roll_core.hookspecs import hookimpl
 
 @hookimpl
 def roll_register_schedulers(register):
-    register("sync", "roll_core.rollout.sync:SyncRolloutScheduler", description="generate all groups, then score")
+    register("sync", "roll_core.rollout.sync:SyncRolloutScheduler", description="generate the step's groups, scoring each request as it finishes")
+    register("async", "roll_core.rollout.async_scheduler:AsyncRolloutScheduler",
+             description="generation runs on while the policy trains, staleness bounded by async_generation_ratio")

@@ -162,10 +162,21 @@ class RLVRPipeline(Pipeline):
     # ------------------------------------------------------------------------------------------
     # building blocks
     # ------------------------------------------------------------------------------------------
-    def sync_weights(self) -> None:
-        """Push actor_train's weights to every actor_infer worker (in buckets, worker to worker)."""
+    def sync_weights(self, policy_update: bool = False) -> None:
+        """Push actor_train's weights to every actor_infer worker (in buckets, worker to worker).
+
+        After an RL update (``policy_update``) with a streaming scheduler, the update is queued
+        behind the requests each inference worker already has and the controller does not wait for
+        it: those requests finish with the weights they were started with (their version), later
+        ones use the new weights."""
         buckets = self.actor.call("weight_bucket_list", WEIGHT_BUCKET_BYTES)[0]
-        self.executor.get(self.infer.call("load_weight_buckets", buckets))
+        loads = self.infer.call("load_weight_buckets", buckets)
+        if not (self.streaming and policy_update):
+            self.executor.get(loads)
+            return
+        self.executor.get(self._pending_loads)  # the previous update is long done; surfaces its errors
+        self._pending_loads = loads
+        self.scheduler.weights_updated()
 
     def _log_probs(self, group, batch: Batch, distribution: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token log-probs ``[B, R]`` of the responses under ``group``'s model, and with
@@ -188,6 +199,14 @@ class RLVRPipeline(Pipeline):
 
     def collect(self) -> tuple[Batch, dict[str, float]]:
         """One step's scored groups, after dynamic sampling when it is configured."""
+        if self.streaming:
+            batch, metrics = self.scheduler.next_batch()
+            scores = batch["scores"]
+            metrics.update({"reward/mean": float(scores.mean()),
+                            "reward/std": float(scores.std()) if len(scores) > 1 else 0.0})
+            if self.multi_domain:
+                metrics.update(domain_metrics(batch))
+            return batch, metrics
         cfg = self.config
         want = cfg.rollout.prompts_per_step
         ds = cfg.algorithm.dynamic_sampling
@@ -287,12 +306,16 @@ class RLVRPipeline(Pipeline):
             batch.tensors.pop("ref_log_dist", None)
         t1 = time.perf_counter()
         pending_critic = self.critic.call("train_step", batch) if self.critic is not None else None
-        metrics.update(self.executor.get(self.actor.call("train_step", batch))[0])
+        pending_actor = self.actor.call("train_step", batch)[0]
+        if self.streaming:  # generation and scoring go on while the policy trains
+            metrics.update(self.scheduler.wait_for(pending_actor))
+        else:
+            metrics.update(self.executor.get(pending_actor))
         if pending_critic is not None:
             metrics.update(self.executor.get(pending_critic)[0])
         t_train = time.perf_counter() - t1
         t2 = time.perf_counter()
-        self.sync_weights()
+        self.sync_weights(policy_update=True)
         lengths = batch["response_mask"].sum(-1).float()
         metrics.update({
             "response_length/mean": float(lengths.mean()),
@@ -358,6 +381,10 @@ class RLVRPipeline(Pipeline):
         self._spawn_workers(model_path)
         scheduler_cls = self.plugins.schedulers.get(cfg.rollout.scheduler)
         self.scheduler = scheduler_cls(cfg, self.executor, self.infer, self.reward, self.tokenizer)
+        self.streaming = bool(getattr(self.scheduler, "streaming", False))
+        self._pending_loads: list = []
+        if self.streaming:
+            self.scheduler.attach(self.stream)
         trackers = self._make_trackers()
         self.before_rl: dict = {}
         start = 0
@@ -397,6 +424,9 @@ class RLVRPipeline(Pipeline):
                     t.log(metrics, step)
                 if step == cfg.trainer.max_steps or (cfg.trainer.save_every and step % cfg.trainer.save_every == 0):
                     self.save(step)
+            if self.streaming:
+                self.scheduler.drain()  # no request outlives the run
+                self.executor.get(self._pending_loads)
             final_step = max(start, cfg.trainer.max_steps)
             after = last_eval if last_eval_step == final_step else self.evaluate()
         finally:
