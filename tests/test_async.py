@@ -129,3 +129,15 @@ def test_async_on_ray_overlaps_and_keeps_the_bound(tiny_config):
 def test_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_and_check(None, overrides)
+
+
+def test_oversubscribed_cpu_cores_are_warned_about(capsys, monkeypatch):
+    import os
+
+    from roll_core.pipelines.rlvr import _warn_if_oversubscribed
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    _warn_if_oversubscribed(load_and_check(None, ["rollout.scheduler=async", "torch_threads=2"]))
+    assert "Set torch_threads=1 or fewer" in capsys.readouterr().out
+    _warn_if_oversubscribed(load_and_check(None, ["rollout.scheduler=async", "torch_threads=1"]))
+    assert capsys.readouterr().out == ""
