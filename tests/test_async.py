@@ -141,3 +141,15 @@ def test_oversubscribed_cpu_cores_are_warned_about(capsys, monkeypatch):
     assert "Set torch_threads=1 or fewer" in capsys.readouterr().out
     _warn_if_oversubscribed(load_and_check(None, ["rollout.scheduler=async", "torch_threads=1"]))
     assert capsys.readouterr().out == ""
+
+
+def test_a_stalled_scheduler_raises_instead_of_spinning():
+    from roll_core.errors import RollError
+    from roll_core.rollout.async_scheduler import AsyncRolloutScheduler
+    from roll_core.runtime.executor import LocalExecutor
+
+    cfg = load_and_check(None, ["rollout.scheduler=async"])
+    scheduler = AsyncRolloutScheduler(cfg, LocalExecutor(), [object()], None, None)
+    scheduler.accepting = False  # as if admission had closed with nothing in flight
+    with pytest.raises(RollError, match="stalled at step 1: 0 of 32 groups, nothing in flight"):
+        scheduler.next_batch()

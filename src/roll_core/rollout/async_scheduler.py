@@ -44,6 +44,7 @@ import torch
 
 from roll_core.algorithms.shaping import keep_groups, outcome_token_rewards
 from roll_core.data import Batch
+from roll_core.errors import RollError
 from roll_core.rollout.rewards import RewardTicket
 from roll_core.rollout.sync import SyncRolloutScheduler, expand_rows
 
@@ -137,15 +138,15 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
     # ------------------------------------------------------------------------------------------
     # the event loop
     # ------------------------------------------------------------------------------------------
-    def _pump(self, extra_futures: list) -> list[int]:
+    def _pump(self, extra_futures: list) -> list[int] | None:
         """Start what may start, wait for at least one event, handle it. Returns the positions in
-        ``extra_futures`` that finished."""
+        ``extra_futures`` that finished, or None when there was nothing to wait for."""
         self._top_up()
         gen = [q.future for q in self.requests]
         rew = [(s, k, f) for s in self.scoring for k, (f, _) in enumerate(s.ticket.parts) if k not in s.done]
         waiting = gen + [f for _, _, f in rew] + list(extra_futures)
         if not waiting:
-            return []
+            return None
         t0 = time.perf_counter()
         ready = set(self.executor.wait(waiting))
         self.stats["time/driver_wait_s"] += time.perf_counter() - t0
@@ -207,8 +208,12 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
                 chosen += take
                 fallback += len(take)
                 self.rejected = [x for x in self.rejected if not any(x is t for t in take)]
-            if len(chosen) < self.want:
-                self._pump([])
+            if len(chosen) < self.want and self._pump([]) is None:
+                # Nothing in flight and nothing allowed to start: waiting would spin forever.
+                raise RollError(
+                    f"async scheduler stalled at step {step}: {len(chosen)} of {self.want} groups, nothing in "
+                    f"flight and nothing admissible (version {self.version}, outstanding {self.outstanding()}, "
+                    f"ratio {self.ratio}); please report this with your rollout config")
         self.steps_started, self.chosen = step, []
         staleness = [step - 1 - v for v, _ in chosen]
         batch = Batch.concat([g for _, g in chosen])
