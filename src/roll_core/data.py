@@ -17,6 +17,17 @@ import torch
 from roll_core.errors import ConfigError
 
 
+def even_slices(length: int, n: int) -> list[slice]:
+    """``n`` contiguous, near-equal slices of ``range(length)`` (the first ``length % n`` one longer)."""
+    size, rem = divmod(length, n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < rem else 0)
+        out.append(slice(start, end))
+        start = end
+    return out
+
+
 @dataclass
 class Batch:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -52,13 +63,7 @@ class Batch:
 
     def chunk(self, n: int) -> list["Batch"]:
         """``n`` contiguous, near-equal parts (for dispatching to ``n`` workers)."""
-        size, rem = divmod(len(self), n)
-        parts, start = [], 0
-        for i in range(n):
-            end = start + size + (1 if i < rem else 0)
-            parts.append(self.select(slice(start, end)))
-            start = end
-        return parts
+        return [self.select(s) for s in even_slices(len(self), n)]
 
     def split(self, size: int) -> list["Batch"]:
         """Consecutive parts of at most ``size`` rows (micro-batches)."""

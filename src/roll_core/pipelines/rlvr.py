@@ -48,13 +48,24 @@ def _progress(total: int, description: str):
     return progress, task
 
 
+def rows_by_domain(batch: Batch) -> dict[str, list[int]]:
+    """Row indices of each domain, domains sorted by name."""
+    out: dict[str, list[int]] = {}
+    for i, d in enumerate(batch["domain"]):
+        out.setdefault(d, []).append(i)
+    return dict(sorted(out.items()))
+
+
+def reward_stats(scores: torch.Tensor) -> dict[str, float]:
+    return {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0}
+
+
 def domain_metrics(batch: Batch) -> dict[str, float]:
     """Per-domain reward, accuracy (share of samples with score >= 1), response length and sample
     count, plus the mean of every reward component of a domain scored by several rewards."""
     out: dict[str, float] = {}
     lengths = batch["response_mask"].sum(-1).float()
-    for d in sorted(set(batch["domain"])):
-        idx = [i for i, x in enumerate(batch["domain"]) if x == d]
+    for d, idx in rows_by_domain(batch).items():
         scores = batch["scores"][idx]
         out[f"reward/{d}/mean"] = float(scores.mean())
         out[f"reward/{d}/accuracy"] = float((scores >= 1.0).float().mean())
@@ -201,9 +212,7 @@ class RLVRPipeline(Pipeline):
         """One step's scored groups, after dynamic sampling when it is configured."""
         if self.streaming:
             batch, metrics = self.scheduler.next_batch()
-            scores = batch["scores"]
-            metrics.update({"reward/mean": float(scores.mean()),
-                            "reward/std": float(scores.std()) if len(scores) > 1 else 0.0})
+            metrics.update(reward_stats(batch["scores"]))
             if self.multi_domain:
                 metrics.update(domain_metrics(batch))
             return batch, metrics
@@ -233,9 +242,7 @@ class RLVRPipeline(Pipeline):
             if len(groups):
                 kept.append(batch.select(torch.isin(batch["group_index"], groups)))
                 n_kept += len(groups)
-        scores = torch.cat(all_scores)
-        metrics = {"reward/mean": float(scores.mean()),
-                   "reward/std": float(scores.std()) if len(scores) > 1 else 0.0, **timings}
+        metrics = {**reward_stats(torch.cat(all_scores)), **timings}
         if ds.filter != "none":
             metrics.update({"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/filtered_groups": float(filtered),
                             "dynamic_sampling/kept_groups": float(n_kept)})
@@ -254,11 +261,9 @@ class RLVRPipeline(Pipeline):
             return {}
         batch = self.scheduler.collect(self.eval_rows, num_return_sequences=1, temperature=0.0)
         metrics = {"eval/accuracy": float(batch["scores"].mean())}
-        domains = sorted(set(batch["domain"]))
+        domains = rows_by_domain(batch)
         if len(domains) > 1:
-            for d in domains:
-                idx = [i for i, x in enumerate(batch["domain"]) if x == d]
-                metrics[f"eval/accuracy/{d}"] = float(batch["scores"][idx].mean())
+            metrics.update({f"eval/accuracy/{d}": float(batch["scores"][idx].mean()) for d, idx in domains.items()})
         return metrics
 
     def warmup(self) -> dict[str, float]:

@@ -127,9 +127,8 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
             self.next_group += n
             batch = expand_rows(self.tokenizer, rows, self.group_size)
             batch.update(group_index=torch.tensor(groups).repeat_interleave(self.group_size))
-            rollout = self.config.rollout
-            future = self.executor.invoke(self.infer.handles[worker], "generate", (batch,), {
-                "max_new_tokens": rollout.max_new_tokens, "temperature": rollout.temperature, "top_p": rollout.top_p})
+            future = self.executor.invoke(self.infer.handles[worker], "generate", (batch,),
+                                          self._sampling(self.config.rollout.temperature))
             self.requests.append(_Request(future, worker, self.version, groups))
             self._cursor = (worker + 1) % len(self.infer)
             running[worker] += 1
@@ -187,6 +186,11 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
     def attach(self, stream) -> None:
         self.stream = stream
 
+    @staticmethod
+    def staleness(version: int, step: int) -> int:
+        """Updates between a group's weights (``version``) and those trained at ``step`` (``step - 1``)."""
+        return step - 1 - version
+
     def next_batch(self) -> tuple[Batch, dict[str, float]]:
         """The next ``prompts_per_step`` complete, fresh-enough groups (blocks until there are)."""
         t0 = time.perf_counter()
@@ -196,18 +200,18 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         while len(chosen) < self.want:
             while self.ready and len(chosen) < self.want:
                 version, group = self.ready.pop(0)
-                if step - 1 - version > self.max_stale:
+                if self.staleness(version, step) > self.max_stale:
                     self.stats["rollout/dropped_stale_groups"] += 1
                     continue
                 chosen.append((version, group))
             if len(chosen) < self.want and self.stats["rollout/filtered_groups"] >= self.max_filtered:
                 # As the sync path after max_rounds: train on groups the filter rejected (for GRPO
                 # their advantages are zero) rather than generate forever, and say so.
-                fresh = [(v, g) for v, g in self.rejected if step - 1 - v <= self.max_stale]
+                fresh = [(v, g) for v, g in self.rejected if self.staleness(v, step) <= self.max_stale]
                 take = fresh[: self.want - len(chosen)]
                 chosen += take
                 fallback += len(take)
-                self.rejected = [x for x in self.rejected if not any(x is t for t in take)]
+                self.rejected = fresh[len(take):]  # stale ones could never be taken this step
             if len(chosen) < self.want and self._pump([]) is None:
                 # Nothing in flight and nothing allowed to start: waiting would spin forever.
                 raise RollError(
@@ -215,7 +219,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
                     f"flight and nothing admissible (version {self.version}, outstanding {self.outstanding()}, "
                     f"ratio {self.ratio}); please report this with your rollout config")
         self.steps_started, self.chosen = step, []
-        staleness = [step - 1 - v for v, _ in chosen]
+        staleness = [self.staleness(v, step) for v, _ in chosen]
         batch = Batch.concat([g for _, g in chosen])
         # Group ids 0..want-1 in batch order, as the estimators expect.
         batch.update(group_index=torch.arange(len(chosen)).repeat_interleave(self.group_size))
@@ -239,8 +243,8 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         self._top_up()
 
     def drain(self) -> None:
-        """Wait for (and discard) every request in flight: before evaluation and at the end, so no
-        request outlives the step it was started for. Discarded groups are counted as aborted."""
+        """Wait for (and discard) every request in flight, at the end of a run, so none outlives it.
+        Discarded groups are counted as aborted."""
         self.accepting = False
         try:
             while self.requests or self.scoring:

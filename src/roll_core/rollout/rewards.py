@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from roll_core.data import even_slices
 from roll_core.rewards import RewardInput
 from roll_core.runtime.executor import Executor, WorkerGroup
 
@@ -38,18 +39,13 @@ class RewardRouter:
     def submit(self, samples: list[RewardInput]) -> RewardTicket:
         """Start scoring ``samples``; a domain's samples are spread over its workers round-robin."""
         ticket = RewardTicket(len(samples))
-        by_group: dict[str, list[int]] = {}
+        by_group: dict[str, tuple[WorkerGroup, list[int]]] = {}
         for i, s in enumerate(samples):
             group = self.group_of(s.domain)
-            by_group.setdefault(group.role, []).append(i)
-        for role, rows in by_group.items():
-            group = next(g for g in self.groups() if g.role == role)
-            n = min(len(group), len(rows))
-            size, rem = divmod(len(rows), n)
-            start = 0
-            for k in range(n):
-                part = rows[start : start + size + (1 if k < rem else 0)]
-                start += len(part)
+            by_group.setdefault(group.role, (group, []))[1].append(i)
+        for role, (group, rows) in by_group.items():
+            for piece in even_slices(len(rows), min(len(group), len(rows))):
+                part = rows[piece]
                 w = self._cursor.get(role, 0)
                 self._cursor[role] = (w + 1) % len(group)
                 future = self.executor.invoke(group.handles[w], "score_detailed", ([samples[i] for i in part],), {})

@@ -43,6 +43,11 @@ def expand_rows(tokenizer, rows: list[dict], num_return_sequences: int) -> Batch
 
 
 class SyncRolloutScheduler(RolloutScheduler):
+    def _sampling(self, temperature: float) -> dict:
+        """Keyword arguments of every ``generate`` request."""
+        rollout = self.config.rollout
+        return {"max_new_tokens": rollout.max_new_tokens, "temperature": temperature, "top_p": rollout.top_p}
+
     def _finish_request(self, part: Batch) -> tuple[Batch, list[RewardInput]]:
         """Decode one finished request, mark truncations, and build its reward inputs."""
         max_new = self.config.rollout.max_new_tokens
@@ -63,9 +68,8 @@ class SyncRolloutScheduler(RolloutScheduler):
         for w, chunk in enumerate(batch.chunk(len(self.infer))):
             for part in chunk.split(rollout.request_size or max(len(chunk), 1)) if len(chunk) else []:
                 requests.append((w, part))
-        sampling = {"max_new_tokens": rollout.max_new_tokens, "temperature": temperature, "top_p": rollout.top_p}
         t0 = time.perf_counter()
-        pending = [(self.executor.invoke(self.infer.handles[w], "generate", (part,), sampling), i)
+        pending = [(self.executor.invoke(self.infer.handles[w], "generate", (part,), self._sampling(temperature)), i)
                    for i, (w, part) in enumerate(requests)]
         done: list[Batch | None] = [None] * len(requests)
         tickets: list = [None] * len(requests)
