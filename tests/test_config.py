@@ -60,7 +60,7 @@ def test_cross_field_check():
     "override, key, valid",
     [
         ("roles.reward.name=exact_mtch", "roles.reward.name", "Did you mean 'exact_match'?"),
-        ("roles.actor_train.strategy=hff", "roles.actor_train.strategy", "Valid names: hf"),
+        ("roles.actor_train.strategy=hff", "roles.actor_train.strategy", "Valid names: fsdp2, hf"),
         ("algorithm.advantage_estimator=grop", "algorithm.advantage_estimator", "Did you mean 'grpo'?"),
         ("algorithm.policy_loss=gpso", "algorithm.policy_loss", "Valid names: cispo, dual_clip, gspo, kimi,"),
         ("algorithm.kl_penalty.estimator=k4", "algorithm.kl_penalty.estimator", "Valid names: abs, full, k1, k2, k3"),

@@ -77,3 +77,17 @@ def test_critic_gradients_do_not_depend_on_micro_batch_size(tiny_model_path, mod
 
     batch = make_batch(make(8).model.config.vocab_size)
     compare(make, batch, "critic/value_loss")
+
+
+def test_a_nan_loss_skips_the_update_and_reports_it(tiny_model_path):
+    cfg = load_config(None, ["rollout.max_new_tokens=5"])
+    strategy = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, cfg, seed=0)
+    batch = make_batch(strategy.model.config.vocab_size)
+    batch.tensors["advantages"][0, 0] = float("nan")
+    before = {n: p.detach().clone() for n, p in strategy.model.named_parameters()}
+    metrics = strategy.train_step(batch)
+    assert metrics["train/skipped_updates"] == 1.0
+    for name, param in strategy.model.named_parameters():
+        assert torch.equal(param, before[name]), name  # weights untouched, not poisoned
+    batch.tensors["advantages"][0, 0] = 0.0
+    assert strategy.train_step(batch)["train/skipped_updates"] == 0.0

@@ -186,3 +186,14 @@ class DomainMixer:
         for d, s in state["domains"].items():
             self.streams[d].load_state(s)
         self.credit = {d: float(c) for d, c in state["credit"].items()}
+
+
+def dp_shards(batch: Batch, world: int, mini_batch_size: int | None = None) -> list[Batch]:
+    """Each data-parallel rank's share of ``batch``: rank ``r`` gets the ``r``-th of ``world`` equal
+    parts of every mini-batch of ``mini_batch_size`` rows (the whole batch when None), in order, so
+    its ``k``-th local mini-batch is its part of the global ``k``-th one."""
+    if world == 1:
+        return [batch]
+    minis = batch.split(mini_batch_size or len(batch))
+    parts = [m.chunk(world) for m in minis]
+    return [Batch.concat([p[r] for p in parts]) for r in range(world)]

@@ -32,3 +32,7 @@ def did_you_mean(name: str, candidates) -> str:
     """``" Did you mean 'x'?"`` for the closest candidate, or ``""`` when none is close."""
     match = difflib.get_close_matches(str(name), [str(c) for c in candidates], n=1, cutoff=0.6)
     return f" Did you mean '{match[0]}'?" if match else ""
+
+
+class WorkerLostError(RollError):
+    """A worker process died or stopped answering; the pipeline may restart from a checkpoint."""

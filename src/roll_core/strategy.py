@@ -18,7 +18,19 @@ import torch
 from roll_core.data import Batch
 
 
-class InferStrategy(ABC):
+class Colocatable:
+    """Colocated roles time-share devices: the pipeline calls ``offload`` on a role before an
+    overlapping role runs and ``reload`` before it runs again (see :mod:`roll_core.runtime.placement`).
+    The defaults do nothing, which is right for strategies on CPU."""
+
+    def offload(self) -> None:
+        """Move model (and optimizer) states off the device."""
+
+    def reload(self) -> None:
+        """Inverse of :meth:`offload`."""
+
+
+class InferStrategy(Colocatable, ABC):
     """Generation and log-probs. Constructed as ``cls(model_path, role_config, run_config, seed)``."""
 
     @abstractmethod
@@ -43,8 +55,13 @@ class InferStrategy(ABC):
         pass
 
 
-class TrainStrategy(ABC):
-    """Forward/backward/optimizer. Constructed as ``cls(model_path, role_config, run_config, seed)``."""
+class TrainStrategy(Colocatable, ABC):
+    """Forward/backward/optimizer. Constructed as ``cls(model_path, role_config, run_config, seed)``.
+
+    With ``num_workers > 1`` the strategy is built after its worker joined the role's
+    ``torch.distributed`` group (:mod:`roll_core.runtime.distributed`); every rank gets an equal
+    share of each mini-batch and must sum loss denominators and gradients over the ranks. Every
+    method is called on every rank, so strategies that shard weights may use collectives anywhere."""
 
     @abstractmethod
     def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
@@ -63,18 +80,20 @@ class TrainStrategy(ABC):
 
     @abstractmethod
     def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """The current weights as buckets of ``(name, tensor)`` of at most ``bucket_bytes`` each."""
+        """The current (full, unsharded) weights as buckets of ``(name, tensor)`` of about
+        ``bucket_bytes`` each. Called on every rank; rank 0's buckets are sent to inference."""
 
     @abstractmethod
     def save_checkpoint(self, path: str) -> None:
-        """Model (Hugging Face format, safetensors), optimizer and RNG state under ``path``."""
+        """Model (Hugging Face format, safetensors), optimizer and RNG state under ``path``
+        (called on every rank; the files must be complete when every rank has returned)."""
 
     @abstractmethod
     def load_checkpoint(self, path: str) -> None:
         """Inverse of :meth:`save_checkpoint`."""
 
 
-class CriticStrategy(ABC):
+class CriticStrategy(Colocatable, ABC):
     """PPO's value model. Constructed as ``cls(model_path, role_config, run_config, seed)``."""
 
     @abstractmethod

@@ -168,17 +168,82 @@ class AlgorithmConfig(Strict):
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
 
 
-class TrainRoleConfig(Strict):
+class DeviceRange(Strict):
+    """``range(start, stop)`` of global device indices, written as data (never an eval'd string)."""
+
+    start: int = Field(0, ge=0)
+    stop: int = Field(gt=0)
+
+
+class Placed(Strict):
+    """Where a role's workers run. ``device_mapping`` lists global device indices (device ``d`` is
+    local GPU ``d % gpus_per_node`` of node ``d // gpus_per_node``); every worker takes
+    ``num_devices_per_worker`` consecutive entries, so the mapping also fixes ``num_workers``.
+    Roles without a mapping run on CPU workers. Roles whose mappings overlap are colocated and
+    time-share the devices (the pipeline offloads one before the other runs); disjoint mappings run
+    disaggregated."""
+
+    num_workers: int = Field(1, ge=1)
+    device_mapping: list[int] | DeviceRange | None = Field(
+        None, description="global device indices, as a list or {start, stop}; None = CPU workers")
+    num_devices_per_worker: int = Field(1, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workers_from_mapping(cls, data):
+        """A mapping of N devices means N / num_devices_per_worker workers, unless num_workers says
+        otherwise (then it is an error, reported below)."""
+        if isinstance(data, dict) and data.get("device_mapping") is not None and "num_workers" not in data:
+            mapping = data["device_mapping"]
+            n = len(range(mapping.get("start", 0), mapping["stop"])) if isinstance(mapping, dict) and "stop" in mapping \
+                else len(mapping) if isinstance(mapping, list) else None
+            per = data.get("num_devices_per_worker", 1)
+            if n and isinstance(per, int) and per > 0 and n % per == 0:
+                data = {**data, "num_workers": n // per}
+        return data
+
+    @model_validator(mode="after")
+    def _mapping_fits(self):
+        devices = self.devices
+        if devices is None:
+            return self
+        if not devices:
+            raise ValueError("device_mapping is empty; leave it out to run on CPU")
+        if len(set(devices)) != len(devices):
+            dup = sorted({d for d in devices if devices.count(d) > 1})
+            raise ValueError(f"device_mapping lists devices {dup} twice: two workers of one role cannot share a device")
+        if len(devices) % self.num_devices_per_worker:
+            raise ValueError(f"device_mapping has {len(devices)} devices, which does not divide into workers of "
+                             f"num_devices_per_worker={self.num_devices_per_worker}")
+        workers = len(devices) // self.num_devices_per_worker
+        if self.num_workers != workers:
+            raise ValueError(f"num_workers={self.num_workers} but device_mapping ({len(devices)} devices, "
+                             f"{self.num_devices_per_worker} per worker) makes {workers} workers; drop num_workers")
+        return self
+
+    @property
+    def devices(self) -> list[int] | None:
+        m = self.device_mapping
+        return list(range(m.start, m.stop)) if isinstance(m, DeviceRange) else m
+
+    def worker_devices(self) -> list[list[int]] | None:
+        """Global device indices of each worker."""
+        devices, per = self.devices, self.num_devices_per_worker
+        return None if devices is None else [devices[i : i + per] for i in range(0, len(devices), per)]
+
+
+class TrainRoleConfig(Placed):
+    """A trained role. Several workers train data-parallel: each gets an equal share of every
+    mini-batch and gradients are summed over ``torch.distributed`` (gloo on CPU, nccl on GPU)."""
+
     strategy: str = "hf"
-    num_workers: int = Field(1, ge=1, le=1, description="data-parallel training across workers is not available yet")
     lr: float = Field(3e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     micro_batch_size: int = Field(64, ge=1)
 
 
-class InferRoleConfig(Strict):
+class InferRoleConfig(Placed):
     strategy: str = "hf"
-    num_workers: int = Field(1, ge=1)
     model_path: str | None = Field(
         None, description="load this model instead of the policy's (a reference role used as distillation teacher)"
     )
@@ -191,12 +256,11 @@ class CriticRoleConfig(TrainRoleConfig):
     lr: float = Field(1e-3, gt=0)
 
 
-class RewardRoleConfig(Strict):
+class RewardRoleConfig(Placed):
     """The reward of every sample whose domain has no entry in ``roles.domain_rewards``."""
 
     name: str = "exact_match"
     options: dict[str, Any] = Field(default_factory=dict)
-    num_workers: int = Field(1, ge=1)
 
 
 class WeightedRewardConfig(Strict):
@@ -205,11 +269,10 @@ class WeightedRewardConfig(Strict):
     weight: float = 1.0
 
 
-class DomainRewardConfig(Strict):
+class DomainRewardConfig(Placed):
     """The reward workers of one domain. The score is ``sum(weight * reward)`` over ``rewards``."""
 
     rewards: list[WeightedRewardConfig] = Field(min_length=1)
-    num_workers: int = Field(1, ge=1)
 
 
 class RolesConfig(Strict):
@@ -238,6 +301,23 @@ class RayConfig(Strict):
     num_cpus: int | None = Field(None, ge=1)
 
 
+class RuntimeConfig(Strict):
+    """The distributed runtime: cluster shape, weight sync and fault tolerance."""
+
+    num_gpus_per_node: int | None = Field(
+        None, ge=1, description="devices per node for device_mapping; None = read from the Ray cluster")
+    num_nodes: int | None = Field(None, ge=1, description="nodes with devices; with num_gpus_per_node, "
+                                  "lets `roll validate` check mappings without a cluster")
+    weight_sync: Literal["auto", "collective", "object_store"] = Field(
+        "auto", description="collective: buckets broadcast through a torch.distributed group from training "
+        "rank 0 to the inference workers; object_store: buckets passed through Ray / memory; auto: "
+        "collective on Ray with the sync scheduler, object_store otherwise")
+    weight_bucket_mb: float = Field(64, gt=0, description="size of one weight-sync bucket")
+    max_restarts: int = Field(1, ge=0, description="restarts of the workers from the last checkpoint after "
+                              "a worker process dies or stops answering; 0 = stop at the first failure")
+    worker_timeout_s: float = Field(1800, gt=0, description="a worker call that takes longer counts as a dead worker")
+
+
 class RollConfig(Strict):
     exp_name: str = "quickstart"
     output_dir: str = Field("runs/quickstart", description="checkpoints, metrics and logs of the run")
@@ -246,6 +326,7 @@ class RollConfig(Strict):
     executor: Literal["ray", "local"] = "ray"
     torch_threads: int = Field(2, ge=1, description="intra-op threads of every worker (same in both executors)")
     ray: RayConfig = RayConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     warmup: WarmupConfig = WarmupConfig()
@@ -268,9 +349,27 @@ class RollConfig(Strict):
             raise ValueError("data.domains replaces data.train_file / data.eval_file: give each domain its own files")
         if (algo.kl_loss_coef > 0 or algo.kl_penalty.coef > 0) and self.roles.reference is None:
             raise ValueError("algorithm.kl_loss_coef / kl_penalty.coef > 0 need a reference role (roles.reference is null)")
+        self._check_placement()
         if algo.ppo_mini_batch_size is not None:
             samples = self.rollout.prompts_per_step * self.rollout.num_return_sequences
             if samples % algo.ppo_mini_batch_size:
                 raise ValueError(f"algorithm.ppo_mini_batch_size ({algo.ppo_mini_batch_size}) must divide the "
                                  f"samples per step (prompts_per_step * num_return_sequences = {samples})")
         return self
+
+    def placed_roles(self) -> dict[str, Placed]:
+        """Every role that gets workers, by the key it has in ``roles``."""
+        roles = self.roles
+        out: dict[str, Placed] = {"actor_train": roles.actor_train, "actor_infer": roles.actor_infer}
+        if roles.reference is not None:
+            out["reference"] = roles.reference
+        if roles.critic is not None:
+            out["critic"] = roles.critic
+        out["reward"] = roles.reward
+        out.update({f"domain_rewards.{d}": spec for d, spec in roles.domain_rewards.items()})
+        return out
+
+    def _check_placement(self) -> None:
+        from roll_core.runtime.placement import check_mappings
+
+        check_mappings(self)

@@ -1,4 +1,5 @@
-"""Built-in strategies: ``hf`` (transformers + torch) for training and inference."""
+"""Built-in strategies: ``hf`` (transformers + torch) for training and inference; ``fsdp2``
+(the ``hf`` trainer sharded with torch's ``fully_shard``) for data-parallel training."""
 
 from roll_core.hookspecs import hookimpl
 
@@ -11,3 +12,5 @@ def roll_register_strategies(register):
              description="transformers + torch, KV-cached sampling")
     register("hf", "roll_core.strategies.hf:HFCriticStrategy", kind="critic",
              description="transformers token-classification head (one value per token), AdamW")
+    register("fsdp2", "roll_core.strategies.fsdp2:FSDP2TrainStrategy", kind="train",
+             description="transformers + torch FSDP2 (fully_shard) over the role's workers, AdamW")

@@ -2,7 +2,7 @@
 
 A checkpoint is written into ``step_N.tmp-<pid>`` and renamed into place only once complete (with
 ``state.json`` written last), so a crash during saving never leaves a half checkpoint that resume
-would pick up; the previous checkpoint stays intact. Old checkpoints beyond ``keep`` are removed
+would pick up; the previous checkpoint stays intact, and the next save removes the leftover. Old checkpoints beyond ``keep`` are removed
 after the new one is in place.
 """
 
@@ -41,7 +41,8 @@ class CheckpointManager:
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step_{step:06d}"
         tmp = self.root / f"{final.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in self.root.glob("step_*.tmp-*"):  # left by a process killed while saving
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
         write(tmp)
         (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))

@@ -13,6 +13,11 @@ Before RL, an optional supervised warm-up imitates the data's demonstrations, an
 (greedy decoding) is measured before and after RL. Runs resume from the latest checkpoint in
 ``output_dir``: step counter, data position, optimizer, sampling RNG and the before-RL numbers.
 
+Roles are placed by their ``device_mapping`` (:mod:`roll_core.runtime.placement`): colocated roles
+are offloaded and reloaded around each use, trained roles with several workers train
+data-parallel, and when a worker process dies the run restarts its workers from the last
+checkpoint (``runtime.max_restarts``).
+
 Run it: ``roll run`` (the embedded default) or ``roll run my.yaml key=value ...``.
 """
 
@@ -26,17 +31,16 @@ import torch
 
 from roll_core.algorithms.objective import kl_takes_distribution, needs_distribution
 from roll_core.algorithms.shaping import RewardShaper, keep_groups
-from roll_core.data import Batch, DomainMixer, PromptStream, read_jsonl
+from roll_core.data import Batch, DomainMixer, PromptStream, dp_shards, read_jsonl
 from roll_core.embedded.model import build_tiny_model
-from roll_core.errors import ConfigError, did_you_mean
+from roll_core.errors import ConfigError, RollError, WorkerLostError, did_you_mean
 from roll_core.pipelines import Pipeline
 from roll_core.pipelines.checkpoint import CheckpointManager
 from roll_core.rollout.rewards import RewardRouter
 from roll_core.rollout.sync import tokenize_prompts
 from roll_core.plugins import get_plugins
+from roll_core.runtime.placement import Residency, check_cluster, colocated, nodes_needed, worker_slots
 from roll_core.runtime.workers import RewardWorker, RoleWorker
-
-WEIGHT_BUCKET_BYTES = 64 * 2**20
 
 
 def _progress(total: int, description: str):
@@ -126,30 +130,61 @@ class RLVRPipeline(Pipeline):
                 raise ConfigError(f"key 'roles.domain_rewards.{domain}': no training row has domain '{domain}'."
                                   f"{did_you_mean(domain, present)} The data has: {', '.join(sorted(present))}")
 
+    def _place(self) -> None:
+        """Check the device mappings against the cluster and reserve its nodes (before any worker)."""
+        cfg = self.config
+        self.per_node = check_cluster(cfg, self.executor.gpus_by_node()) if cfg.executor == "ray" else 0
+        self.node_ids: list[str] = []
+        if self.per_node:
+            self.node_ids = self.executor.reserve_devices(nodes_needed(cfg, self.per_node), self.per_node)
+            layout = ", ".join(f"{name} {role.devices}" for name, role in cfg.placed_roles().items() if role.devices)
+            pairs = sorted({tuple(sorted((a, b))) for a, bs in colocated(cfg).items() for b in bs})
+            mode = "colocated " + ", ".join("+".join(p) for p in pairs) if pairs else "disaggregated"
+            print(f"placement on {len(self.node_ids)} node(s) x {self.per_node} devices: {layout} ({mode})", flush=True)
+
+    def _start(self, name: str, cls: type, args_per_worker: list[tuple], role_cfg):
+        """Spawn a role's workers where its device mapping says (CPU workers without one)."""
+        slots = worker_slots(role_cfg, self.per_node) if self.per_node and role_cfg.devices else None
+        args = [(*a, slots[i].local_devices if slots else None) for i, a in enumerate(args_per_worker)]
+        group = self.executor.spawn(name, cls, args, slots)
+        self.groups[name] = group
+        return group
+
+    def _setup(self, group, data_parallel: bool) -> None:
+        """Build the strategies; the workers of a trained role first join one data-parallel group."""
+        world = len(group) if data_parallel else 1
+        address = self.executor.get(self.executor.invoke(group.handles[0], "node_address", (), {})) if world > 1 else None
+        self.executor.get([self.executor.invoke(h, "setup", (address, rank if world > 1 else 0, world), {})
+                           for rank, h in enumerate(group.handles)])
+
     def _spawn_workers(self, model_path: str) -> None:
         cfg, roles, seed = self.config, self.config.roles, self.config.seed
-        self.actor = self.executor.spawn(
-            "actor_train", RoleWorker, [("actor_train", "train", model_path, roles.actor_train, cfg, seed)]
-        )
-        self.infer = self.executor.spawn(
+        self.groups: dict = {}
+        self.actor = self._start("actor_train", RoleWorker,
+                                 [("actor_train", "train", model_path, roles.actor_train, cfg, seed)
+                                  for _ in range(roles.actor_train.num_workers)], roles.actor_train)
+        self.infer = self._start(
             "actor_infer", RoleWorker,
             [("actor_infer", "infer", model_path, roles.actor_infer, cfg, seed + 1000 + r)
-             for r in range(roles.actor_infer.num_workers)],
+             for r in range(roles.actor_infer.num_workers)], roles.actor_infer,
         )
-        default = self.executor.spawn(
-            "reward", RewardWorker,
-            [([(roles.reward.name, roles.reward.options, 1.0)], cfg) for _ in range(roles.reward.num_workers)],
-        )
+        default = self._start("reward", RewardWorker,
+                              [([(roles.reward.name, roles.reward.options, 1.0)], cfg)
+                               for _ in range(roles.reward.num_workers)], roles.reward)
         by_domain = {
-            domain: self.executor.spawn(
+            domain: self._start(
                 f"reward/{domain}", RewardWorker,
-                [([(r.name, r.options, r.weight) for r in spec.rewards], cfg) for _ in range(spec.num_workers)],
+                [([(r.name, r.options, r.weight) for r in spec.rewards], cfg) for _ in range(spec.num_workers)], spec,
             )
             for domain, spec in roles.domain_rewards.items()
         }
+        self._setup(self.actor, data_parallel=True)
+        self._setup(self.infer, data_parallel=False)
         self.reward = RewardRouter(self.executor, default, by_domain)
         self.reference = None
         self.critic = None
+        self.residency = Residency(self.executor, self.groups, colocated(cfg))
+        self._setup_weight_sync()
 
     def _spawn_policy_copies(self, model_path: str) -> None:
         """Roles that start from the policy RL begins with (the warmed-up model): reference, critic."""
@@ -157,15 +192,46 @@ class RLVRPipeline(Pipeline):
         if ref is not None:
             # A reference with its own model_path is a different model (a distillation teacher).
             path = ref.model_path or model_path
-            self.reference = self.executor.spawn(
+            self.reference = self._start(
                 "reference", RoleWorker,
                 [("reference", "infer", path, ref, self.config, self.config.seed + 2000 + r)
-                 for r in range(ref.num_workers)],
+                 for r in range(ref.num_workers)], ref,
             )
+            self._setup(self.reference, data_parallel=False)
         if critic is not None:
-            self.critic = self.executor.spawn(
-                "critic", RoleWorker, [("critic", "critic", model_path, critic, self.config, self.config.seed + 3000)]
-            )
+            self.critic = self._start("critic", RoleWorker,
+                                      [("critic", "critic", model_path, critic, self.config, self.config.seed + 3000)
+                                       for _ in range(critic.num_workers)], critic)
+            self._setup(self.critic, data_parallel=True)
+
+    def _record_placement(self) -> None:
+        """``placement.json``: the reserved nodes and where every worker landed (pid, node, devices)."""
+        where = {name: self.executor.get(group.call("placement")) for name, group in self.groups.items()}
+        (self.run_dir / "placement.json").write_text(json.dumps({"nodes": self.node_ids, "roles": where}, indent=2))
+
+    def _setup_weight_sync(self) -> None:
+        """``collective``: training rank 0 and every inference worker join one group and weights
+        are broadcast bucket by bucket (nccl when both sides are on GPUs and not colocated, gloo
+        otherwise); ``object_store``: buckets go through Ray's object store (memory when local)."""
+        cfg = self.config.runtime
+        mode = cfg.weight_sync
+        if mode == "auto":
+            mode = "collective" if self.config.executor == "ray" and not self.streaming else "object_store"
+        if mode == "collective" and self.config.executor != "ray":
+            raise ConfigError("key 'runtime.weight_sync': collective needs executor: ray (the local executor "
+                              "runs every worker in one process); use object_store or auto")
+        self.weight_sync = mode
+        self.bucket_bytes = int(cfg.weight_bucket_mb * 2**20)
+        if mode != "collective":
+            return
+        members = [self.actor.handles[0], *self.infer.handles]
+        devices = self.executor.get([self.executor.invoke(h, "device_type", (), {}) for h in members])
+        split = "actor_infer" not in colocated(self.config).get("actor_train", set())
+        backend = "nccl" if split and all(d == "cuda" for d in devices) else "gloo"
+        address = self.executor.get(self.executor.invoke(members[0], "node_address", (), {}))
+        self.executor.get([self.executor.invoke(h, "join_weight_group", (address, rank, len(members), backend), {})
+                           for rank, h in enumerate(members)])
+        self.weight_meta = self.executor.get(self.actor.call("weight_meta", self.bucket_bytes))[0]
 
     def _make_trackers(self) -> list:
         return [self.plugins.trackers.get(name)(self.run_dir, self.config) for name in self.config.trackers]
@@ -174,14 +240,19 @@ class RLVRPipeline(Pipeline):
     # building blocks
     # ------------------------------------------------------------------------------------------
     def sync_weights(self, policy_update: bool = False) -> None:
-        """Push actor_train's weights to every actor_infer worker (in buckets, worker to worker).
+        """Push actor_train's weights to every actor_infer worker, in buckets (see
+        :meth:`_setup_weight_sync`). Every training rank takes part (sharded strategies gather).
 
         After an RL update (``policy_update``) with a streaming scheduler, the update is queued
         behind the requests each inference worker already has and the controller does not wait for
         it: those requests finish with the weights they were started with (their version), later
         ones use the new weights."""
-        buckets = self.actor.call("weight_bucket_list", WEIGHT_BUCKET_BYTES)[0]
-        loads = self.infer.call("load_weight_buckets", buckets)
+        self.residency.use("actor_train", "actor_infer")
+        if self.weight_sync == "collective":
+            loads = self.actor.call("send_weights", self.bucket_bytes) + self.infer.call("receive_weights", self.weight_meta)
+        else:
+            buckets = self.actor.call("weight_bucket_list", self.bucket_bytes)
+            loads = buckets[1:] + self.infer.call("load_weight_buckets", buckets[0])
         if not (self.streaming and policy_update):
             self.executor.get(loads)
             return
@@ -192,6 +263,7 @@ class RLVRPipeline(Pipeline):
     def _log_probs(self, group, batch: Batch, distribution: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token log-probs ``[B, R]`` of the responses under ``group``'s model, and with
         ``distribution`` the full log-distributions ``[B, R, V]`` from the same forward pass."""
+        self.residency.use(group.role)
         temperature = self.config.rollout.temperature
         parts = self.executor.get(group.map("compute_log_probs", batch.chunk(len(group)),
                                             temperature=temperature, distribution=distribution))
@@ -210,6 +282,7 @@ class RLVRPipeline(Pipeline):
 
     def collect(self) -> tuple[Batch, dict[str, float]]:
         """One step's scored groups, after dynamic sampling when it is configured."""
+        self.residency.use("actor_infer")
         if self.streaming:
             batch, metrics = self.scheduler.next_batch()
             metrics.update(reward_stats(batch["scores"]))
@@ -259,6 +332,7 @@ class RLVRPipeline(Pipeline):
         """Held-out accuracy with greedy decoding (mean verifiable reward, per domain too)."""
         if not self.eval_rows:
             return {}
+        self.residency.use("actor_infer")
         batch = self.scheduler.collect(self.eval_rows, num_return_sequences=1, temperature=0.0)
         metrics = {"eval/accuracy": float(batch["scores"].mean())}
         domains = rows_by_domain(batch)
@@ -274,6 +348,7 @@ class RLVRPipeline(Pipeline):
             raise ConfigError("warmup.steps > 0 but no training row has a 'demonstration'; set warmup.steps=0")
         stream = PromptStream(rows, self.config.seed + 7)
         eos = self.tokenizer.eos_token
+        self.residency.use("actor_train")
         progress, task = _progress(wcfg.steps, "warm-up (supervised)")
         loss = float("nan")
         with progress:
@@ -284,7 +359,8 @@ class RLVRPipeline(Pipeline):
                                       padding=True, add_special_tokens=False, padding_side="right")
                 batch = Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
                                "responses": resp["input_ids"], "response_mask": resp["attention_mask"]})
-                loss = self.executor.get(self.actor.call("sft_step", batch, wcfg.lr))[0]["warmup/loss"]
+                loss = self.executor.get(self.actor.map("sft_step", batch.chunk(len(self.actor)),
+                                                        lr=wcfg.lr))[0]["warmup/loss"]
                 progress.update(task, advance=1, info=f"loss {loss:.3f}")
         self.sync_weights()
         return {"warmup/loss": loss}
@@ -304,18 +380,21 @@ class RLVRPipeline(Pipeline):
         if old_dist is not None:
             batch.update(old_log_dist=old_dist)
         if self.critic is not None:
-            batch.update(values=self.executor.get(self.critic.call("compute_values", batch))[0])
+            self.residency.use("critic")
+            batch.update(values=torch.cat(self.executor.get(self.critic.map("compute_values", batch.chunk(len(self.critic))))))
         metrics.update(self.shaper.shape(batch))
         batch.tensors.pop("old_log_dist", None)
         if not dist_loss:
             batch.tensors.pop("ref_log_dist", None)
         t1 = time.perf_counter()
-        pending_critic = self.critic.call("train_step", batch) if self.critic is not None else None
-        pending_actor = self.actor.call("train_step", batch)[0]
+        self.residency.use("actor_train", *(("critic",) if self.critic is not None else ()))
+        pending_critic = self._train(self.critic, batch) if self.critic is not None else None
+        pending_actor = self._train(self.actor, batch)
         if self.streaming:  # generation and scoring go on while the policy trains
-            metrics.update(self.scheduler.wait_for(pending_actor))
+            metrics.update(self.scheduler.wait_for(pending_actor[0]))
+            self.executor.get(pending_actor[1:])
         else:
-            metrics.update(self.executor.get(pending_actor))
+            metrics.update(self.executor.get(pending_actor)[0])
         if pending_critic is not None:
             metrics.update(self.executor.get(pending_critic)[0])
         t_train = time.perf_counter() - t1
@@ -329,14 +408,25 @@ class RLVRPipeline(Pipeline):
             "time/train_s": t_train,
             "time/weight_sync_s": time.perf_counter() - t2,
             "time/step_s": time.perf_counter() - t0,
+            **self.residency.metrics(),
         })
         return metrics
+
+    def _train(self, group, batch: Batch) -> list:
+        """Start ``train_step`` on every worker of a trained role, each with its data-parallel share
+        (rank metrics are already reduced over ranks; rank 0's are the batch's)."""
+        world = len(group)
+        if len(batch) % world:
+            raise RollError(f"{group.role}: a batch of {len(batch)} samples does not split over {world} "
+                            f"data-parallel workers")
+        return group.map("train_step", dp_shards(batch, world, self.config.algorithm.ppo_mini_batch_size))
 
     # ------------------------------------------------------------------------------------------
     # checkpoints
     # ------------------------------------------------------------------------------------------
     def save(self, step: int) -> Path:
         def write(tmp: Path) -> None:
+            self.residency.use("actor_train", *(("critic",) if self.critic is not None else ()))
             self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
             if self.critic is not None:
                 self.executor.get(self.critic.call("save_checkpoint", str(tmp / "critic")))
@@ -378,73 +468,96 @@ class RLVRPipeline(Pipeline):
         self._check_domains()
         domains = {row.get("domain", "default") for row in self.train_rows}
         self.multi_domain = len(domains) > 1 or bool(cfg.roles.domain_rewards)
+        self.scheduler_cls = self.plugins.schedulers.get(cfg.rollout.scheduler)
+        self.streaming = bool(getattr(self.scheduler_cls, "streaming", False))
+        self._place()
+        trackers = self._make_trackers()
+        restarts = 0
+        try:
+            while True:
+                try:
+                    summary = self._attempt(model_path, trackers, resume=restarts > 0 or cfg.trainer.resume == "auto")
+                    break
+                except WorkerLostError as exc:
+                    latest = self.checkpoints.latest()
+                    where = f"the last checkpoint, {latest}" if latest else "the start (no checkpoint yet)"
+                    if restarts >= cfg.runtime.max_restarts:
+                        raise WorkerLostError(f"{exc}. No restarts left (runtime.max_restarts={cfg.runtime.max_restarts}); "
+                                              f"run the same command again to resume from {where}") from exc
+                    restarts += 1
+                    print(f"warning: {exc}. Restarting every worker from {where} "
+                          f"(restart {restarts} of {cfg.runtime.max_restarts})", flush=True)
+                    self.executor.kill_all()
+        finally:
+            for t in trackers:
+                t.close()
+        summary["restarts"] = restarts
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _attempt(self, model_path: str, trackers: list, resume: bool) -> dict:
+        """Start every worker, resume from the latest checkpoint (or begin), and train to max_steps."""
+        cfg = self.config
         if cfg.data.domain_interleave_probs:
             self.stream = DomainMixer(self.train_rows, cfg.data.domain_interleave_probs, cfg.seed)
         else:
             self.stream = PromptStream(self.train_rows, cfg.seed)
         self.shaper = RewardShaper(cfg.algorithm, self.plugins)
         self._spawn_workers(model_path)
-        scheduler_cls = self.plugins.schedulers.get(cfg.rollout.scheduler)
-        self.scheduler = scheduler_cls(cfg, self.executor, self.infer, self.reward, self.tokenizer)
-        self.streaming = bool(getattr(self.scheduler, "streaming", False))
+        self.scheduler = self.scheduler_cls(cfg, self.executor, self.infer, self.reward, self.tokenizer)
         self._pending_loads: list = []
         if self.streaming:
             self.scheduler.attach(self.stream)
             _warn_if_oversubscribed(cfg)
-        trackers = self._make_trackers()
         self.before_rl: dict = {}
         start = 0
-        latest = self.checkpoints.latest() if cfg.trainer.resume == "auto" else None
+        latest = self.checkpoints.latest() if resume else None
         warm_dir = self.run_dir / "warm-model"
-        try:
-            if latest is not None:
-                start = self.restore(latest)
-                print(f"resumed from {latest} at step {start} (data position {self.stream.state()})", flush=True)
-                self._spawn_policy_copies(str(warm_dir) if (warm_dir / "config.json").exists() else model_path)
-                if self.critic is not None:
-                    self.executor.get(self.critic.call("load_checkpoint", str(latest / "critic")))
-            else:
-                first = {}
-                if cfg.warmup.steps:
-                    first.update(self.warmup())
-                    self.executor.get(self.actor.call("save_checkpoint", str(warm_dir.with_name("warm-tmp"))))
-                    # The reference is the policy RL starts from: the warmed-up model.
-                    _replace_dir(warm_dir.with_name("warm-tmp") / "model", warm_dir)
-                    self.tokenizer.save_pretrained(warm_dir)
-                self._spawn_policy_copies(str(warm_dir) if cfg.warmup.steps else model_path)
-                self.before_rl = self.evaluate()
-                first.update(self.before_rl)
-                if self.before_rl:
-                    print(f"held-out accuracy before RL (greedy): {self.before_rl['eval/accuracy']:.1%}", flush=True)
-                for t in trackers:
-                    t.log(first, 0)
-                self.save(0)
-            last_eval, last_eval_step = {}, None
-            for step in range(start + 1, cfg.trainer.max_steps + 1):
-                metrics = self.rl_step()
-                metrics["data/epoch"] = self.stream.epoch
-                if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0:
-                    last_eval, last_eval_step = self.evaluate(), step
-                    metrics.update(last_eval)
-                for t in trackers:
-                    t.log(metrics, step)
-                if step == cfg.trainer.max_steps or (cfg.trainer.save_every and step % cfg.trainer.save_every == 0):
-                    self.save(step)
-            if self.streaming:
-                self.scheduler.drain()  # no request outlives the run
-                self.executor.get(self._pending_loads)
-            final_step = max(start, cfg.trainer.max_steps)
-            after = last_eval if last_eval_step == final_step else self.evaluate()
-        finally:
+        if latest is not None:
+            start = self.restore(latest)
+            print(f"resumed from {latest} at step {start} (data position {self.stream.state()})", flush=True)
+            self._spawn_policy_copies(str(warm_dir) if (warm_dir / "config.json").exists() else model_path)
+            if self.critic is not None:
+                self.executor.get(self.critic.call("load_checkpoint", str(latest / "critic")))
+        else:
+            first = {}
+            if cfg.warmup.steps:
+                first.update(self.warmup())
+                self.executor.get(self.actor.call("save_checkpoint", str(warm_dir.with_name("warm-tmp"))))
+                # The reference is the policy RL starts from: the warmed-up model.
+                _replace_dir(warm_dir.with_name("warm-tmp") / "model", warm_dir)
+                self.tokenizer.save_pretrained(warm_dir)
+            self._spawn_policy_copies(str(warm_dir) if cfg.warmup.steps else model_path)
+            self.before_rl = self.evaluate()
+            first.update(self.before_rl)
+            if self.before_rl:
+                print(f"held-out accuracy before RL (greedy): {self.before_rl['eval/accuracy']:.1%}", flush=True)
             for t in trackers:
-                t.close()
+                t.log(first, 0)
+            self.save(0)
+        self._record_placement()
+        last_eval, last_eval_step = {}, None
+        for step in range(start + 1, cfg.trainer.max_steps + 1):
+            metrics = self.rl_step()
+            metrics["data/epoch"] = self.stream.epoch
+            if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0:
+                last_eval, last_eval_step = self.evaluate(), step
+                metrics.update(last_eval)
+            for t in trackers:
+                t.log(metrics, step)
+            if step == cfg.trainer.max_steps or (cfg.trainer.save_every and step % cfg.trainer.save_every == 0):
+                self.save(step)
+        if self.streaming:
+            self.scheduler.drain()  # no request outlives the run
+            self.executor.get(self._pending_loads)
+        final_step = max(start, cfg.trainer.max_steps)
+        after = last_eval if last_eval_step == final_step else self.evaluate()
         summary = {"steps": final_step, "before_rl": self.before_rl, "after_rl": after}
         if self.before_rl and after:
             b, a = self.before_rl["eval/accuracy"], after["eval/accuracy"]
             summary["accuracy_gain_pp"] = round(100 * (a - b), 2)
             print(f"held-out accuracy (greedy): before RL {b:.1%} -> after RL {a:.1%} "
                   f"({100 * (a - b):+.1f} pp) after {final_step} RL steps", flush=True)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
 

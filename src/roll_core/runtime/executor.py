@@ -6,6 +6,15 @@
 
 Both expose the same API: ``spawn`` a :class:`WorkerGroup`, call methods on it (getting futures),
 and ``get`` the results, so pipelines are written once.
+
+Device placement (Ray): :meth:`RayExecutor.reserve_devices` holds one placement group per node,
+each a single bundle with all of the node's GPUs; a worker with a device mapping is scheduled into
+its node's group with a token GPU share, so colocated roles can share GPUs, and pins its own
+devices (``CUDA_VISIBLE_DEVICES``, see :mod:`roll_core.runtime.placement`). Workers without a
+mapping need no resources at all and run on CPU wherever Ray puts them.
+
+A worker that dies or does not answer within ``runtime.worker_timeout_s`` raises
+:class:`~roll_core.errors.WorkerLostError` from ``get``; the pipeline decides whether to restart.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ import os
 from abc import ABC, abstractmethod
 from typing import Any
 
-from roll_core.errors import RollError
+from roll_core.errors import RollError, WorkerLostError
 
 
 class WorkerGroup:
@@ -41,7 +50,9 @@ class Executor(ABC):
     name: str
 
     @abstractmethod
-    def spawn(self, role: str, cls: type, args_per_worker: list[tuple]) -> WorkerGroup: ...
+    def spawn(self, role: str, cls: type, args_per_worker: list[tuple], slots: list | None = None) -> WorkerGroup:
+        """One worker per entry of ``args_per_worker``; ``slots`` (:class:`~roll_core.runtime.placement.WorkerSlot`)
+        say on which node each one runs."""
 
     @abstractmethod
     def invoke(self, handle, method: str, args: tuple, kwargs: dict) -> Any: ...
@@ -53,6 +64,17 @@ class Executor(ABC):
         """Positions in ``futures`` of those that have finished (at least one; blocks until then)."""
         return list(range(len(futures)))
 
+    def gpus_by_node(self) -> list[int]:
+        """GPUs of every node of the cluster (for checking device mappings)."""
+        return []
+
+    def reserve_devices(self, num_nodes: int, per_node: int) -> list[str]:
+        """Hold ``per_node`` devices on each of ``num_nodes`` nodes; returns their node ids."""
+        raise RollError(f"executor '{self.name}' cannot place workers on devices; use executor: ray")
+
+    def kill_all(self) -> None:
+        """Stop every worker spawned so far (before a restart)."""
+
     def shutdown(self) -> None:
         pass
 
@@ -62,7 +84,7 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def spawn(self, role, cls, args_per_worker):
+    def spawn(self, role, cls, args_per_worker, slots=None):
         return WorkerGroup(role, [cls(*args) for args in args_per_worker], self)
 
     def invoke(self, handle, method, args, kwargs):
@@ -77,29 +99,46 @@ class RayExecutor(Executor):
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None):
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, timeout_s: float | None = None):
         import ray
 
         self.ray = ray
+        self.timeout_s = timeout_s
+        self._actors: list = []
+        self._node_groups: list = []
         self._owns_cluster = False
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
                                       "configure_logging": True, "logging_level": "warning"}
             if address:
                 kwargs["address"] = address
-            else:
-                kwargs["num_cpus"] = num_cpus or os.cpu_count()
+            else:  # "local": a new cluster even when another one runs on this machine
+                kwargs.update(address="local", num_cpus=num_cpus or os.cpu_count())
                 self._owns_cluster = True
             # Workers must find the same packages and plugins as the driver.
             kwargs["runtime_env"] = {"env_vars": {k: v for k, v in os.environ.items()
                                                   if k.startswith("ROLL_") or k == "PYTHONPATH"}}
             ray.init(**kwargs)
 
-    def spawn(self, role, cls, args_per_worker):
-        # Role workers are scheduled by placement (issue: device mapping), not by CPU count:
-        # num_cpus=0 lets every role share a small machine.
+    def spawn(self, role, cls, args_per_worker, slots=None):
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        # CPU workers need no resources (num_cpus=0), so every role fits on a small machine.
         remote_cls = self.ray.remote(num_cpus=0)(cls)
-        handles = [remote_cls.options(name=None).remote(*args) for args in args_per_worker]
+        handles = []
+        for i, args in enumerate(args_per_worker):
+            options: dict[str, Any] = {"name": None}
+            if slots is not None:
+                slot = slots[i]
+                if slot.node >= len(self._node_groups):
+                    raise RollError(f"{role}: worker {i} is mapped to node {slot.node}, but only "
+                                    f"{len(self._node_groups)} node(s) are reserved")
+                # A token share of one GPU: Ray keeps the worker on its node, and colocated workers
+                # (several roles on the same devices) still fit; the worker pins its own devices.
+                options.update(num_gpus=0.01, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._node_groups[slot.node], placement_group_bundle_index=0))
+            handles.append(remote_cls.options(**options).remote(*args))
+        self._actors += handles
         return WorkerGroup(role, handles, self)
 
     def invoke(self, handle, method, args, kwargs):
@@ -107,21 +146,53 @@ class RayExecutor(Executor):
 
     def get(self, futures):
         try:
-            return self.ray.get(futures)
+            return self.ray.get(futures, timeout=self.timeout_s)
         except self.ray.exceptions.RayTaskError as exc:
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
             if isinstance(cause, RollError):
                 raise cause from None
             raise
         except self.ray.exceptions.RayActorError as exc:
-            raise RollError(f"a worker process died: {exc}") from exc
+            raise WorkerLostError(f"a worker process died: {str(exc).splitlines()[0]}") from exc
+        except self.ray.exceptions.GetTimeoutError as exc:
+            raise WorkerLostError(f"a worker did not answer within runtime.worker_timeout_s={self.timeout_s:g} s") from exc
 
     def wait(self, futures):
-        ready, _ = self.ray.wait(list(futures), num_returns=1, fetch_local=False)
+        ready, _ = self.ray.wait(list(futures), num_returns=1, fetch_local=False, timeout=self.timeout_s)
+        if not ready:
+            raise WorkerLostError(f"no worker answered within runtime.worker_timeout_s={self.timeout_s:g} s")
         ready = set(ready)
         return [i for i, f in enumerate(futures) if f in ready]
 
+    def gpus_by_node(self):
+        return [int(n["Resources"].get("GPU", 0)) for n in self.ray.nodes() if n.get("Alive")]
+
+    def reserve_devices(self, num_nodes, per_node):
+        from ray.util.placement_group import placement_group, placement_group_table
+
+        while len(self._node_groups) < num_nodes:
+            pg = placement_group([{"GPU": per_node}], strategy="STRICT_PACK")
+            try:
+                self.ray.get(pg.ready(), timeout=120)
+            except self.ray.exceptions.GetTimeoutError:
+                raise RollError(f"could not reserve {per_node} GPUs on {num_nodes} node(s) within 120 s: "
+                                f"the cluster has GPUs per node {self.gpus_by_node()}") from None
+            self._node_groups.append(pg)
+        return [placement_group_table(pg)["bundles_to_node_id"][0] for pg in self._node_groups[:num_nodes]]
+
+    def kill_all(self):
+        for handle in self._actors:
+            try:
+                self.ray.kill(handle, no_restart=True)
+            except Exception:  # already dead
+                pass
+        self._actors = []
+
     def shutdown(self):
+        self.kill_all()
+        for pg in self._node_groups:
+            self.ray.util.remove_placement_group(pg)
+        self._node_groups = []
         if self._owns_cluster and self.ray.is_initialized():
             self.ray.shutdown()
 
@@ -133,4 +204,4 @@ def make_executor(config) -> Executor:
         import ray  # noqa: F401
     except ImportError:
         raise RollError("executor 'ray' needs Ray: pip install ray, or run with executor=local") from None
-    return RayExecutor(config.ray.address, config.ray.num_cpus)
+    return RayExecutor(config.ray.address, config.ray.num_cpus, config.runtime.worker_timeout_s)

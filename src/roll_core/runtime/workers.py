@@ -15,20 +15,63 @@ import torch
 from roll_core.errors import RollError
 from roll_core.plugins import get_plugins
 from roll_core.rewards import RewardInput
+from roll_core.runtime import distributed
+
+
+def _bind_devices(devices) -> None:
+    """Make the worker's mapped devices (local ids on its node) its visible CUDA devices. Runs
+    before anything touches CUDA, so ``cuda:0`` is the first mapped device."""
+    if devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
+
+
+class _Worker:
+    def pid(self) -> int:
+        return os.getpid()
+
+    def placement(self) -> dict:
+        """Where this worker runs: Ray node id (when on Ray) and its visible devices."""
+        node = None
+        try:
+            import ray
+
+            if ray.is_initialized():
+                node = ray.get_runtime_context().get_node_id()
+        except ImportError:
+            pass
+        return {"pid": os.getpid(), "node_id": node, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 class RewardError(RollError):
     """A reward implementation raised on a sample."""
 
 
-class RoleWorker:
-    """Hosts a train, infer or critic strategy (``kind``)."""
+class RoleWorker(_Worker):
+    """Hosts a train, infer or critic strategy (``kind``).
 
-    def __init__(self, role: str, kind: str, model_path: str, role_config, run_config, seed: int):
+    Built in two calls: the constructor binds devices, :meth:`setup` joins the role's
+    data-parallel group (all workers of the role at once) and then builds the strategy, which may
+    shard its model over that group."""
+
+    def __init__(self, role: str, kind: str, model_path: str, role_config, run_config, seed: int, devices=None):
+        _bind_devices(devices)
         torch.set_num_threads(run_config.torch_threads)
         self.role, self.kind = role, kind
-        cls = get_plugins().registry(f"{kind}_strategies").get(role_config.strategy)
+        self._args = (model_path, role_config, run_config, seed)
+        self.strategy = None
+        self.weight_group: distributed.CollectiveGroup | None = None
+
+    def setup(self, address: tuple[str, int] | None = None, rank: int = 0, world: int = 1) -> None:
+        model_path, role_config, run_config, seed = self._args
+        distributed.init_data_parallel(address, rank, world, run_config.runtime.worker_timeout_s)
+        cls = get_plugins().registry(f"{self.kind}_strategies").get(role_config.strategy)
         self.strategy = cls(model_path, role_config, run_config, seed)
+
+    def node_address(self) -> tuple[str, int]:
+        return distributed.node_address()
+
+    def device_type(self) -> str:
+        return self.strategy.device.type if hasattr(self.strategy, "device") else "cpu"
 
     # -- inference ------------------------------------------------------------------------------
     def generate(self, batch, **sampling):
@@ -59,7 +102,16 @@ class RoleWorker:
     def load_checkpoint(self, path: str) -> None:
         self.strategy.load_checkpoint(path)
 
+    # -- colocation -----------------------------------------------------------------------------
+    def offload(self) -> None:
+        self.strategy.offload()
+
+    def reload(self) -> None:
+        self.strategy.reload()
+
     # -- weight sync ----------------------------------------------------------------------------
+    # Training strategies may gather sharded weights with collectives, so every training rank
+    # iterates the buckets; only rank 0 sends them.
 
     def weight_bucket_list(self, bucket_bytes: int) -> list:
         return list(self.strategy.weight_buckets(bucket_bytes))
@@ -69,18 +121,47 @@ class RoleWorker:
             self.strategy.load_weights(bucket)
         return sum(len(b) for b in buckets)
 
-    def pid(self) -> int:
-        return os.getpid()
+    def weight_meta(self, bucket_bytes: int) -> list:
+        """Names, shapes and dtypes of each bucket (what receivers need to unpack broadcasts)."""
+        return [distributed.bucket_meta(b) for b in self.strategy.weight_buckets(bucket_bytes)]
+
+    def join_weight_group(self, address: tuple[str, int], rank: int, size: int, backend: str) -> None:
+        timeout = self._args[2].runtime.worker_timeout_s
+        self.weight_group = distributed.CollectiveGroup(address, rank, size, backend, timeout_s=timeout)
+
+    def send_weights(self, bucket_bytes: int) -> int:
+        """Broadcast every bucket from this worker (rank 0 of the weight group); bytes sent."""
+        sent = 0
+        for bucket in self.strategy.weight_buckets(bucket_bytes):
+            if self.weight_group is not None:
+                flat = distributed.pack_bucket(bucket)
+                if self.weight_group.backend == "nccl":
+                    flat = flat.cuda()
+                self.weight_group.broadcast(flat)
+                sent += flat.numel()
+        return sent
+
+    def receive_weights(self, meta: list) -> int:
+        """Receive the broadcast buckets described by ``meta`` and load them; bytes received."""
+        received = 0
+        device = "cuda" if self.weight_group.backend == "nccl" else "cpu"
+        for bucket_meta in meta:
+            flat = torch.empty(distributed.bucket_bytes(bucket_meta), dtype=torch.uint8, device=device)
+            self.weight_group.broadcast(flat)
+            self.strategy.load_weights(distributed.unpack_bucket(flat, bucket_meta))
+            received += flat.numel()
+        return received
 
 
-class RewardWorker:
+class RewardWorker(_Worker):
     """Scores finished samples with one or more registered rewards: ``sum(weight * reward)``.
 
     ``rewards`` is a list of ``(name, options, weight)``. One worker serves one domain (or the
     default reward), so a slow reward of one domain never holds up the others.
     """
 
-    def __init__(self, rewards: list[tuple[str, dict, float]], run_config):
+    def __init__(self, rewards: list[tuple[str, dict, float]], run_config, devices=None):
+        _bind_devices(devices)
         torch.set_num_threads(1)
         plugins = get_plugins()
         self.rewards = []
@@ -105,6 +186,3 @@ class RewardWorker:
                       for name, plugin, _, reward in self.rewards}
         scores = [sum(w * components[name][i] for name, _, w, _ in self.rewards) for i in range(len(samples))]
         return {"scores": scores, "components": components, "seconds": time.perf_counter() - t0}
-
-    def pid(self) -> int:
-        return os.getpid()

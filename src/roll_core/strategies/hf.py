@@ -16,6 +16,7 @@ import torch
 
 from roll_core.algorithms.objective import actor_loss, critic_loss, loss_denominators, needs_distribution
 from roll_core.data import Batch
+from roll_core.runtime.distributed import all_reduce_sum, rank_world, sum_gradients
 from roll_core.strategies.sequences import position_ids_from_mask, response_log_probs, sample_responses
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy
 
@@ -37,7 +38,22 @@ def _full_sequence(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-class _HFBase:
+class _Offloading:
+    """Colocation: on a GPU the model (and the optimizer's moments) go to host memory while another
+    role uses the device. On CPU there is nothing to free."""
+
+    device: torch.device
+
+    def offload(self) -> None:
+        if self.device.type != "cpu":
+            _move_states(self, torch.device("cpu"))
+
+    def reload(self) -> None:
+        if self.device.type != "cpu":
+            _move_states(self, self.device)
+
+
+class _HFBase(_Offloading):
     def __init__(self, model_path: str, role_config, run_config, seed: int):
         self.model_path, self.role_config, self.run_config = model_path, role_config, run_config
         self.device = _device()
@@ -64,6 +80,17 @@ class _HFBase:
 
     def set_rng_state(self, state) -> None:
         self.generator.set_state(state)
+
+
+def _move_states(strategy, device: torch.device) -> None:
+    strategy.model.to(device)
+    for optimizer in (getattr(strategy, "optimizer", None), getattr(strategy, "warmup_optimizer", None)):
+        for state in (optimizer.state.values() if optimizer is not None else ()):
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    state[key] = value.to(device)
+    if device.type == "cpu" and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class HFInferStrategy(_HFBase, InferStrategy):
@@ -102,8 +129,10 @@ class _Optimizing:
     """The update loop shared by the actor and the critic: epochs x mini-batches x micro-batches.
 
     Each mini-batch is one optimizer step. Its loss denominators are counted over the whole
-    mini-batch before it is split, so accumulating micro-batch gradients gives the gradient of the
-    mini-batch loss whatever ``micro_batch_size`` is. A non-finite gradient norm skips the step.
+    mini-batch before it is split (and summed over data-parallel ranks, each of which holds an
+    equal share of it), so accumulating micro-batch gradients and summing them over ranks gives the
+    gradient of the mini-batch loss whatever ``micro_batch_size`` and the number of workers are.
+    A non-finite gradient norm (a NaN or inf loss) skips the step on every rank and is reported.
     """
 
     model: torch.nn.Module
@@ -114,7 +143,7 @@ class _Optimizing:
 
     def accumulate_gradients(self, mini: Batch) -> dict[str, float]:
         """Backward passes over the micro-batches of ``mini`` (no optimizer step). Returns metrics."""
-        tokens, seqs = loss_denominators(mini)
+        tokens, seqs = all_reduce_sum(list(loss_denominators(mini)))
         totals: dict[str, float] = {}
         n_micro = 0
         for micro in mini.split(self.role_config.micro_batch_size):
@@ -124,12 +153,19 @@ class _Optimizing:
             n_micro += 1
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value
+        self.reduce_gradients()
         return {k: v if k in _ADDITIVE else v / n_micro for k, v in totals.items()}
 
+    def reduce_gradients(self) -> None:
+        """Sum gradients over data-parallel ranks (replicated model)."""
+        sum_gradients(self.model.parameters())
+
     def optimize(self, batch: Batch) -> dict[str, float]:
+        """``batch`` is this rank's share: ``1 / world`` of every mini-batch, in order."""
         algo = self.run_config.algorithm
         self.model.train()
-        size = algo.ppo_mini_batch_size or len(batch)
+        world = rank_world()[1]
+        size = algo.ppo_mini_batch_size // world if algo.ppo_mini_batch_size else len(batch)
         sums: dict[str, float] = {}
         updates = 0
         skipped = 0
@@ -138,6 +174,8 @@ class _Optimizing:
                 self.optimizer.zero_grad(set_to_none=True)
                 metrics = self.accumulate_gradients(mini)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm)
+                if hasattr(grad_norm, "full_tensor"):  # sharded parameters give a DTensor norm
+                    grad_norm = grad_norm.full_tensor()
                 if torch.isfinite(grad_norm):
                     self.optimizer.step()
                 else:
@@ -150,7 +188,17 @@ class _Optimizing:
                     sums[key] = sums.get(key, 0.0) + value
         out = {k: v / updates for k, v in sums.items()}
         out[f"{self.metric_prefix}/skipped_updates"] = float(skipped)
-        return out
+        return _reduce_metrics(out, world)
+
+
+def _reduce_metrics(metrics: dict[str, float], world: int) -> dict[str, float]:
+    """Whole-batch metrics from per-rank ones: loss shares add up, everything else is averaged
+    (values that are equal on every rank, like the gradient norm, stay as they are)."""
+    if world == 1:
+        return metrics
+    keys = sorted(metrics)
+    totals = all_reduce_sum([metrics[k] for k in keys])
+    return {k: t if k in _ADDITIVE else t / world for k, t in zip(keys, totals)}
 
 
 class HFTrainStrategy(_Optimizing, _HFBase, TrainStrategy):
@@ -160,12 +208,16 @@ class HFTrainStrategy(_Optimizing, _HFBase, TrainStrategy):
 
     def __init__(self, model_path: str, role_config, run_config, seed: int):
         super().__init__(model_path, role_config, run_config, seed)
+        self.prepare_model()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=role_config.lr, weight_decay=role_config.weight_decay
         )
         # The supervised warm-up is a separate phase with its own optimizer: carrying its Adam
         # moments (sized for cross-entropy gradients) into RL would shrink the first RL updates.
         self.warmup_optimizer: torch.optim.Optimizer | None = None
+
+    def prepare_model(self) -> None:
+        """Hook for subclasses that wrap or shard the model before the optimizer is built."""
 
     def micro_loss(self, micro: Batch, tokens: float, seqs: float):
         algo = self.run_config.algorithm
@@ -191,16 +243,23 @@ class HFTrainStrategy(_Optimizing, _HFBase, TrainStrategy):
         ids, mask = _full_sequence(batch)
         logp = response_log_probs(self.model, self._to(ids), self._to(mask), batch["responses"].shape[1], 1.0)
         rmask = self._to(batch["response_mask"]).float()
-        loss = -(logp * rmask).sum() / rmask.sum().clamp(min=1)
+        tokens = all_reduce_sum([float(rmask.sum())])[0]
+        loss = -(logp * rmask).sum() / max(tokens, 1.0)
         loss.backward()
+        self.reduce_gradients()
+        loss_value = all_reduce_sum([float(loss.detach())])[0]
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.run_config.algorithm.max_grad_norm)
         optimizer.step()
-        return {"warmup/loss": float(loss.detach())}
+        return {"warmup/loss": loss_value}
+
+    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, full tensor on CPU)`` of every parameter; sharded subclasses gather here."""
+        for name, param in self.model.named_parameters():
+            yield name, param.detach().cpu()
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         bucket, size = [], 0
-        for name, param in self.model.named_parameters():
-            tensor = param.detach().cpu()
+        for name, tensor in self.full_parameters():
             bucket.append((name, tensor))
             size += tensor.numel() * tensor.element_size()
             if size >= bucket_bytes:
@@ -210,6 +269,8 @@ class HFTrainStrategy(_Optimizing, _HFBase, TrainStrategy):
             yield bucket
 
     def save_checkpoint(self, path: str) -> None:
+        if rank_world()[0] != 0:  # replicas are identical: rank 0 writes for all
+            return
         path = Path(path)
         self.model.save_pretrained(path / "model", safe_serialization=True)
         torch.save(
@@ -226,7 +287,7 @@ class HFTrainStrategy(_Optimizing, _HFBase, TrainStrategy):
         self.generator.set_state(state["generator"])
 
 
-class HFCriticStrategy(_Optimizing, CriticStrategy):
+class HFCriticStrategy(_Optimizing, _Offloading, CriticStrategy):
     """PPO's value model: the policy checkpoint loaded as ``AutoModelForTokenClassification`` with one
     label, so the backbone starts from the policy and a fresh linear head gives ``V(s_t)`` per token.
     Checkpoints stay plain Hugging Face directories."""
@@ -278,6 +339,8 @@ class HFCriticStrategy(_Optimizing, CriticStrategy):
         return self.optimize(batch)
 
     def save_checkpoint(self, path: str) -> None:
+        if rank_world()[0] != 0:
+            return
         path = Path(path)
         self.model.save_pretrained(path / "model", safe_serialization=True)
         torch.save({"optimizer": self.optimizer.state_dict()}, path / "train_state.pt")

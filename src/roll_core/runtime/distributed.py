@@ -1,0 +1,130 @@
+"""``torch.distributed`` for role workers: data-parallel groups and the weight-sync group.
+
+* **Data parallelism.** The workers of a trained role form one default process group (gloo on
+  CPU, nccl on GPU). Every rank computes its share of a mini-batch loss with *global* denominators
+  (summed over ranks), so summing gradients over ranks gives exactly the gradient of the whole
+  mini-batch on one worker: :func:`sum_gradients` for replicated models, FSDP2's reduce-scatter with
+  a divide factor of 1 for sharded ones.
+* **Weight sync.** Training rank 0 and every inference worker join a separate group built from its
+  own TCP store (:class:`CollectiveGroup`), since those processes share no default group. Weights
+  travel as flat byte buffers, one broadcast per bucket (:func:`pack_bucket` / :func:`unpack_bucket`).
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def node_address() -> tuple[str, int]:
+    """This process's node IP and a free TCP port on it (for a group's rendezvous)."""
+    try:
+        import ray
+
+        ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+    except ImportError:
+        ip = "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return ip, s.getsockname()[1]
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_data_parallel(address: tuple[str, int], rank: int, world: int, timeout_s: float = 1800) -> None:
+    """Join this role's process group (no-op for one worker)."""
+    if world == 1 or dist.is_initialized():
+        return
+    host, port = address
+    dist.init_process_group(default_backend(), init_method=f"tcp://{host}:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+
+
+def rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_reduce_sum(values: list[float]) -> list[float]:
+    """Sum of each value over the data-parallel ranks (the values themselves on one worker)."""
+    if rank_world()[1] == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def sum_gradients(params) -> None:
+    """All-reduce (sum) the gradients of a replicated model, coalesced into one buffer per dtype."""
+    if rank_world()[1] == 1:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for group in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in group])
+        dist.all_reduce(flat)
+        offset = 0
+        for g in group:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def _comm_device() -> torch.device:
+    return torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+class CollectiveGroup:
+    """A process group of its own (TCP store + gloo or nccl), independent of the default group, so
+    processes of different roles can broadcast to each other."""
+
+    def __init__(self, address: tuple[str, int], rank: int, size: int, backend: str = "gloo",
+                 timeout_s: float = 600, name: str = "weights"):
+        host, port = address
+        store = dist.TCPStore(host, port, size, is_master=(rank == 0), timeout=timedelta(seconds=timeout_s))
+        prefixed = dist.PrefixStore(name, store)
+        self._store = store  # the store must outlive the group
+        self.rank, self.size, self.backend = rank, size, backend
+        if backend == "nccl":
+            self.pg = dist.ProcessGroupNCCL(prefixed, rank, size)
+        else:
+            self.pg = dist.ProcessGroupGloo(prefixed, rank, size, timedelta(seconds=timeout_s))
+
+    def broadcast(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root
+        self.pg.broadcast([tensor], opts).wait()
+        return tensor
+
+
+def bucket_meta(bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple, torch.dtype]]:
+    return [(name, tuple(t.shape), t.dtype) for name, t in bucket]
+
+
+def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    """One contiguous byte buffer holding every tensor of ``bucket`` (any dtypes)."""
+    return torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in bucket])
+
+
+def unpack_bucket(flat: torch.Tensor, meta: list[tuple[str, tuple, torch.dtype]]) -> list[tuple[str, torch.Tensor]]:
+    """Inverse of :func:`pack_bucket` (views into ``flat``)."""
+    out, offset = [], 0
+    for name, shape, dtype in meta:
+        size = torch.empty((), dtype=dtype).element_size()
+        raw = flat[offset : offset + torch.Size(shape).numel() * size]
+        if offset % size:  # a view to a wider dtype needs an aligned start
+            raw = raw.clone()
+        out.append((name, raw.view(dtype).view(shape)))
+        offset += raw.numel()
+    return out
+
+
+def bucket_bytes(meta) -> int:
+    return sum(torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size() for _, shape, dtype in meta)

@@ -1,0 +1,161 @@
+"""Device mapping: which devices each role's workers run on, checked before any worker starts.
+
+A role's ``device_mapping`` lists *global* device indices. With ``G`` devices per node, device
+``d`` is local GPU ``d % G`` of node ``d // G``; nodes are ranked by the placement groups the Ray
+executor reserves (one per node, holding all its devices). Roles whose mappings overlap are
+**colocated**: they time-share the devices, and :class:`Residency` offloads one role's model and
+optimizer states before an overlapping role runs. Disjoint mappings run **disaggregated**.
+
+Rules (each violation is a config error naming the key):
+
+* a worker's devices are on one node, and no index is beyond the cluster;
+* reward roles never overlap another role (they score while the policy generates, so they
+  cannot be offloaded), and with the ``async`` scheduler actor_train and actor_infer are disjoint
+  (generation runs while the policy trains);
+* the ``local`` executor runs every role in one process: no device mappings, no data parallelism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from roll_core.errors import ConfigError
+
+_MODEL_ROLES = ("actor_train", "actor_infer", "reference", "critic")
+_TRAINED = ("actor_train", "critic")
+
+
+def _overlap(a: list[int] | None, b: list[int] | None) -> list[int]:
+    return sorted(set(a or ()) & set(b or ()))
+
+
+def check_mappings(cfg) -> None:
+    """Config-time checks (no cluster needed). Raises ``ValueError`` (reported by pydantic with the key)."""
+    roles = cfg.placed_roles()
+    mapped = {name: role.devices for name, role in roles.items() if role.devices is not None}
+    if cfg.executor == "local":
+        if mapped:
+            raise ValueError(f"roles.{next(iter(mapped))}.device_mapping needs executor: ray (the local executor "
+                             f"runs every role in the driver process)")
+        for name in _TRAINED:
+            if name in roles and roles[name].num_workers > 1:
+                raise ValueError(f"roles.{name}.num_workers > 1 (data-parallel training) needs executor: ray")
+    samples = cfg.rollout.prompts_per_step * cfg.rollout.num_return_sequences
+    for name in _TRAINED:
+        if name not in roles or roles[name].num_workers == 1:
+            continue
+        world = roles[name].num_workers
+        for what, size in (("the samples per step", samples), ("algorithm.ppo_mini_batch_size", cfg.algorithm.ppo_mini_batch_size)):
+            if size is not None and size % world:
+                raise ValueError(f"roles.{name}.num_workers ({world}) must divide {what} ({size}): every "
+                                 f"data-parallel worker takes an equal share of each mini-batch")
+    names = list(mapped)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            shared = _overlap(mapped[a], mapped[b])
+            if not shared:
+                continue
+            reward = next((n for n in (a, b) if n not in _MODEL_ROLES), None)
+            if reward is not None:
+                raise ValueError(f"roles.{reward}.device_mapping overlaps roles.{a if reward == b else b} on devices "
+                                 f"{shared}: reward workers cannot be offloaded, give them their own devices")
+            if cfg.rollout.scheduler == "async" and {a, b} == {"actor_train", "actor_infer"}:
+                raise ValueError(f"roles.actor_train and roles.actor_infer share devices {shared}, but the async "
+                                 f"scheduler generates while the policy trains: give them disjoint device_mapping")
+    per_node, nodes = cfg.runtime.num_gpus_per_node, cfg.runtime.num_nodes
+    if per_node is not None:
+        problems = cluster_problems(cfg, per_node, nodes)
+        if problems:
+            raise ValueError(problems[0])
+
+
+def cluster_problems(cfg, per_node: int, nodes: int | None) -> list[str]:
+    """Every worker's devices on one node, none beyond ``nodes * per_node``."""
+    total = None if nodes is None else nodes * per_node
+    out = []
+    for name, role in cfg.placed_roles().items():
+        for devices in role.worker_devices() or ():
+            if total is not None and max(devices) >= total:
+                out.append(f"key 'roles.{name}.device_mapping': device {max(devices)} is beyond the cluster's "
+                           f"{total} devices ({nodes} node(s) x {per_node}); valid indices are 0..{total - 1}")
+            elif len({d // per_node for d in devices}) > 1:
+                out.append(f"key 'roles.{name}.device_mapping': a worker's devices {devices} span nodes "
+                           f"({per_node} devices per node); a worker must sit on one node")
+    return out
+
+
+def check_cluster(cfg, gpus_by_node: list[int]) -> int:
+    """Check the mappings against a running cluster (devices of each node that has any); returns
+    the devices per node used to number them. Raises :class:`ConfigError` before any worker starts."""
+    if not any(role.devices is not None for role in cfg.placed_roles().values()):
+        return 0
+    gpu_nodes = [g for g in gpus_by_node if g > 0]
+    if not gpu_nodes:
+        raise ConfigError("device_mapping is set but the Ray cluster has no GPU resources; drop the mappings "
+                          "to run every role on CPU, or join a cluster with GPUs (ray.address)")
+    per_node = cfg.runtime.num_gpus_per_node or min(gpu_nodes)
+    usable = sum(1 for g in gpu_nodes if g >= per_node)
+    problems = cluster_problems(cfg, per_node, usable)
+    if problems:
+        raise ConfigError(problems[0])
+    return per_node
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """Where one worker runs: node rank and the local device ids on that node."""
+
+    node: int
+    local_devices: tuple[int, ...]
+    devices: tuple[int, ...]
+
+
+def worker_slots(role, per_node: int) -> list[WorkerSlot] | None:
+    spec = role.worker_devices()
+    if spec is None:
+        return None
+    return [WorkerSlot(d[0] // per_node, tuple(x % per_node for x in d), tuple(d)) for d in spec]
+
+
+def nodes_needed(cfg, per_node: int) -> int:
+    mapped = [d for role in cfg.placed_roles().values() for d in (role.devices or ())]
+    return (max(mapped) // per_node + 1) if mapped else 0
+
+
+def colocated(cfg) -> dict[str, set[str]]:
+    """For each model role, the other model roles that share a device with it."""
+    roles = {n: r.devices for n, r in cfg.placed_roles().items() if n in _MODEL_ROLES and r.devices is not None}
+    return {a: {b for b in roles if b != a and _overlap(roles[a], roles[b])} for a in roles}
+
+
+class Residency:
+    """Time-sharing of colocated roles: before a role runs, every *other* role that shares a device
+    with it and is on the device is offloaded (``offload`` on its workers), and the role itself is
+    reloaded if it was offloaded. Disaggregated layouts never offload anything."""
+
+    def __init__(self, executor, groups: dict, colocation: dict[str, set[str]]):
+        self.executor, self.groups, self.colocation = executor, groups, colocation
+        self.offloaded: set[str] = set()
+        self.counts = {"offloads": 0, "reloads": 0}
+        self.seconds = 0.0
+
+    def use(self, *roles: str) -> None:
+        import time
+
+        t0 = time.perf_counter()
+        evict = {o for r in roles for o in self.colocation.get(r, ())} - set(roles) - self.offloaded
+        futures = [f for o in sorted(evict) if o in self.groups for f in self.groups[o].call("offload")]
+        back = [r for r in roles if r in self.offloaded]
+        futures += [f for r in back for f in self.groups[r].call("reload")]
+        if futures:
+            self.executor.get(futures)
+        self.offloaded = (self.offloaded | evict) - set(back)
+        self.counts["offloads"] += len(evict)
+        self.counts["reloads"] += len(back)
+        self.seconds += time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        if not self.colocation or not any(self.colocation.values()):
+            return {}
+        return {"colocation/offloads": float(self.counts["offloads"]), "colocation/reloads": float(self.counts["reloads"]),
+                "time/offload_s": self.seconds}

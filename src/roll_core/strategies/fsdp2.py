@@ -1,0 +1,83 @@
+"""``fsdp2``: the ``hf`` training strategy with its model sharded by torch's FSDP2 (``fully_shard``).
+
+Each decoder layer (the model's ``_no_split_modules``) and then the whole model become FSDP units
+over the role's data-parallel group: parameters, gradients and Adam moments are split across the
+workers, and each forward/backward gathers a unit's parameters only while it runs. It runs over
+gloo on CPU processes (what the tests do here) and over nccl on GPUs.
+
+The loss arithmetic is the ``hf`` strategy's: every rank scales its share by global denominators,
+so FSDP2's reduce-scatter must *sum* gradients (divide factor 1), not average them. Full weights
+(for weight sync and Hugging Face checkpoints) are gathered with collectives on every rank.
+
+Use it: ``roles.actor_train.strategy=fsdp2 roles.actor_train.num_workers=2``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from roll_core.runtime.distributed import default_backend, node_address, rank_world
+from roll_core.strategies.hf import HFTrainStrategy, _load_model
+
+
+class FSDP2TrainStrategy(HFTrainStrategy):
+    """AdamW over FSDP2-sharded parameters (one shard per data-parallel rank)."""
+
+    def prepare_model(self) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        if not dist.is_initialized():  # one worker: a group of one, so the same code path runs
+            host, port = node_address()
+            dist.init_process_group(default_backend(), init_method=f"tcp://{host}:{port}", rank=0, world_size=1)
+        mesh = init_device_mesh(self.device.type, (rank_world()[1],))
+        unit_names = set(getattr(self.model, "_no_split_modules", None) or ())
+        for module in self.model.modules():
+            if type(module).__name__ in unit_names:
+                fully_shard(module, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):  # the settings are per FSDP unit
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+
+    def reduce_gradients(self) -> None:
+        """FSDP2's reduce-scatter already summed the gradient shards during backward."""
+
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in self.model.named_parameters():
+            yield name, param.detach().full_tensor().cpu()  # a collective: every rank takes part
+
+    def save_checkpoint(self, path: str) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        model_state = self._full_state_dict()
+        optim_state = get_optimizer_state_dict(self.model, self.optimizer,
+                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank_world()[0] == 0:
+            path = Path(path)
+            self.model.save_pretrained(path / "model", state_dict=model_state, safe_serialization=True)
+            torch.save({"optimizer": optim_state, "generator": self.generator.get_state()}, path / "train_state.pt")
+        dist.barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        path = Path(path)
+        full = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, _load_model(str(path / "model")).state_dict(), options=full)
+        state = torch.load(path / "train_state.pt", weights_only=False)
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"], options=full)
+        self.generator.set_state(state["generator"])

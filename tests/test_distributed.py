@@ -1,0 +1,217 @@
+"""The distributed runtime on Ray: data-parallel training (``hf`` and ``fsdp2`` over gloo), a
+simulated 2-node cluster with 8 declared GPUs per node, and collective weight sync."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from roll_core.config import load_config
+from roll_core.strategies.hf import HFTrainStrategy
+from test_grad_accumulation import make_batch
+
+pytestmark = pytest.mark.ray
+
+DP = ["executor=ray", "rollout.prompts_per_step=2", "rollout.num_return_sequences=4", "rollout.max_new_tokens=5",
+      "algorithm.ppo_mini_batch_size=4", "algorithm.kl_loss_coef=0.1", "algorithm.entropy_coef=0.01",
+      "roles.actor_train.micro_batch_size=1"]
+
+
+def _params_after_ray_step(model_path, cfg, batch, world):
+    """One train_step on ``world`` Ray workers of a role, through the pipeline's own dispatch."""
+    import ray
+
+    from roll_core.data import dp_shards
+    from roll_core.runtime.executor import RayExecutor
+    from roll_core.runtime.workers import RoleWorker
+
+    executor = RayExecutor(num_cpus=2, timeout_s=300)
+    try:
+        role = cfg.roles.actor_train
+        group = executor.spawn("actor_train", RoleWorker, [("actor_train", "train", model_path, role, cfg, 0)] * world)
+        address = executor.get(group.call("node_address"))[0]
+        executor.get([executor.invoke(h, "setup", (address, r, world), {}) for r, h in enumerate(group.handles)])
+        metrics = executor.get(group.map("train_step", dp_shards(batch, world, cfg.algorithm.ppo_mini_batch_size)))
+        buckets = executor.get(group.call("weight_bucket_list", 1 << 30))
+        return metrics, [dict(b for bucket in rank for b in bucket) for rank in buckets]
+    finally:
+        executor.shutdown()
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("strategy", ["hf", "fsdp2"])
+def test_two_data_parallel_workers_match_one_worker_on_the_whole_batch(tiny_model_path, strategy):
+    cfg = load_config(None, DP + [f"roles.actor_train.strategy={strategy}", "roles.actor_train.num_workers=2"])
+    one_cfg = load_config(None, DP)
+    single = HFTrainStrategy(str(tiny_model_path), one_cfg.roles.actor_train, one_cfg, seed=0)
+    batch = make_batch(single.model.config.vocab_size)
+    before = {n: p.detach().clone() for n, p in single.model.named_parameters()}
+    expected_metrics = single.train_step(batch)  # two mini-batches of 4: two optimizer steps
+    expected = {n: p.detach() for n, p in single.model.named_parameters()}
+
+    metrics, ranks = _params_after_ray_step(str(tiny_model_path), cfg, batch, world=2)
+    assert len(ranks) == 2
+    for params in ranks:  # every rank ends with the same full weights
+        assert params.keys() == expected.keys()
+        for name, value in params.items():
+            torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    moved = max(float((expected[n] - before[n]).abs().max()) for n in expected)
+    assert moved > 1e-4  # the step really changed the weights
+    for key in ("train/pg_loss", "train/kl", "train/entropy", "train/grad_norm"):
+        assert metrics[0][key] == pytest.approx(expected_metrics[key], rel=1e-4, abs=1e-6), key
+
+
+def _cli(run_dir, *overrides):
+    return [sys.executable, "-m", "roll_core.cli", "run", f"output_dir={run_dir}", "warmup.steps=20",
+            "rollout.prompts_per_step=4", "rollout.num_return_sequences=4", "trainer.eval_every=0",
+            "data.eval_size=16", "trackers=[jsonl]", "torch_threads=1", *overrides]
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def two_gpu_nodes():
+    """A Ray cluster on this machine: a head without GPUs and two nodes declaring 8 GPUs each."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    nodes = [cluster.add_node(num_cpus=1, num_gpus=8) for _ in range(2)]
+    cluster.wait_for_nodes()
+    yield cluster.address, {n.node_id for n in nodes}
+    cluster.shutdown()
+
+
+LAYOUTS = {
+    # actor_train (FSDP2 over two workers) and actor_infer share node 0's first two GPUs
+    # (time-shared through offload),
+    # the reference sits next to them and the reward on node 1.
+    "colocated": ["roles.actor_train.strategy=fsdp2",
+                  "roles.actor_train.device_mapping=[0,1]", "roles.actor_infer.device_mapping=[0,1]",
+                  "roles.reference.device_mapping=[2]", "roles.reward.device_mapping=[8]"],
+    # every role on its own GPUs, the inference workers on the second node.
+    "disaggregated": ["roles.actor_train.device_mapping=[0,1]", "roles.actor_infer.device_mapping=[8,9]",
+                      "roles.reference.device_mapping=[2]", "roles.reward.device_mapping=[10]"],
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_roles_land_where_the_mapping_says_on_a_two_node_cluster(two_gpu_nodes, tmp_path, layout):
+    address, gpu_nodes = two_gpu_nodes
+    run_dir = tmp_path / layout
+    out = subprocess.run(_cli(run_dir, f"ray.address={address}", "trainer.max_steps=2", *LAYOUTS[layout]),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    placement = json.loads((run_dir / "placement.json").read_text())
+    nodes = placement["nodes"]
+    assert len(nodes) == 2 and set(nodes) == gpu_nodes  # node rank -> the node its 8 devices are on
+    cfg = load_config(None, LAYOUTS[layout] + ["executor=ray"])
+    for role in ("actor_train", "actor_infer", "reference", "reward"):
+        workers = placement["roles"][role]
+        spec = getattr(cfg.roles, role).worker_devices()
+        assert len(workers) == len(spec)
+        for worker, devices in zip(workers, spec):
+            assert worker["node_id"] == nodes[devices[0] // 8], (role, worker)
+            assert worker["cuda_visible_devices"] == ",".join(str(d % 8) for d in devices), (role, worker)
+    assert len({w["pid"] for ws in placement["roles"].values() for w in ws}) == 6  # one process per worker
+    steps = _metrics(run_dir)
+    assert [m["step"] for m in steps] == [0, 1, 2]
+    assert all("train/grad_norm" in m and "train/pg_loss" in m for m in steps[1:])
+    if layout == "colocated":
+        assert "placement on 2 node(s) x 8 devices" in out.stdout and "colocated actor_infer+actor_train" in out.stdout
+        # per step: the trainer leaves for generation, then generation leaves for training
+        assert steps[-1]["colocation/offloads"] >= 2 and steps[-1]["colocation/reloads"] >= 2
+    else:
+        assert "(disaggregated)" in out.stdout
+        assert "colocation/offloads" not in steps[-1]
+
+
+def test_a_mapping_beyond_the_cluster_fails_before_any_worker_starts(two_gpu_nodes, tmp_path):
+    address, _ = two_gpu_nodes
+    out = subprocess.run(_cli(tmp_path / "run", f"ray.address={address}", "roles.actor_infer.device_mapping=[15,16]"),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    assert "key 'roles.actor_infer.device_mapping': device 16 is beyond the cluster's 16 devices" in out.stderr
+    assert not (tmp_path / "run" / "placement.json").exists()
+
+
+_KILL_INFER_BEFORE_STEP_3 = """
+import os, signal, sys
+from roll_core.pipelines.rlvr import RLVRPipeline
+
+original, calls = RLVRPipeline.rl_step, []
+
+def rl_step(self):
+    calls.append(1)
+    if len(calls) == 3:  # SIGKILL an inference worker's process, as an OOM killer would
+        os.kill(self.executor.get(self.infer.call("pid"))[0], signal.SIGKILL)
+    return original(self)
+
+RLVRPipeline.rl_step = rl_step
+from roll_core.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_killed_worker_restarts_the_run_from_its_last_checkpoint(tmp_path):
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL_INFER_BEFORE_STEP_3)
+    run_dir = tmp_path / "run"
+    # The trainer is FSDP2 over two workers, so the restart also reloads a sharded checkpoint.
+    cmd = _cli(run_dir, "trainer.max_steps=5", "trainer.save_every=2", "runtime.max_restarts=1",
+               "roles.actor_train.strategy=fsdp2", "roles.actor_train.num_workers=2")
+    out = subprocess.run([sys.executable, str(script), *cmd[3:]], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "a worker process died" in out.stdout and "Restarting every worker from the last checkpoint" in out.stdout
+    assert "resumed from" in out.stdout and "step_000002" in out.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 5 and summary["restarts"] == 1
+    assert [m["step"] for m in _metrics(run_dir)] == [0, 1, 2, 3, 4, 5]
+
+    # Without restarts the run stops with a message that says how to resume.
+    stop_dir = tmp_path / "stop"
+    cmd = _cli(stop_dir, "trainer.max_steps=5", "trainer.save_every=2", "runtime.max_restarts=0")
+    out = subprocess.run([sys.executable, str(script), *cmd[3:]], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2
+    assert "No restarts left (runtime.max_restarts=0)" in out.stderr and "step_000002" in out.stderr
+
+
+_DIE_WHILE_SAVING_STEP_4 = """
+import os, signal, sys
+from roll_core.pipelines.checkpoint import CheckpointManager
+
+original = CheckpointManager.save
+
+def save(self, step, write, state):
+    if step == 4:
+        def write_then_die(tmp):
+            write(tmp)  # the model and optimizer files are on disk, state.json is not
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, step, write_then_die, state)
+    return original(self, step, write, state)
+
+CheckpointManager.save = save
+from roll_core.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_dying_while_saving_leaves_the_previous_checkpoint_loadable(tmp_path):
+    script = tmp_path / "die.py"
+    script.write_text(_DIE_WHILE_SAVING_STEP_4)
+    run_dir = tmp_path / "run"
+    cmd = _cli(run_dir, "executor=local", "trainer.max_steps=4", "trainer.save_every=2")
+    out = subprocess.run([sys.executable, str(script), *cmd[3:]], capture_output=True, text=True, timeout=600)
+    assert out.returncode == -9
+    ckpts = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir() if ".tmp-" not in p.name) == ["step_000000", "step_000002"]
+    assert any(".tmp-" in p.name for p in ckpts.iterdir())  # the half-written one
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resumed from {ckpts / 'step_000002'} at step 2" in out.stdout
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000002", "step_000004"]  # leftover removed

@@ -1,0 +1,102 @@
+"""Device mappings are checked before anything starts, and colocated roles time-share devices."""
+
+import pytest
+import torch
+
+from roll_core.config import load_config
+from roll_core.data import Batch, dp_shards
+from roll_core.errors import ConfigError
+from roll_core.runtime.executor import LocalExecutor
+from roll_core.runtime.placement import Residency, check_cluster, colocated, nodes_needed, worker_slots
+
+RAY = ["executor=ray"]
+
+
+def test_mapping_as_list_or_range_fixes_the_workers():
+    cfg = load_config(None, RAY + ["roles.actor_train.device_mapping=[0,1,2,3]",
+                                   "roles.actor_infer.device_mapping={start: 4, stop: 8}",
+                                   "roles.actor_infer.num_devices_per_worker=2"])
+    assert cfg.roles.actor_train.num_workers == 4
+    assert cfg.roles.actor_infer.num_workers == 2
+    assert cfg.roles.actor_infer.worker_devices() == [[4, 5], [6, 7]]
+    slots = worker_slots(cfg.roles.actor_infer, per_node=4)
+    assert [(s.node, s.local_devices) for s in slots] == [(1, (0, 1)), (1, (2, 3))]
+    assert nodes_needed(cfg, per_node=4) == 2
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["roles.actor_train.device_mapping=[0,1,1]"], "lists devices [1] twice"),
+    (["roles.actor_infer.device_mapping=[0,1,2]", "roles.actor_infer.num_devices_per_worker=2"],
+     "does not divide into workers"),
+    (["roles.actor_infer.device_mapping=[0,1]", "roles.actor_infer.num_workers=3"], "makes 2 workers"),
+    (["roles.actor_train.device_mapping=[0,1]", "roles.reward.device_mapping=[1]"],
+     "roles.reward.device_mapping overlaps roles.actor_train on devices [1]"),
+    (["roles.actor_train.device_mapping=[0,1]", "roles.actor_infer.device_mapping=[1,2]",
+      "rollout.scheduler=async", "rollout.async_generation_ratio=1"], "disjoint device_mapping"),
+    (["executor=local", "roles.actor_infer.device_mapping=[0]"], "needs executor: ray"),
+    (["executor=local", "roles.actor_train.num_workers=2"], "data-parallel training) needs executor: ray"),
+    (["roles.actor_train.num_workers=3"], "must divide the samples per step"),
+    (["roles.actor_train.num_workers=2", "algorithm.ppo_mini_batch_size=32", "rollout.prompts_per_step=33"],
+     "must divide the samples per step"),
+    (["roles.actor_train.device_mapping=[0,1,2,3]", "runtime.num_gpus_per_node=2", "runtime.num_nodes=1"],
+     "device 2 is beyond the cluster's 2 devices"),
+    (["roles.actor_infer.device_mapping=[6,7,8,9]", "roles.actor_infer.num_devices_per_worker=4",
+      "runtime.num_gpus_per_node=8"], "span nodes"),
+    (["roles.actor_train.device_mapping=[]"], "device_mapping is empty"),
+])
+def test_bad_mappings_are_config_errors_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, RAY + overrides)
+    assert message in str(err.value)
+
+
+def test_mapping_is_checked_against_the_running_cluster():
+    cfg = load_config(None, RAY + ["roles.actor_train.device_mapping=[0,1]", "roles.actor_infer.device_mapping=[8,9]",
+                                   "roles.reward.device_mapping=[16]"])
+    assert check_cluster(cfg, [0, 8, 8, 8]) == 8  # a head without GPUs and three 8-GPU nodes
+    with pytest.raises(ConfigError, match="device 16 is beyond the cluster's 16 devices"):
+        check_cluster(cfg, [0, 8, 8])
+    with pytest.raises(ConfigError, match="has no GPU resources"):
+        check_cluster(cfg, [0, 0])
+    assert check_cluster(load_config(None, RAY), [0]) == 0  # no mappings: nothing to check
+
+
+def test_colocation_is_read_from_overlapping_mappings():
+    cfg = load_config(None, RAY + ["roles.actor_train.device_mapping=[0,1]", "roles.actor_infer.device_mapping=[1,2]",
+                                   "roles.reference.device_mapping=[3]"])
+    assert colocated(cfg) == {"actor_train": {"actor_infer"}, "actor_infer": {"actor_train"}, "reference": set()}
+
+
+class _Recorder:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def offload(self):
+        self.log.append(("offload", self.name))
+
+    def reload(self):
+        self.log.append(("reload", self.name))
+
+
+def test_residency_offloads_the_other_colocated_role_and_reloads_on_use():
+    log: list = []
+    ex = LocalExecutor()
+    groups = {n: ex.spawn(n, _Recorder, [(log, n)]) for n in ("actor_train", "actor_infer", "reference")}
+    r = Residency(ex, groups, {"actor_train": {"actor_infer"}, "actor_infer": {"actor_train"}, "reference": set()})
+    r.use("actor_infer")                   # generation: the trainer leaves the devices
+    r.use("reference")                     # disjoint: nothing moves
+    r.use("actor_train")                   # training: generation leaves, the trainer comes back
+    r.use("actor_train", "actor_infer")    # weight sync needs both
+    assert log == [("offload", "actor_train"),
+                   ("offload", "actor_infer"), ("reload", "actor_train"),
+                   ("reload", "actor_infer")]
+    assert r.metrics()["colocation/offloads"] == 2 and r.metrics()["colocation/reloads"] == 2
+    assert Residency(ex, groups, {}).metrics() == {}
+
+
+def test_dp_shards_give_each_rank_its_part_of_every_mini_batch():
+    batch = Batch({"x": torch.arange(8)})
+    shards = dp_shards(batch, 2, mini_batch_size=4)
+    assert [s["x"].tolist() for s in shards] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [s["x"].tolist() for s in dp_shards(batch, 2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert dp_shards(batch, 1)[0] is batch
