@@ -215,3 +215,31 @@ def test_dying_while_saving_leaves_the_previous_checkpoint_loadable(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"resumed from {ckpts / 'step_000002'} at step 2" in out.stdout
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_000002", "step_000004"]  # leftover removed
+
+
+def test_engines_with_concurrent_requests_get_workers_that_overlap_calls():
+    """``InferStrategy.concurrent_requests``: the worker runs up to max_running_requests calls at once."""
+    import ray
+
+    from roll_core.runtime.executor import RayExecutor
+    from roll_core.strategies.hf import HFInferStrategy
+
+    assert HFInferStrategy.concurrent_requests is False  # batch-at-a-time: calls stay ordered
+
+    class _Sleeper:  # defined here so that Ray ships it by value
+        def nap(self, seconds):
+            import time
+
+            t0 = time.perf_counter()
+            time.sleep(seconds)
+            return t0, time.perf_counter()
+
+    executor = RayExecutor(num_cpus=2, timeout_s=60)
+    try:
+        for concurrency, overlap in ((1, False), (2, True)):
+            group = executor.spawn("sleepers", _Sleeper, [()], concurrency=concurrency)
+            (a0, a1), (b0, b1) = executor.get([executor.invoke(group.handles[0], "nap", (0.5,), {}) for _ in range(2)])
+            assert (max(a0, b0) < min(a1, b1)) is overlap
+    finally:
+        executor.shutdown()
+        ray.shutdown()

@@ -33,6 +33,13 @@ class Colocatable:
 class InferStrategy(Colocatable, ABC):
     """Generation and log-probs. Constructed as ``cls(model_path, role_config, run_config, seed)``."""
 
+    #: An engine that batches concurrent requests itself (continuous batching, as vLLM and SGLang
+    #: do) sets this: its workers then run up to ``rollout.max_running_requests`` calls at once
+    #: (threads of one Ray actor), so a short request returns while a long one still decodes.
+    #: Calls are then no longer ordered on the worker: ``load_weights`` must wait for the requests
+    #: already running and hold back new ones until it is done.
+    concurrent_requests: bool = False
+
     @abstractmethod
     def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
         """Add ``responses``, ``response_mask`` and ``infer_log_probs`` ``[B, R]`` to ``batch``

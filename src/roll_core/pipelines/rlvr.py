@@ -142,11 +142,11 @@ class RLVRPipeline(Pipeline):
             mode = "colocated " + ", ".join("+".join(p) for p in pairs) if pairs else "disaggregated"
             print(f"placement on {len(self.node_ids)} node(s) x {self.per_node} devices: {layout} ({mode})", flush=True)
 
-    def _start(self, name: str, cls: type, args_per_worker: list[tuple], role_cfg):
+    def _start(self, name: str, cls: type, args_per_worker: list[tuple], role_cfg, concurrency: int = 1):
         """Spawn a role's workers where its device mapping says (CPU workers without one)."""
         slots = worker_slots(role_cfg, self.per_node) if self.per_node and role_cfg.devices else None
         args = [(*a, slots[i].local_devices if slots else None) for i, a in enumerate(args_per_worker)]
-        group = self.executor.spawn(name, cls, args, slots)
+        group = self.executor.spawn(name, cls, args, slots, concurrency=concurrency)
         self.groups[name] = group
         return group
 
@@ -167,6 +167,8 @@ class RLVRPipeline(Pipeline):
             "actor_infer", RoleWorker,
             [("actor_infer", "infer", model_path, roles.actor_infer, cfg, seed + 1000 + r)
              for r in range(roles.actor_infer.num_workers)], roles.actor_infer,
+            concurrency=cfg.rollout.max_running_requests if getattr(
+                self.plugins.registry("infer_strategies").get(roles.actor_infer.strategy), "concurrent_requests", False) else 1,
         )
         default = self._start("reward", RewardWorker,
                               [([(roles.reward.name, roles.reward.options, 1.0)], cfg)

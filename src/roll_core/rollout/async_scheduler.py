@@ -30,7 +30,10 @@ the batch for off-policy corrections (``policy_loss: tis``).
 
 Requests are groups, not single samples: the ``hf`` strategy generates a batch in one pass, so one
 request per sample would multiply its cost. Engines with continuous batching (vLLM, SGLang) are where
-``request_size`` = ``num_return_sequences`` pays off.
+``request_size`` = ``num_return_sequences`` pays off: a strategy that declares
+``concurrent_requests`` gets workers that run ``max_running_requests`` requests at once, so a short
+group returns while a long one still decodes (``benchmarks/bench_long_tail.py`` measures this with
+long-tailed lengths).
 """
 
 from __future__ import annotations

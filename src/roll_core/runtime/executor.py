@@ -50,9 +50,10 @@ class Executor(ABC):
     name: str
 
     @abstractmethod
-    def spawn(self, role: str, cls: type, args_per_worker: list[tuple], slots: list | None = None) -> WorkerGroup:
+    def spawn(self, role: str, cls: type, args_per_worker: list[tuple], slots: list | None = None,
+              concurrency: int = 1) -> WorkerGroup:
         """One worker per entry of ``args_per_worker``; ``slots`` (:class:`~roll_core.runtime.placement.WorkerSlot`)
-        say on which node each one runs."""
+        say on which node each one runs; ``concurrency`` calls may run at once on a worker."""
 
     @abstractmethod
     def invoke(self, handle, method: str, args: tuple, kwargs: dict) -> Any: ...
@@ -84,7 +85,7 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def spawn(self, role, cls, args_per_worker, slots=None):
+    def spawn(self, role, cls, args_per_worker, slots=None, concurrency=1):
         return WorkerGroup(role, [cls(*args) for args in args_per_worker], self)
 
     def invoke(self, handle, method, args, kwargs):
@@ -120,14 +121,14 @@ class RayExecutor(Executor):
                                                   if k.startswith("ROLL_") or k == "PYTHONPATH"}}
             ray.init(**kwargs)
 
-    def spawn(self, role, cls, args_per_worker, slots=None):
+    def spawn(self, role, cls, args_per_worker, slots=None, concurrency=1):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         # CPU workers need no resources (num_cpus=0), so every role fits on a small machine.
         remote_cls = self.ray.remote(num_cpus=0)(cls)
         handles = []
         for i, args in enumerate(args_per_worker):
-            options: dict[str, Any] = {"name": None}
+            options: dict[str, Any] = {"name": None, "max_concurrency": concurrency}
             if slots is not None:
                 slot = slots[i]
                 if slot.node >= len(self._node_groups):
