@@ -114,8 +114,13 @@ def test_async_on_ray_overlaps_and_keeps_the_bound(tiny_config):
     pipeline, steps = _run(tiny_config(*ASYNC, "executor=ray", "torch_threads=1", "rollout.async_generation_ratio=1",
                                        "roles.actor_infer.num_workers=2"),
                            before_shutdown=lambda p: pids.extend(p.executor.get(p.infer.call("pid"))))
-    for step in steps:
+    for prev, step in zip([None, *steps], steps):
         assert step["rollout/staleness_max"] <= 1
+        # per-role idle time: the trainer's within its step; the inference workers' since the last
+        # batch was handed out (at most the previous step's end and this one)
+        assert 0 <= step["time/idle/actor_train_s"] < step["time/step_s"]
+        window = step["time/step_s"] + (prev["time/step_s"] if prev else 0.0)
+        assert 0 <= step["time/idle/actor_infer_s"] <= window
     assert sum(s["rollout/staleness_1"] for s in steps) > 0
     assert pipeline.scheduler.requests == [] and pipeline.scheduler.scoring == []
     assert len(set(pids)) == 2
@@ -141,6 +146,16 @@ def test_oversubscribed_cpu_cores_are_warned_about(capsys, monkeypatch):
     assert "Set torch_threads=1 or fewer" in capsys.readouterr().out
     _warn_if_oversubscribed(load_and_check(None, ["rollout.scheduler=async", "torch_threads=1"]))
     assert capsys.readouterr().out == ""
+
+
+def test_async_workers_wait_passively_unless_the_user_chose_a_policy(monkeypatch):
+    from roll_core.runtime.executor import _worker_env
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert _worker_env(load_and_check(None, ["rollout.scheduler=async"])) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert _worker_env(load_and_check(None, [])) == {}  # sync: spinning is faster there
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert _worker_env(load_and_check(None, ["rollout.scheduler=async"])) == {}
 
 
 def test_a_stalled_scheduler_raises_instead_of_spinning():

@@ -377,7 +377,9 @@ class RLVRPipeline(Pipeline):
             batch.update(ref_log_probs=ref)
             if ref_dist is not None:
                 batch.update(ref_log_dist=ref_dist)
+        t_old = time.perf_counter()
         old, old_dist = self._log_probs(self.actor, batch, distribution=dist_penalty)
+        t_old = time.perf_counter() - t_old
         batch.update(old_log_probs=old)
         if old_dist is not None:
             batch.update(old_log_dist=old_dist)
@@ -412,6 +414,11 @@ class RLVRPipeline(Pipeline):
             "time/step_s": time.perf_counter() - t0,
             **self.residency.metrics(),
         })
+        # Idle time of each role in this step: the trainer works on the old log-probs and the
+        # update; generation, outside a streaming scheduler, only during the rollout.
+        metrics["time/idle/actor_train_s"] = max(0.0, metrics["time/step_s"] - t_train - t_old)
+        if not self.streaming and "time/generate_s" in metrics:
+            metrics["time/idle/actor_infer_s"] = max(0.0, metrics["time/step_s"] - metrics["time/generate_s"])
         return metrics
 
     def _train(self, group, batch: Batch) -> list:
@@ -565,8 +572,9 @@ class RLVRPipeline(Pipeline):
 
 def _warn_if_oversubscribed(cfg) -> None:
     """Asynchronous training runs generation and training at once. On CPU workers with more intra-op
-    threads than cores between them, both slow down several-fold (measured: training 6x slower with
-    2 + 2 threads on 2 cores); say so instead of letting the run look broken."""
+    threads than cores between them, both slow down (measured on 2 cores with 2 + 2 threads: a step
+    4x slower with OpenMP's spinning waits, which the Ray executor now turns off for streaming
+    schedulers, and still 1.1x slower without them); say so instead of letting the run look slow."""
     import os
 
     if cfg.executor != "ray" or torch.cuda.is_available():

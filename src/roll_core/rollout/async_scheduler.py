@@ -95,6 +95,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         self.max_filtered = config.algorithm.dynamic_sampling.max_rounds * self.want
         self._cursor = 0
         self.accepting = True
+        self._idle_since: dict[int, float] = {w: time.perf_counter() for w in range(len(self.infer))}
         self._reset_step_stats()
 
     # ------------------------------------------------------------------------------------------
@@ -133,6 +134,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
             future = self.executor.invoke(self.infer.handles[worker], "generate", (batch,),
                                           self._sampling(self.config.rollout.temperature))
             self.requests.append(_Request(future, worker, self.version, groups))
+            self._mark_busy(worker)
             self._cursor = (worker + 1) % len(self.infer)
             running[worker] += 1
             budget -= n
@@ -155,6 +157,8 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         finished = [q for k, q in enumerate(self.requests) if k in ready]
         self.requests = [q for k, q in enumerate(self.requests) if k not in ready]
         for q in finished:
+            if not any(r.worker == q.worker for r in self.requests):
+                self._idle_since.setdefault(q.worker, time.perf_counter())
             part, samples = self._finish_request(self.executor.get(q.future))
             self.scoring.append(_Scoring(self.reward.submit(samples), part, q.version, q.groups, set()))
         for j, (s, k, _) in enumerate(rew):
@@ -198,6 +202,9 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         """The next ``prompts_per_step`` complete, fresh-enough groups (blocks until there are)."""
         t0 = time.perf_counter()
         step = self.steps_started + 1
+        if step == 1:  # idle time is counted from the first request on, not from the warm-up
+            self._idle_since = {w: t0 for w in self._idle_since}
+            self.stats["time/idle/actor_infer_s"] = 0.0
         chosen = self.chosen
         fallback = 0
         while len(chosen) < self.want:
@@ -260,13 +267,29 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
     # ------------------------------------------------------------------------------------------
     # metrics
     # ------------------------------------------------------------------------------------------
+    def _mark_busy(self, worker: int) -> None:
+        start = self._idle_since.pop(worker, None)
+        if start is not None:
+            self.stats["time/idle/actor_infer_s"] += time.perf_counter() - start
+
+    def _idle_metric(self) -> float:
+        """Mean seconds per inference worker since the last batch with no request queued on it
+        (as the controller sees it: a request counts from its submission to its result)."""
+        now = time.perf_counter()
+        for worker, start in self._idle_since.items():  # close the open intervals at the step boundary
+            self.stats["time/idle/actor_infer_s"] += now - start
+            self._idle_since[worker] = now
+        return self.stats["time/idle/actor_infer_s"] / len(self.infer)
+
     def _reset_step_stats(self) -> None:
-        self.stats = Counter({"time/driver_wait_s": 0.0, "time/reward_s": 0.0, "rollout/filtered_groups": 0,
+        self.stats = Counter({"time/driver_wait_s": 0.0, "time/reward_s": 0.0, "time/idle/actor_infer_s": 0.0,
+                              "rollout/filtered_groups": 0,
                               "rollout/dropped_stale_groups": 0, "rollout/aborted_groups": 0})
         self._scores: list[torch.Tensor] = []
 
     def _step_metrics(self, staleness: list[int]) -> dict[str, float]:
         scores = self._scores
+        self.stats["time/idle/actor_infer_s"] = self._idle_metric()
         out = {k: float(v) for k, v in self.stats.items()}
         hist = Counter(staleness)
         out.update({f"rollout/staleness_{k}": float(hist.get(k, 0)) for k in range(self.max_stale + 1)})
