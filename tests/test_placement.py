@@ -35,6 +35,7 @@ def test_mapping_as_list_or_range_fixes_the_workers():
       "rollout.scheduler=async", "rollout.async_generation_ratio=1"], "disjoint device_mapping"),
     (["executor=local", "roles.actor_infer.device_mapping=[0]"], "needs executor: ray"),
     (["executor=local", "roles.actor_train.num_workers=2"], "data-parallel training) needs executor: ray"),
+    (["executor=local", "runtime.weight_sync=collective"], "collective needs executor: ray"),
     (["roles.actor_train.num_workers=3"], "must divide the samples per step"),
     (["roles.actor_train.num_workers=2", "algorithm.ppo_mini_batch_size=32", "rollout.prompts_per_step=33"],
      "must divide the samples per step"),

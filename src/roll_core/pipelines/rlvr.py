@@ -219,9 +219,6 @@ class RLVRPipeline(Pipeline):
         mode = cfg.weight_sync
         if mode == "auto":
             mode = "collective" if self.config.executor == "ray" and not self.streaming else "object_store"
-        if mode == "collective" and self.config.executor != "ray":
-            raise ConfigError("key 'runtime.weight_sync': collective needs executor: ray (the local executor "
-                              "runs every worker in one process); use object_store or auto")
         self.weight_sync = mode
         self.bucket_bytes = int(cfg.weight_bucket_mb * 2**20)
         if mode != "collective":

@@ -40,6 +40,9 @@ def check_mappings(cfg) -> None:
         for name in _TRAINED:
             if name in roles and roles[name].num_workers > 1:
                 raise ValueError(f"roles.{name}.num_workers > 1 (data-parallel training) needs executor: ray")
+        if cfg.runtime.weight_sync == "collective":
+            raise ValueError("runtime.weight_sync: collective needs executor: ray (the local executor runs every "
+                             "worker in one process); use object_store or auto")
     samples = cfg.rollout.prompts_per_step * cfg.rollout.num_return_sequences
     for name in _TRAINED:
         if name not in roles or roles[name].num_workers == 1:
