@@ -39,6 +39,7 @@ def main() -> None:
 
     from roll_core.config import load_config
     from roll_core.embedded.model import TinyModelConfig, build_tiny_model
+    from roll_core.runtime import distributed
     from roll_core.runtime.executor import RayExecutor
     from roll_core.runtime.workers import RoleWorker
 
@@ -58,8 +59,7 @@ def main() -> None:
         executor.get([executor.invoke(h, "join_weight_group", (address, r, len(members), "gloo"), {})
                       for r, h in enumerate(members)])
         meta = executor.get(train.call("weight_meta", bucket_bytes))[0]
-        nbytes = sum(t.numel() * t.element_size() for b in meta for _, s, d in b
-                     for t in [torch.empty(s, dtype=d, device="meta")])
+        nbytes = sum(distributed.bucket_bytes(b) for b in meta)
 
         def collective():
             executor.get(train.call("send_weights", bucket_bytes) + infer.call("receive_weights", meta))

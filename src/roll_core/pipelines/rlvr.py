@@ -166,9 +166,7 @@ class RLVRPipeline(Pipeline):
         self.infer = self._start(
             "actor_infer", RoleWorker,
             [("actor_infer", "infer", model_path, roles.actor_infer, cfg, seed + 1000 + r)
-             for r in range(roles.actor_infer.num_workers)], roles.actor_infer,
-            concurrency=cfg.rollout.max_running_requests if getattr(
-                self.plugins.registry("infer_strategies").get(roles.actor_infer.strategy), "concurrent_requests", False) else 1,
+             for r in range(roles.actor_infer.num_workers)], roles.actor_infer, concurrency=self._infer_concurrency(),
         )
         default = self._start("reward", RewardWorker,
                               [([(roles.reward.name, roles.reward.options, 1.0)], cfg)
@@ -187,6 +185,15 @@ class RLVRPipeline(Pipeline):
         self.critic = None
         self.residency = Residency(self.executor, self.groups, colocated(cfg))
         self._setup_weight_sync()
+
+    def _infer_concurrency(self) -> int:
+        """Calls at once per inference worker: ``max_running_requests`` for engines that batch
+        concurrent requests themselves (``InferStrategy.concurrent_requests``), else one."""
+        strategy = self.plugins.registry("infer_strategies").get(self.config.roles.actor_infer.strategy)
+        return self.config.rollout.max_running_requests if getattr(strategy, "concurrent_requests", False) else 1
+
+    def _trained_roles(self) -> tuple[str, ...]:
+        return ("actor_train", "critic") if self.critic is not None else ("actor_train",)
 
     def _spawn_policy_copies(self, model_path: str) -> None:
         """Roles that start from the policy RL begins with (the warmed-up model): reference, critic."""
@@ -388,7 +395,7 @@ class RLVRPipeline(Pipeline):
         if not dist_loss:
             batch.tensors.pop("ref_log_dist", None)
         t1 = time.perf_counter()
-        self.residency.use("actor_train", *(("critic",) if self.critic is not None else ()))
+        self.residency.use(*self._trained_roles())
         pending_critic = self._train(self.critic, batch) if self.critic is not None else None
         pending_actor = self._train(self.actor, batch)
         if self.streaming:  # generation and scoring go on while the policy trains
@@ -432,7 +439,7 @@ class RLVRPipeline(Pipeline):
     # ------------------------------------------------------------------------------------------
     def save(self, step: int) -> Path:
         def write(tmp: Path) -> None:
-            self.residency.use("actor_train", *(("critic",) if self.critic is not None else ()))
+            self.residency.use(*self._trained_roles())
             self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
             if self.critic is not None:
                 self.executor.get(self.critic.call("save_checkpoint", str(tmp / "critic")))

@@ -117,7 +117,7 @@ def unpack_bucket(flat: torch.Tensor, meta: list[tuple[str, tuple, torch.dtype]]
     """Inverse of :func:`pack_bucket` (views into ``flat``)."""
     out, offset = [], 0
     for name, shape, dtype in meta:
-        size = torch.empty((), dtype=dtype).element_size()
+        size = dtype.itemsize
         raw = flat[offset : offset + torch.Size(shape).numel() * size]
         if offset % size:  # a view to a wider dtype needs an aligned start
             raw = raw.clone()
@@ -127,4 +127,5 @@ def unpack_bucket(flat: torch.Tensor, meta: list[tuple[str, tuple, torch.dtype]]
 
 
 def bucket_bytes(meta) -> int:
-    return sum(torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size() for _, shape, dtype in meta)
+    """Bytes of one packed bucket described by ``meta`` (see :func:`bucket_meta`)."""
+    return sum(torch.Size(shape).numel() * dtype.itemsize for _, shape, dtype in meta)

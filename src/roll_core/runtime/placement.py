@@ -110,14 +110,13 @@ class WorkerSlot:
 
     node: int
     local_devices: tuple[int, ...]
-    devices: tuple[int, ...]
 
 
 def worker_slots(role, per_node: int) -> list[WorkerSlot] | None:
     spec = role.worker_devices()
     if spec is None:
         return None
-    return [WorkerSlot(d[0] // per_node, tuple(x % per_node for x in d), tuple(d)) for d in spec]
+    return [WorkerSlot(d[0] // per_node, tuple(x % per_node for x in d)) for d in spec]
 
 
 def nodes_needed(cfg, per_node: int) -> int:
