@@ -19,6 +19,9 @@ Settings (one seed, ``--steps`` RL steps each, throughput over the steps after t
   the first groups to finish (stragglers are dropped when the weights change).
 * ``async r=1``: generation of step n+1 runs while step n trains (staleness <= 1).
 * ``async r=1 +redundant``: both.
+* ``async r=1 +redundant, per sample``: both, with every sample its own request
+  (``request_size=1``, 64 requests in flight per worker): an engine slot frees as soon as its sample
+  ends instead of when the longest sample of its group does.
 
     python benchmarks/bench_long_tail.py [--steps 12] [--ms-per-token 40] [--median 6] [--sigma 1.0]
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -43,6 +47,7 @@ import torch
 
 from roll_core import hookimpl
 from roll_core.strategies.hf import HFInferStrategy
+from roll_core.strategy import request_cancelled
 
 
 class SimEngine(HFInferStrategy):
@@ -55,7 +60,10 @@ class SimEngine(HFInferStrategy):
         lengths = (torch.randn(n, generator=g) * sigma + mu).exp().round().clamp(1, max_new_tokens).long()
         if temperature == 0:  # evaluation: short, fixed answers
             lengths = torch.ones(n, dtype=torch.long)
-        time.sleep(float(lengths.max()) * float(os.environ["SIM_MS_PER_TOKEN"]) / 1000)
+        for _ in range(int(lengths.max())):  # one decoding step per token; an aborted request stops
+            if request_cancelled():
+                break
+            time.sleep(float(os.environ["SIM_MS_PER_TOKEN"]) / 1000)
         width = int(lengths.max())
         steps = torch.arange(width)[None, :]
         mask = (steps < lengths[:, None]).long()
@@ -80,6 +88,9 @@ SETTINGS = {
     "async r=1": ["rollout.scheduler=async", "rollout.async_generation_ratio=1"],
     "async r=1 +redundant": ["rollout.scheduler=async", "rollout.async_generation_ratio=1",
                              "rollout.max_additional_running_prompts=4"],
+    "async r=1 +redundant, per sample": ["rollout.scheduler=async", "rollout.async_generation_ratio=1",
+                                         "rollout.max_additional_running_prompts=4", "rollout.request_size=1",
+                                         "rollout.max_running_requests=64"],
 }
 
 
@@ -115,7 +126,7 @@ def main() -> None:
     rows = {}
     with tempfile.TemporaryDirectory() as out:
         for name, overrides in SETTINGS.items():
-            run_dir = Path(out) / name.replace(" ", "_").replace("=", "").replace("+", "")
+            run_dir = Path(out) / re.sub(r"\W", "", name.replace(" ", "_"))
             extra = async_capacity if "async" in name else []
             cmd = [sys.executable, "-m", "roll_core.cli", "run", f"output_dir={run_dir}", *common, *extra, *overrides]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -138,10 +149,10 @@ def main() -> None:
     print(f"log-normal lengths (median {args.median:g}, sigma {args.sigma:g}, cap {args.max_new_tokens}), "
           f"{args.ms_per_token:g} ms/token, 2 engine workers x 64 samples in flight, 128 samples/step, "
           f"steps 3..{args.steps}")
-    print(f"{'setting':<24}{'samples/s':>10}{'speed-up':>10}{'step s':>9}{'rollout s':>11}{'train s':>9}"
+    print(f"{'setting':<36}{'samples/s':>10}{'speed-up':>10}{'step s':>9}{'rollout s':>11}{'train s':>9}"
           f"{'mean len':>10}{'staleness':>11}")
     for name, r in rows.items():
-        print(f"{name:<24}{r['samples_per_s']:>10.1f}{r['samples_per_s'] / base:>9.2f}x{r['step_s']:>9.2f}"
+        print(f"{name:<36}{r['samples_per_s']:>10.1f}{r['samples_per_s'] / base:>9.2f}x{r['step_s']:>9.2f}"
               f"{r['rollout_s']:>11.2f}{r['train_s']:>9.2f}{r['len']:>10.1f}{r['stale']:>11.2f}")
 
 

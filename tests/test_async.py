@@ -9,6 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from roll_core import hookimpl
 from roll_core.config import load_and_check
@@ -61,16 +62,21 @@ def test_staleness_never_exceeds_the_ratio(tiny_config, ratio):
         assert any(s[f"rollout/staleness_{bound}"] > 0 for s in later)
 
 
-def test_every_batch_holds_complete_groups(tiny_config):
-    pipeline, _ = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=1",
-                                   "rollout.max_additional_running_prompts=3"))
+def _assert_complete_groups(pipeline):
+    """Every trained batch: group ids 0..want-1 in order, each group all of its samples of one prompt."""
     n = pipeline.config.rollout.num_return_sequences
     want = pipeline.config.rollout.prompts_per_step
     for batch in pipeline.trained_batches:
         assert batch["group_index"].tolist() == [g for g in range(want) for _ in range(n)]
         for g in range(want):
-            prompts = {p for p, i in zip(batch["prompt"], batch["group_index"].tolist()) if i == g}
-            assert len(prompts) == 1  # one prompt per group, all of its samples
+            prompts = [p for p, i in zip(batch["prompt"], batch["group_index"].tolist()) if i == g]
+            assert len(prompts) == n and len(set(prompts)) == 1
+
+
+def test_every_batch_holds_complete_groups(tiny_config):
+    pipeline, _ = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=1",
+                                   "rollout.max_additional_running_prompts=3"))
+    _assert_complete_groups(pipeline)
 
 
 class ParityReward(Reward):
@@ -99,12 +105,83 @@ def test_filtered_groups_never_reach_training(tiny_config, roll_plugins):
     assert not any("dynamic_sampling/fallback_groups" in s for s in steps)
 
 
+def _assert_nothing_in_flight(scheduler):
+    assert scheduler.requests == [] and scheduler.aborting == [] and scheduler.scoring == []
+    assert scheduler.ready == [] and scheduler.open == {} and scheduler.pending == []
+
+
 def test_nothing_left_in_flight_after_the_run(tiny_config):
     pipeline, steps = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=2",
                                        "rollout.max_additional_running_prompts=2"))
-    scheduler = pipeline.scheduler
-    assert scheduler.requests == [] and scheduler.scoring == [] and scheduler.ready == []
-    assert scheduler.stats["rollout/aborted_groups"] > 0  # the prefetched batches were discarded
+    _assert_nothing_in_flight(pipeline.scheduler)
+    assert pipeline.scheduler.stats["rollout/aborted_groups"] > 0  # the prefetched batches were discarded
+
+
+@pytest.mark.parametrize("request_size", [1, 3])
+def test_sample_level_requests_assemble_complete_groups(tiny_config, request_size):
+    """Each sample (``request_size=1``) or a size that splits groups across requests (3 of a
+    group of 4): groups are still whole, one prompt each, fresh enough, with every sample once."""
+    pipeline, steps = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=1",
+                                       f"rollout.request_size={request_size}",
+                                       "rollout.max_additional_running_prompts=1"))
+    _assert_complete_groups(pipeline)
+    n = pipeline.config.rollout.num_return_sequences
+    want = pipeline.config.rollout.prompts_per_step
+    for step in steps:
+        assert step["rollout/staleness_max"] <= 1
+        assert step["rollout/requests"] >= want * n / request_size - n  # samples went out a few at a time
+    _assert_nothing_in_flight(pipeline.scheduler)
+
+
+def test_leftovers_that_cannot_be_fresh_enough_are_aborted(tiny_config):
+    """Synchronous (ratio 0) with redundant prompts: once a batch is full, the extra groups could
+    only be trained a step late, so they are aborted right away instead of being generated, kept
+    and dropped as stale; every group trained on is on-policy."""
+    pipeline, steps = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=0", "rollout.request_size=1",
+                                       "rollout.max_running_requests=1",
+                                       "rollout.max_additional_running_prompts=2"))
+    want = pipeline.config.rollout.prompts_per_step
+    assert all(s["rollout/staleness_0"] == want for s in steps)
+    assert all(s["rollout/dropped_stale_groups"] == 0 for s in steps)
+    assert sum(s["rollout/aborted_groups"] for s in steps) > 0
+    _assert_nothing_in_flight(pipeline.scheduler)
+
+
+@pytest.mark.ray
+def test_a_cancelled_request_stops_its_engine_and_frees_the_worker():
+    import time
+
+    from roll_core.runtime.executor import RayExecutor
+
+    class Decoder:  # defined here so that Ray ships it by value (workers cannot import tests)
+        """Decodes until its request is cancelled (as an engine checking ``request_cancelled``)."""
+
+        def decode(self, seconds):
+            from roll_core.strategy import request_cancelled
+
+            start = time.perf_counter()
+            while not request_cancelled() and time.perf_counter() - start < seconds:
+                time.sleep(0.01)
+            return time.perf_counter() - start
+
+        def ping(self):
+            return "pong"
+
+    executor = RayExecutor(num_cpus=2)
+    try:
+        worker = executor.spawn("decoder", Decoder, [()]).handles[0]
+        running = executor.invoke(worker, "decode", (60.0,), {})
+        queued = executor.invoke(worker, "decode", (60.0,), {})
+        time.sleep(2.0)  # the first call is decoding, the second waits behind it
+        t0 = time.perf_counter()
+        executor.cancel([running, queued])
+        pending = [running, queued]
+        while pending:
+            pending = [f for k, f in enumerate(pending) if k not in executor.wait(pending)]
+        assert executor.get(executor.invoke(worker, "ping", (), {})) == "pong"
+        assert time.perf_counter() - t0 < 10.0  # neither ran its 60 s
+    finally:
+        executor.shutdown()
 
 
 @pytest.mark.ray
@@ -122,14 +199,12 @@ def test_async_on_ray_overlaps_and_keeps_the_bound(tiny_config):
         window = step["time/step_s"] + (prev["time/step_s"] if prev else 0.0)
         assert 0 <= step["time/idle/actor_infer_s"] <= window
     assert sum(s["rollout/staleness_1"] for s in steps) > 0
-    assert pipeline.scheduler.requests == [] and pipeline.scheduler.scoring == []
+    _assert_nothing_in_flight(pipeline.scheduler)
     assert len(set(pids)) == 2
 
 
 @pytest.mark.parametrize("overrides, message", [
     (["rollout.async_generation_ratio=1"], "needs rollout.scheduler: async"),
-    (["rollout.scheduler=async", "rollout.request_size=6", "rollout.num_return_sequences=4"],
-     "must be a multiple of num_return_sequences"),
 ])
 def test_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -168,3 +243,47 @@ def test_a_stalled_scheduler_raises_instead_of_spinning():
     scheduler.accepting = False  # as if admission had closed with nothing in flight
     with pytest.raises(RollError, match="stalled at step 1: 0 of 32 groups, nothing in flight"):
         scheduler.next_batch()
+
+
+def test_reference_log_probs_are_computed_with_the_rollout(tiny_config):
+    """With a reference on its own devices, the async scheduler gets each finished request's
+    reference log-probs while generation goes on; they equal a forward pass over the whole batch."""
+    pipeline, steps = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=1", "rollout.request_size=2",
+                                       "algorithm.kl_loss_coef=0.1"))
+    assert pipeline.scheduler.reference is pipeline.reference
+    for batch in pipeline.trained_batches:
+        whole, _ = pipeline._log_probs(pipeline.reference, batch)
+        streamed = batch["ref_log_probs"]
+        assert streamed.shape == whole.shape
+        assert torch.allclose(streamed * batch["response_mask"], whole * batch["response_mask"], atol=1e-5)
+    assert all("train/kl" in s for s in steps)
+
+
+class OnlyOddReward(Reward):
+    """1 for prompts whose first operand is odd, with a response whose last digit is even: groups
+    of even prompts are all-zero (the mean filter drops them), so one domain is filtered more."""
+
+    def score(self, sample):
+        digits = [c for c in sample.response if c.isdigit()]
+        return float(int(sample.prompt[:2]) % 2 == 1 and bool(digits) and int(digits[-1]) % 2 == 0)
+
+
+def test_each_domain_gets_its_share_of_every_async_batch(tiny_config, roll_plugins):
+    """Per-domain lanes: with domains that finish and pass the filter at different rates, every
+    batch still holds each domain's quota from data.domain_interleave_probs."""
+    def register_rewards(register):
+        register("only_odd", OnlyOddReward)
+        register("parity", ParityReward)
+
+    roll_plugins(("odd", types.SimpleNamespace(roll_register_rewards=hookimpl(register_rewards))))
+    pipeline, steps = _run(tiny_config(
+        *ASYNC, "rollout.async_generation_ratio=1", "rollout.prompts_per_step=4",
+        "rollout.max_additional_running_prompts=2", "algorithm.dynamic_sampling.filter=mean",
+        "data.domains={easy: {dataset: carry_addition}, hard: {dataset: carry_addition}}",
+        "data.domain_interleave_probs={easy: 0.75, hard: 0.25}",
+        "roles.domain_rewards={hard: {rewards: [{name: only_odd}]}}", "roles.reward.name=parity"))
+    for batch in pipeline.trained_batches:
+        domains = batch["domain"][:: pipeline.config.rollout.num_return_sequences]
+        assert sorted(domains) == ["easy", "easy", "easy", "hard"]
+    assert sum(s["rollout/filtered_groups"] for s in steps) > 0
+    assert pipeline.scheduler.lanes == {"easy": 0.75, "hard": 0.25}

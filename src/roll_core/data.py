@@ -139,6 +139,19 @@ class PromptStream:
         self._order = self._permutation()
 
 
+def deal_slots(probs: dict[str, float], credit: dict[str, float], n: int) -> dict[str, int]:
+    """Deal ``n`` slots by deficit round-robin: each slot adds every domain's probability to its
+    ``credit`` (updated in place) and goes to the domain with the most, which pays 1."""
+    counts = dict.fromkeys(probs, 0)
+    for _ in range(n):
+        for d, p in probs.items():
+            credit[d] += p
+        d = max(credit, key=lambda k: (credit[k], k))
+        credit[d] -= 1.0
+        counts[d] += 1
+    return counts
+
+
 class DomainMixer:
     """Prompts from several domains in fixed shares (``data.domain_interleave_probs``).
 
@@ -170,14 +183,12 @@ class DomainMixer:
         return min(s.epoch for s in self.streams.values())
 
     def next(self, n: int) -> list[dict]:
-        counts = dict.fromkeys(self.probs, 0)
-        for _ in range(n):
-            for d, p in self.probs.items():
-                self.credit[d] += p
-            d = max(self.credit, key=lambda k: (self.credit[k], k))
-            self.credit[d] -= 1.0
-            counts[d] += 1
+        counts = deal_slots(self.probs, self.credit, n)
         return [row for d, k in counts.items() if k for row in self.streams[d].next(k)]
+
+    def next_from(self, domain: str, n: int) -> list[dict]:
+        """``n`` prompts of one domain (for schedulers that keep a lane per domain)."""
+        return self.streams[domain].next(n)
 
     def state(self) -> dict:
         return {"domains": {d: s.state() for d, s in self.streams.items()}, "credit": dict(self.credit)}

@@ -10,12 +10,28 @@ right-padded responses ``[B, R]``.
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from typing import Any, Iterator
 
 import torch
 
 from roll_core.data import Batch
+
+
+def request_cancelled() -> bool:
+    """True inside a ``generate`` call that the scheduler has aborted (``Executor.cancel``).
+
+    Engines check it between decoding steps and stop early, so an aborted request frees its worker
+    at once instead of decoding samples nobody will train on. Outside a Ray worker it is always False
+    (the ``local`` executor runs every call to completion before returning)."""
+    ray = sys.modules.get("ray")  # never import Ray just to learn that it is not running
+    if ray is None or not ray.is_initialized():
+        return False
+    try:
+        return bool(ray.get_runtime_context().is_canceled())
+    except RuntimeError:  # the driver, or no task running
+        return False
 
 
 class Colocatable:
@@ -43,7 +59,8 @@ class InferStrategy(Colocatable, ABC):
     @abstractmethod
     def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
         """Add ``responses``, ``response_mask`` and ``infer_log_probs`` ``[B, R]`` to ``batch``
-        (which carries ``prompt_ids`` and ``prompt_mask``) and return it. ``temperature=0`` is greedy."""
+        (which carries ``prompt_ids`` and ``prompt_mask``) and return it. ``temperature=0`` is greedy.
+        An engine should stop early once :func:`request_cancelled` is true (the result is discarded)."""
 
     @abstractmethod
     def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:

@@ -342,9 +342,6 @@ class RollConfig(Strict):
         r = self.rollout
         if r.async_generation_ratio > 0 and r.scheduler == "sync":
             raise ValueError("rollout.async_generation_ratio > 0 needs rollout.scheduler: async")
-        if r.scheduler == "async" and r.request_size is not None and r.request_size % r.num_return_sequences:
-            raise ValueError(f"rollout.request_size ({r.request_size}) must be a multiple of num_return_sequences "
-                             f"({r.num_return_sequences}) with the async scheduler: requests are whole groups")
         if self.data.domains and (self.data.train_file or self.data.eval_file):
             raise ValueError("data.domains replaces data.train_file / data.eval_file: give each domain its own files")
         if (algo.kl_loss_coef > 0 or algo.kl_penalty.coef > 0) and self.roles.reference is None:

@@ -280,6 +280,13 @@ class RLVRPipeline(Pipeline):
             return out, None
         return out.gather(-1, batch["responses"][..., None]).squeeze(-1), out
 
+    def _streamed_reference(self):
+        """The reference group, when a streaming scheduler may compute its log-probs per request:
+        it has devices of its own (nothing to offload for it) and token log-probs are enough."""
+        if self.reference is None or self.residency.colocation.get("reference") or any(self._kl_needs_distribution()):
+            return None
+        return self.reference
+
     def _kl_needs_distribution(self) -> tuple[bool, bool]:
         """(loss term, reward penalty) use a KL estimator that takes full distributions."""
         algo = self.config.algorithm
@@ -376,7 +383,7 @@ class RLVRPipeline(Pipeline):
         batch, metrics = self.collect()
         t_rollout = time.perf_counter() - t0
         dist_loss, dist_penalty = self._kl_needs_distribution()
-        if self.reference is not None:
+        if self.reference is not None and "ref_log_probs" not in batch:  # unless streamed with the rollout
             ref, ref_dist = self._log_probs(self.reference, batch, distribution=dist_loss or dist_penalty)
             batch.update(ref_log_probs=ref)
             if ref_dist is not None:
@@ -520,7 +527,6 @@ class RLVRPipeline(Pipeline):
         self.scheduler = self.scheduler_cls(cfg, self.executor, self.infer, self.reward, self.tokenizer)
         self._pending_loads: list = []
         if self.streaming:
-            self.scheduler.attach(self.stream)
             _warn_if_oversubscribed(cfg)
         self.before_rl: dict = {}
         start = 0
@@ -549,6 +555,8 @@ class RLVRPipeline(Pipeline):
                 t.log(first, 0)
             self.save(0)
         self._record_placement()
+        if self.streaming:  # the reference exists only now (it starts from the warmed-up policy)
+            self.scheduler.attach(self.stream, reference=self._streamed_reference())
         last_eval, last_eval_step = {}, None
         for step in range(start + 1, cfg.trainer.max_steps + 1):
             metrics = self.rl_step()

@@ -2,7 +2,7 @@
 
 The synchronous loop leaves the inference workers idle while the policy trains and the trainer idle
 while the slowest sample of the step finishes. This scheduler keeps a queue of generation requests
-(``rollout.request_size`` samples, whole groups) on every inference worker, at most
+(``rollout.request_size`` samples each) on every inference worker, at most
 ``rollout.max_running_requests`` each, and drives them from the controller's event loop:
 
 * a finished request is scored at once on the reward workers of its samples' domains;
@@ -21,19 +21,27 @@ before the weights of the previous step arrive.
 
 Redundant prompts (``rollout.max_additional_running_prompts``) keep extra groups in flight so that a
 batch fills without waiting for stragglers or for groups the filter rejects; groups left over when
-a batch is full stay queued for the next step, and are dropped there if they became too stale.
+a batch is full stay queued for the next step if they can still be fresh enough for it. Those that
+cannot (with ``r = 0`` every leftover) are aborted at once: samples not yet sent are forgotten, their
+requests are cancelled (``Executor.cancel``; a running ``hf`` generation stops at its next token,
+see :func:`roll_core.strategy.request_cancelled`) and results already on the way are discarded.
+
+Sample-level requests. A group is admitted as a whole (the staleness bound counts groups) but
+becomes ``num_return_sequences`` independent samples, sent ``rollout.request_size`` at a time:
+``request_size = 1`` makes every sample its own request, scored the moment it finishes; a multiple
+of the group size sends whole groups. A group is complete, and filtered, when its last sample is
+scored; its version is the oldest weights any of its samples was generated with.
 
 Ordering. Weight updates go to each inference worker as an ordinary call, queued behind the requests
 already sent to it (a worker runs its calls in order), so every request is generated entirely with
 the weights of the version it was tagged with. The ``infer_log_probs`` of the sampler are kept in
 the batch for off-policy corrections (``policy_loss: tis``).
 
-Requests are groups, not single samples: the ``hf`` strategy generates a batch in one pass, so one
-request per sample would multiply its cost. Engines with continuous batching (vLLM, SGLang) are where
-``request_size`` = ``num_return_sequences`` pays off: a strategy that declares
-``concurrent_requests`` gets workers that run ``max_running_requests`` requests at once, so a short
-group returns while a long one still decodes (``benchmarks/bench_long_tail.py`` measures this with
-long-tailed lengths).
+Request size is a trade-off for engines that decode a batch in one pass (``hf``): one request per
+sample multiplies the number of forward passes. Engines with continuous batching (vLLM, SGLang)
+declare ``concurrent_requests`` and get workers that run ``max_running_requests`` requests at once,
+so a short sample returns while a long one still decodes (``benchmarks/bench_long_tail.py``
+measures this with long-tailed lengths).
 """
 
 from __future__ import annotations
@@ -41,12 +49,12 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from roll_core.algorithms.shaping import keep_groups, outcome_token_rewards
-from roll_core.data import Batch
+from roll_core.data import Batch, deal_slots
 from roll_core.errors import RollError
 from roll_core.rollout.rewards import RewardTicket
 from roll_core.rollout.sync import SyncRolloutScheduler, expand_rows
@@ -57,16 +65,32 @@ class _Request:
     future: object
     worker: int
     version: int
-    groups: list[int]
+    samples: list[tuple[int, int]]  # (group, index within the group) per row
 
 
 @dataclass
 class _Scoring:
+    """A finished request being scored (and, with a streamed reference, its reference log-probs)."""
+
     ticket: RewardTicket
     part: Batch
     version: int
-    groups: list[int]
-    done: set[int]
+    samples: list[tuple[int, int]]
+    ref: object | None = None
+    done: set[int] = field(default_factory=set)
+
+    def futures(self) -> list:
+        return [f for f, _ in self.ticket.parts] + ([self.ref] if self.ref is not None else [])
+
+
+@dataclass
+class _Group:
+    """A group admitted and not yet complete: its samples are pending, generating or scoring."""
+
+    row: dict
+    version: int | None = None  # oldest weights any of its samples was sent to be generated with
+    pieces: list[tuple[list[int], Batch]] = field(default_factory=list)  # scored (indices, rows)
+    scored: int = 0
 
 
 class AsyncRolloutScheduler(SyncRolloutScheduler):
@@ -79,15 +103,20 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         self.max_stale = math.ceil(self.ratio)
         self.want = r.prompts_per_step
         self.group_size = r.num_return_sequences
-        self.groups_per_request = max(1, (r.request_size or r.num_return_sequences) // r.num_return_sequences)
+        self.request_size = r.request_size or r.num_return_sequences
         self.max_running = r.max_running_requests
         self.extra = r.max_additional_running_prompts
         self.filter_cfg = config.algorithm.dynamic_sampling
         self.version = 0  # weight updates the inference workers have been sent
         self.steps_started = 0  # batches handed to the trainer
         self.stream = None
+        self.reference = None
+        self.lanes = None
         self.next_group = 0
+        self.open: dict[int, _Group] = {}  # admitted groups not complete yet
+        self.pending: list[tuple[int, int]] = []  # samples of admitted groups not sent to a worker yet
         self.requests: list[_Request] = []
+        self.aborting: list[_Request] = []  # cancelled, until their workers are free again
         self.scoring: list[_Scoring] = []
         self.ready: list[tuple[int, Batch]] = []  # (version, one scored, kept group), completion order
         self.chosen: list[tuple[int, Batch]] = []  # the batch being assembled (still outstanding)
@@ -103,8 +132,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
     # ------------------------------------------------------------------------------------------
     def outstanding(self) -> int:
         """Groups started and neither trained on nor dropped yet."""
-        return (sum(len(q.groups) for q in self.requests) + sum(len(s.groups) for s in self.scoring)
-                + len(self.ready) + len(self.chosen))
+        return len(self.open) + len(self.ready) + len(self.chosen)
 
     def admissible(self) -> int:
         """How many more groups may start now without breaking the staleness bound.
@@ -118,26 +146,80 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         # Redundant prompts only pad a batch that may be generated now, never one further ahead.
         return max(0, limit + (self.extra if limit > 0 else 0) - self.outstanding())
 
+    def _admit(self, n: int) -> None:
+        """Start ``n`` more groups: each becomes ``group_size`` pending samples."""
+        rows = self.stream.next(n) if self.lanes is None else [self._lane_row() for _ in range(n)]
+        for row in rows:
+            g = self.next_group
+            self.next_group += 1
+            self.open[g] = _Group(row)
+            self.pending += [(g, j) for j in range(self.group_size)]
+
+    # ------------------------------------------------------------------------------------------
+    # per-domain lanes (multi-domain RLVR): every batch holds each domain's share
+    # ------------------------------------------------------------------------------------------
+    def quota(self, step: int) -> dict[str, int]:
+        """Groups of each domain in the batch of ``step``: ``domain_interleave_probs`` dealt over
+        ``prompts_per_step`` slots by deficit round-robin, step after step (as the sync path mixes)."""
+        while len(self._quotas) < step:
+            self._quotas.append(deal_slots(self.lanes, self._lane_credit, self.want))
+        return self._quotas[step - 1]
+
+    def _domain_counts(self) -> Counter:
+        """Outstanding groups per domain."""
+        counts = Counter(g.row.get("domain", "default") for g in self.open.values())
+        counts.update(batch["domain"][0] for _, batch in self.ready + self.chosen)
+        return counts
+
+    def _lane_row(self) -> dict:
+        """A prompt from the domain furthest below what the batches generation may now run ahead
+        for need (their quotas, plus its share of the redundant groups). A domain whose groups are
+        slower or filtered more keeps more of them in flight, and one that runs ahead waits."""
+        first = self.steps_started + 1
+        counts = self._domain_counts()
+        target = Counter()
+        for step in range(first, first + self.max_stale + 1):
+            target.update(self.quota(step))
+
+        def deficit(d):
+            return target[d] + math.ceil(self.extra * self.lanes[d]) - counts[d], self.lanes[d], d
+        return self.stream.next_from(max(self.lanes, key=deficit), 1)[0]
+
+    def _fits(self, group: Batch, chosen: list, step: int) -> bool:
+        """Whether ``group`` may join the batch of ``step`` (its domain's quota is not full yet)."""
+        if self.lanes is None:
+            return True
+        domain = group["domain"][0]
+        return sum(b["domain"][0] == domain for _, b in chosen) < self.quota(step).get(domain, 0)
+
     def _top_up(self) -> None:
-        running = Counter(q.worker for q in self.requests)
+        """Send ``request_size`` pending samples to every worker below ``max_running_requests``,
+        admitting groups as the staleness bound allows."""
+        running = Counter(q.worker for q in self.requests + self.aborting)
         budget = self.admissible()
-        while budget > 0:
+        while True:
             worker = min(range(len(self.infer)), key=lambda w: (running[w], (w - self._cursor) % len(self.infer)))
             if running[worker] >= self.max_running:
                 return
-            n = min(self.groups_per_request, budget)
-            rows = self.stream.next(n)
-            groups = list(range(self.next_group, self.next_group + n))
-            self.next_group += n
-            batch = expand_rows(self.tokenizer, rows, self.group_size)
-            batch.update(group_index=torch.tensor(groups).repeat_interleave(self.group_size))
+            if len(self.pending) < self.request_size and budget > 0:
+                n = min(budget, -(-(self.request_size - len(self.pending)) // self.group_size))
+                self._admit(n)
+                budget -= n
+            if not self.pending:
+                return
+            samples, self.pending = self.pending[: self.request_size], self.pending[self.request_size:]
+            batch = expand_rows(self.tokenizer, [self.open[g].row for g, _ in samples], 1)
+            batch.update(group_index=torch.tensor([g for g, _ in samples]))
             future = self.executor.invoke(self.infer.handles[worker], "generate", (batch,),
                                           self._sampling(self.config.rollout.temperature))
-            self.requests.append(_Request(future, worker, self.version, groups))
+            self.requests.append(_Request(future, worker, self.version, samples))
+            self.stats["rollout/requests"] += 1
+            for g in {g for g, _ in samples}:
+                group = self.open[g]
+                group.version = self.version if group.version is None else min(group.version, self.version)
             self._mark_busy(worker)
             self._cursor = (worker + 1) % len(self.infer)
             running[worker] += 1
-            budget -= n
 
     # ------------------------------------------------------------------------------------------
     # the event loop
@@ -147,8 +229,9 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         ``extra_futures`` that finished, or None when there was nothing to wait for."""
         self._top_up()
         gen = [q.future for q in self.requests]
-        rew = [(s, k, f) for s in self.scoring for k, (f, _) in enumerate(s.ticket.parts) if k not in s.done]
-        waiting = gen + [f for _, _, f in rew] + list(extra_futures)
+        aborting = [q.future for q in self.aborting]
+        rew = [(s, k, f) for s in self.scoring for k, f in enumerate(s.futures()) if k not in s.done]
+        waiting = gen + aborting + [f for _, _, f in rew] + list(extra_futures)
         if not waiting:
             return None
         t0 = time.perf_counter()
@@ -156,42 +239,117 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         self.stats["time/driver_wait_s"] += time.perf_counter() - t0
         finished = [q for k, q in enumerate(self.requests) if k in ready]
         self.requests = [q for k, q in enumerate(self.requests) if k not in ready]
+        # A cancelled request is never fetched (Ray raises for it); its worker is free again.
+        freed = [q for k, q in enumerate(self.aborting) if len(gen) + k in ready]
+        self.aborting = [q for k, q in enumerate(self.aborting) if len(gen) + k not in ready]
+        for q in freed:
+            self._note_if_idle(q.worker)
         for q in finished:
-            if not any(r.worker == q.worker for r in self.requests):
-                self._idle_since.setdefault(q.worker, time.perf_counter())
+            self._note_if_idle(q.worker)
             part, samples = self._finish_request(self.executor.get(q.future))
-            self.scoring.append(_Scoring(self.reward.submit(samples), part, q.version, q.groups, set()))
+            self.scoring.append(_Scoring(self.reward.submit(samples), part, q.version, q.samples,
+                                         self._submit_reference(part)))
+        offset = len(gen) + len(aborting)
         for j, (s, k, _) in enumerate(rew):
-            if len(gen) + j in ready:
+            if offset + j in ready:
                 s.done.add(k)
-        for s in [s for s in self.scoring if len(s.done) == len(s.ticket.parts)]:
+        for s in [s for s in self.scoring if len(s.done) == len(s.futures())]:
             self.scoring.remove(s)
             self._complete(s)
         self._top_up()
-        offset = len(gen) + len(rew)
+        offset += len(rew)
         return [k - offset for k in sorted(ready) if k >= offset]
 
+    def _note_if_idle(self, worker: int) -> None:
+        if not any(r.worker == worker for r in self.requests + self.aborting):
+            self._idle_since.setdefault(worker, time.perf_counter())
+
     def _complete(self, s: _Scoring) -> None:
+        """Scores of one request are in: file each sample under its group; a group whose samples
+        are all scored passes the dynamic-sampling filter into ``ready`` or is rejected."""
         scores, components, seconds = self.reward.gather(s.ticket)
         self.stats["time/reward_s"] += seconds
         scores_t = torch.tensor(scores, dtype=torch.float32)
         part = s.part.update(scores=scores_t, reward_components=components,
                              token_level_rewards=outcome_token_rewards(scores_t, s.part["response_mask"]))
+        if s.ref is not None:
+            part.update(ref_log_probs=self.executor.get(s.ref))
         self._scores.append(scores_t)
-        keep = keep_groups(scores_t, part["group_index"], self.filter_cfg)
-        for g in s.groups:
-            rows = part["group_index"] == g
-            if bool(keep[rows].all()):
-                self.ready.append((s.version, part.select(rows)))
-            else:
-                self.stats["rollout/filtered_groups"] += 1
-                self.rejected.append((s.version, part.select(rows)))
+        rows_of: dict[int, list[int]] = {}
+        for k, (g, _) in enumerate(s.samples):
+            rows_of.setdefault(g, []).append(k)
+        for g, rows in rows_of.items():
+            group = self.open.get(g)
+            if group is None:  # aborted while this request was generating or scoring
+                continue
+            group.pieces.append(([s.samples[k][1] for k in rows], part.select(rows)))
+            group.scored += len(rows)
+            if group.scored == self.group_size:
+                del self.open[g]
+                self._file(group)
+
+    def _file(self, group: _Group) -> None:
+        index = [j for js, _ in group.pieces for j in js]
+        rows = Batch.concat([piece for _, piece in group.pieces])
+        rows = rows.select(sorted(range(len(index)), key=index.__getitem__))  # sample order, whatever finished first
+        keep = keep_groups(rows["scores"], rows["group_index"], self.filter_cfg)
+        if bool(keep.all()):
+            self.ready.append((group.version, rows))
+        else:
+            self.stats["rollout/filtered_groups"] += 1
+            self.rejected.append((group.version, rows))
+
+    def _abort_hopeless(self, step: int) -> None:
+        """After the batch of ``step`` is handed out, abort the groups that would be too stale for
+        any later step (their oldest sample's weights are more than ``ceil(ratio)`` updates behind
+        those of step ``step + 1``): their pending samples are never sent, their requests are
+        cancelled, and results still on the way are discarded. Groups only queued (not yet sent)
+        stay: they will be generated with newer weights."""
+        def hopeless(version):
+            return version is not None and self.staleness(version, step + 1) > self.max_stale
+
+        lost = {g for g, group in self.open.items() if hopeless(group.version)}
+        if not lost:
+            return
+        for g in lost:
+            del self.open[g]
+        self.stats["rollout/aborted_groups"] += len(lost)
+        self.pending = [(g, j) for g, j in self.pending if g not in lost]
+        cancel = [q for q in self.requests if all(g in lost for g, _ in q.samples)]
+        self._cancel(cancel)
+
+    def _cancel(self, requests: list[_Request]) -> None:
+        if not requests:
+            return
+        self.executor.cancel([q.future for q in requests])
+        self.stats["rollout/aborted_requests"] += len(requests)
+        gone = {id(q) for q in requests}
+        self.requests = [q for q in self.requests if id(q) not in gone]
+        self.aborting += requests
 
     # ------------------------------------------------------------------------------------------
     # what the pipeline calls
     # ------------------------------------------------------------------------------------------
-    def attach(self, stream) -> None:
+    def attach(self, stream, reference=None) -> None:
+        """Draw prompts from ``stream``. With ``reference`` (the reference role's worker group, when
+        it has devices of its own), every finished request also gets its ``ref_log_probs`` there, in
+        parallel with scoring and generation: the reference model never changes, so they need not
+        wait for the trainer, and the pipeline skips that forward pass on the critical path."""
         self.stream = stream
+        self.reference = reference
+        self._ref_cursor = 0
+        # A stream of several domains (DomainMixer) gets one lane per domain.
+        self.lanes = dict(stream.probs) if getattr(stream, "probs", None) else None
+        self._lane_credit = dict.fromkeys(self.lanes or {}, 0.0)
+        self._quotas: list[dict[str, int]] = []
+
+    def _submit_reference(self, part: Batch):
+        if self.reference is None:
+            return None
+        worker = self.reference.handles[self._ref_cursor % len(self.reference)]
+        self._ref_cursor += 1
+        return self.executor.invoke(worker, "compute_log_probs", (part,),
+                                    {"temperature": self.config.rollout.temperature})
 
     @staticmethod
     def staleness(version: int, step: int) -> int:
@@ -208,20 +366,27 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         chosen = self.chosen
         fallback = 0
         while len(chosen) < self.want:
+            waiting = []  # groups whose domain's quota for this step is full: they wait for the next
             while self.ready and len(chosen) < self.want:
                 version, group = self.ready.pop(0)
                 if self.staleness(version, step) > self.max_stale:
                     self.stats["rollout/dropped_stale_groups"] += 1
-                    continue
-                chosen.append((version, group))
+                elif self._fits(group, chosen, step):
+                    chosen.append((version, group))
+                else:
+                    waiting.append((version, group))
+            self.ready[:0] = waiting
             if len(chosen) < self.want and self.stats["rollout/filtered_groups"] >= self.max_filtered:
                 # As the sync path after max_rounds: train on groups the filter rejected (for GRPO
                 # their advantages are zero) rather than generate forever, and say so.
                 fresh = [(v, g) for v, g in self.rejected if self.staleness(v, step) <= self.max_stale]
-                take = fresh[: self.want - len(chosen)]
+                take = []
+                for v, g in fresh:
+                    if len(chosen) + len(take) < self.want and self._fits(g, chosen + take, step):
+                        take.append((v, g))
                 chosen += take
                 fallback += len(take)
-                self.rejected = fresh[len(take):]  # stale ones could never be taken this step
+                self.rejected = [e for e in fresh if all(e is not t for t in take)]  # stale ones could never be taken
             if len(chosen) < self.want and self._pump([]) is None:
                 # Nothing in flight and nothing allowed to start: waiting would spin forever.
                 raise RollError(
@@ -234,6 +399,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         # Group ids 0..want-1 in batch order, as the estimators expect.
         batch.update(group_index=torch.arange(len(chosen)).repeat_interleave(self.group_size))
         self.rejected.clear()
+        self._abort_hopeless(step)
         metrics = self._step_metrics(staleness)
         if fallback:
             metrics["dynamic_sampling/fallback_groups"] = float(fallback)
@@ -253,16 +419,19 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         self._top_up()
 
     def drain(self) -> None:
-        """Wait for (and discard) every request in flight, at the end of a run, so none outlives it.
-        Discarded groups are counted as aborted."""
+        """Abort everything in flight at the end of a run and wait until every inference worker is
+        free, so no request outlives it. Discarded groups are counted as aborted."""
+        self.stats["rollout/aborted_groups"] += len(self.open) + len(self.ready)
+        self.open.clear()
+        self.pending.clear()
+        self.ready.clear()
+        self._cancel(list(self.requests))
         self.accepting = False
         try:
-            while self.requests or self.scoring:
+            while self.requests or self.aborting or self.scoring:
                 self._pump([])
         finally:
             self.accepting = True
-        self.stats["rollout/aborted_groups"] += len(self.ready)
-        self.ready.clear()
 
     # ------------------------------------------------------------------------------------------
     # metrics
@@ -284,7 +453,8 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
     def _reset_step_stats(self) -> None:
         self.stats = Counter({"time/driver_wait_s": 0.0, "time/reward_s": 0.0, "time/idle/actor_infer_s": 0.0,
                               "rollout/filtered_groups": 0,
-                              "rollout/dropped_stale_groups": 0, "rollout/aborted_groups": 0})
+                              "rollout/dropped_stale_groups": 0, "rollout/aborted_groups": 0,
+                              "rollout/requests": 0, "rollout/aborted_requests": 0})
         self._scores: list[torch.Tensor] = []
 
     def _step_metrics(self, staleness: list[int]) -> dict[str, float]:

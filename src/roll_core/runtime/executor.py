@@ -65,6 +65,11 @@ class Executor(ABC):
         """Positions in ``futures`` of those that have finished (at least one; blocks until then)."""
         return list(range(len(futures)))
 
+    def cancel(self, futures: list) -> None:
+        """Abort calls whose results are no longer wanted: a queued call never runs, a running one
+        sees :func:`roll_core.strategy.request_cancelled`. Never ``get`` a cancelled future; ``wait``
+        for it to learn that its worker is free. (Local calls have already run: nothing to do.)"""
+
     def gpus_by_node(self) -> list[int]:
         """GPUs of every node of the cluster (for checking device mappings)."""
         return []
@@ -166,6 +171,10 @@ class RayExecutor(Executor):
             raise WorkerLostError(f"no worker answered within runtime.worker_timeout_s={self.timeout_s:g} s")
         ready = set(ready)
         return [i for i, f in enumerate(futures) if f in ready]
+
+    def cancel(self, futures):
+        for future in futures:
+            self.ray.cancel(future)
 
     def gpus_by_node(self):
         return [int(n["Resources"].get("GPU", 0)) for n in self.ray.nodes() if n.get("Alive")]

@@ -18,7 +18,7 @@ from roll_core.algorithms.objective import actor_loss, critic_loss, loss_denomin
 from roll_core.data import Batch
 from roll_core.runtime.distributed import all_reduce_sum, rank_world, sum_gradients
 from roll_core.strategies.sequences import position_ids_from_mask, response_log_probs, sample_responses
-from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy
+from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy, request_cancelled
 
 
 def _device() -> torch.device:
@@ -110,6 +110,7 @@ class HFInferStrategy(_HFBase, InferStrategy):
             temperature=temperature,
             top_p=top_p,
             generator=self.generator,
+            should_stop=request_cancelled,
         )
         return batch.update(responses=responses.cpu(), response_mask=mask.cpu(), infer_log_probs=logp.cpu())
 

@@ -45,12 +45,15 @@ def sample_responses(
     temperature: float = 1.0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    should_stop=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Generate responses for left-padded prompts.
 
     Args:
         prompt_ids, prompt_mask: ``[B, P]`` left-padded prompts.
         temperature: 0 means greedy decoding.
+        should_stop: checked before every decoding step; when it returns True, decoding ends there
+            (an aborted request: :func:`roll_core.strategy.request_cancelled`).
     Returns:
         ``(response_ids [B, R], response_mask [B, R], log_probs [B, R])`` with ``R <= max_new_tokens``;
         log-probs are those of the sampling distribution (after temperature, before top-p), 0 on padding.
@@ -82,7 +85,7 @@ def sample_responses(
         masks.append(alive.long())
         logps.append(torch.where(alive, logp, torch.zeros_like(logp)))
         finished = finished | (token == eos_token_id)
-        if bool(finished.all()):
+        if bool(finished.all()) or (should_stop is not None and should_stop()):
             break
         mask = torch.cat([mask, alive.long()[:, None]], dim=-1)
         out = model(
