@@ -91,3 +91,40 @@ def test_a_nan_loss_skips_the_update_and_reports_it(tiny_model_path):
         assert torch.equal(param, before[name]), name  # weights untouched, not poisoned
     batch.tensors["advantages"][0, 0] = 0.0
     assert strategy.train_step(batch)["train/skipped_updates"] == 0.0
+
+
+@pytest.mark.parametrize("loss", ["ppo_clip", "tis"])
+def test_the_update_own_log_probs_equal_recomputed_old_log_probs(tiny_model_path, loss):
+    """``algorithm.old_log_probs: auto`` drops the separate old-log-prob pass when the update is
+    one optimizer step: training without ``old_log_probs`` (each micro-batch uses its own forward
+    pass, detached) gives the same gradients as with log-probs recomputed by the same model."""
+    cfg = load_config(None, [f"algorithm.policy_loss={loss}", "rollout.max_new_tokens=5"])
+
+    def make(micro):
+        role = cfg.roles.actor_train.model_copy(update={"micro_batch_size": micro})
+        return HFTrainStrategy(str(tiny_model_path), role, cfg, seed=0)
+
+    strategy = make(4)
+    batch = make_batch(strategy.model.config.vocab_size)
+    batch.tensors["old_log_probs"] = strategy.compute_log_probs(batch, cfg.rollout.temperature)
+    m_old, g_old = grads(strategy, batch)
+    reused = Batch({k: v for k, v in batch.tensors.items() if k != "old_log_probs"})
+    m_new, g_new = grads(make(4), reused)
+    assert m_new["train/pg_loss"] == pytest.approx(m_old["train/pg_loss"], rel=1e-5, abs=1e-7)
+    for name in g_old:
+        torch.testing.assert_close(g_new[name], g_old[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_old_log_probs_are_only_reused_for_a_single_optimizer_step():
+    from roll_core.algorithms.objective import reuses_update_log_probs
+
+    def reuse(*overrides, batch=256):
+        return reuses_update_log_probs(load_config(None, list(overrides)).algorithm, batch)
+
+    assert reuse()  # the default: one epoch, the whole batch as one mini-batch
+    assert reuse("algorithm.ppo_mini_batch_size=256")
+    assert not reuse("algorithm.ppo_mini_batch_size=128")  # the second mini-batch is off-policy
+    assert not reuse("algorithm.ppo_epochs=2")
+    assert not reuse("algorithm.kl_penalty.coef=0.1")  # the reward penalty reads them first
+    assert not reuse("algorithm.advantage_estimator=opd")  # registered with reads_old_log_probs
+    assert not reuse("algorithm.old_log_probs=recompute")

@@ -60,7 +60,9 @@ def roll_register_advantage_estimators(register):
             ``fn(batch: AdvantageInput, config: AlgorithmConfig) -> (advantages [B, R], returns [B, R])``
             (see :mod:`roll_core.algorithms.advantages`). ``needs`` names the roles it reads
             (``"critic"`` for values, ``"reference"`` for teacher log-probs); a config that uses
-            the estimator without them is rejected before any worker starts.
+            the estimator without them is rejected before any worker starts. An estimator that
+            reads ``old_log_probs`` registers with ``reads_old_log_probs=True``, so the pipeline
+            always computes them before the update (see ``algorithm.old_log_probs``).
 
     Returns: nothing.
     """

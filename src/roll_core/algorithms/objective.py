@@ -44,6 +44,24 @@ def needs_distribution(config, plugins=None) -> bool:
     return bool(config.kl_loss_coef) and kl_takes_distribution(config.kl_estimator, plugins)
 
 
+def reuses_update_log_probs(config, batch_size: int, plugins=None) -> bool:
+    """Whether the old log-probs can be the update's own (``algorithm.old_log_probs: auto``).
+
+    With one epoch over one mini-batch the policy takes a single optimizer step per batch, so
+    every micro-batch's forward pass runs on the weights the batch's old log-probs would be
+    computed with: ``log pi_old = log pi.detach()`` exactly, and the trainer saves a forward pass
+    over the whole batch (verl skips it the same way). Not when anything reads them before the
+    update: the KL reward penalty, or an estimator registered with ``reads_old_log_probs=True``."""
+    from roll_core.plugins import get_plugins
+
+    if config.old_log_probs != "auto" or config.ppo_epochs != 1 or config.kl_penalty.coef > 0:
+        return False
+    if config.ppo_mini_batch_size is not None and config.ppo_mini_batch_size < batch_size:
+        return False
+    plugins = plugins or get_plugins()
+    return not plugins.advantage_estimators.entry(config.advantage_estimator).metadata.get("reads_old_log_probs")
+
+
 def actor_loss(
     log_prob: torch.Tensor,
     entropy: torch.Tensor | None,
@@ -70,7 +88,8 @@ def actor_loss(
                               global_seqs=global_seqs, max_response_length=horizon)
     policy_loss_fn = plugins.policy_losses.get(config.policy_loss)
     pg_mat, metrics = policy_loss_fn(
-        PolicyLossInput(log_prob, micro["old_log_probs"], micro["advantages"], mask,
+        PolicyLossInput(log_prob, micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach(),
+                        micro["advantages"], mask,
                         micro["infer_log_probs"] if "infer_log_probs" in micro else None),
         config,
     )

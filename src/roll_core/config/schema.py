@@ -153,6 +153,10 @@ class AlgorithmConfig(Strict):
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
     ppo_epochs: int = Field(1, ge=1)
+    old_log_probs: Literal["auto", "recompute"] = Field(
+        "auto", description="auto: when the update is a single optimizer step per batch (one epoch, one "
+        "mini-batch, no KL reward penalty, an estimator that does not read them), the old log-probs are "
+        "the update's own, detached, instead of a separate forward pass; recompute: always that pass")
     ppo_mini_batch_size: int | None = Field(None, ge=1, description="samples per optimizer step; None = the whole batch")
     max_grad_norm: float = Field(1.0, gt=0)
     value_clip: float | None = Field(0.2, gt=0, description="critic: clip range of the value loss (None = unclipped)")

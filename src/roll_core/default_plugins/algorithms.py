@@ -23,7 +23,7 @@ def roll_register_advantage_estimators(register):
              description="per-turn discounted return minus the group's mean episode return (StarPO)")
     register("gigpo", f"{_ADV}:gigpo", description="episode-group plus step-group (state hash) advantage")
     register("opd", f"{_ADV}:opd", description="on-policy distillation: teacher minus student log-prob",
-             needs=("reference",))
+             needs=("reference",), reads_old_log_probs=True)
 
 
 @hookimpl

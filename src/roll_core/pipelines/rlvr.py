@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from roll_core.algorithms.objective import kl_takes_distribution, needs_distribution
+from roll_core.algorithms.objective import kl_takes_distribution, needs_distribution, reuses_update_log_probs
 from roll_core.algorithms.shaping import RewardShaper, keep_groups
 from roll_core.data import Batch, DomainMixer, PromptStream, dp_shards, read_jsonl
 from roll_core.embedded.model import build_tiny_model
@@ -389,11 +389,12 @@ class RLVRPipeline(Pipeline):
             if ref_dist is not None:
                 batch.update(ref_log_dist=ref_dist)
         t_old = time.perf_counter()
-        old, old_dist = self._log_probs(self.actor, batch, distribution=dist_penalty)
+        if not reuses_update_log_probs(self.config.algorithm, len(batch), self.plugins):
+            old, old_dist = self._log_probs(self.actor, batch, distribution=dist_penalty)
+            batch.update(old_log_probs=old)
+            if old_dist is not None:
+                batch.update(old_log_dist=old_dist)
         t_old = time.perf_counter() - t_old
-        batch.update(old_log_probs=old)
-        if old_dist is not None:
-            batch.update(old_log_dist=old_dist)
         if self.critic is not None:
             self.residency.use("critic")
             batch.update(values=torch.cat(self.executor.get(self.critic.map("compute_values", batch.chunk(len(self.critic))))))
