@@ -4,11 +4,12 @@ Runs the quickstart (`roll run`, Ray executor, same seed and steps) once per set
 held-out greedy accuracy before and after RL, the wall-clock of the RL phase (sum of
 ``time/step_s``), the whole run's wall-clock, and the mean staleness of the async runs.
 
-    python benchmarks/compare_async_training.py [--steps 200] [--ratios 0,1] [--request-size 64]
-        [--async-set key=value ...] [key=value ...]
+    python benchmarks/compare_async_training.py [--steps 200] [--ratios 0,1] [--seeds 42,1,2]
+        [--request-size 64] [--async-set key=value ...] [key=value ...]
 
 Trailing ``key=value`` overrides apply to every run; ``--async-set`` ones only to the async runs
-(e.g. each scheduler at its best thread count: ``--async-set torch_threads=1``).
+(e.g. each scheduler at its best thread count: ``--async-set roles.actor_train.torch_threads=1``).
+With several ``--seeds``, every seed runs each setting in turn and the summary compares means.
 
 ``ratio 0`` is the ``sync`` scheduler; ``ratio r > 0`` is ``rollout.scheduler=async`` with
 ``rollout.async_generation_ratio=r``.
@@ -47,25 +48,38 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--ratios", default="0,1")
+    ap.add_argument("--seeds", default="42", help="comma-separated; every seed runs every ratio, side by side")
     ap.add_argument("--request-size", type=int, default=64)
     ap.add_argument("--out", default="runs/compare_async")
     ap.add_argument("--async-set", action="append", default=[], help="a key=value override for the async runs only")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = ap.parse_args()
-    results = {}
-    print(f"{'ratio':>5} {'before':>7} {'after':>7} {'gain pp':>8} {'RL s':>7} {'run s':>7} {'staleness':>9}")
-    for ratio in [float(r) for r in args.ratios.split(",")]:
-        r = results[ratio] = run(Path(args.out) / f"ratio_{ratio:g}", ratio, args.steps, args.request_size,
-                                 args.overrides, args.async_set)
-        print(f"{ratio:>5g} {r['before']:>7.1%} {r['after']:>7.1%} {100 * (r['after'] - r['before']):>8.1f} "
-              f"{r['rl_s']:>7.1f} {r['wall_s']:>7.1f} {r['staleness']:>9.2f}", flush=True)
-    if 0.0 in results:
-        base = results[0.0]
-        for ratio, r in results.items():
-            if ratio:
-                print(f"ratio {ratio:g} vs sync: RL phase {base['rl_s'] / r['rl_s']:.2f}x faster, "
-                      f"whole run {base['wall_s'] / r['wall_s']:.2f}x, gain {100 * (r['after'] - r['before']):+.1f} "
-                      f"vs {100 * (base['after'] - base['before']):+.1f} pp")
+    ratios = [float(r) for r in args.ratios.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    results: dict[float, list[dict]] = {r: [] for r in ratios}
+    print(f"{'seed':>5} {'ratio':>5} {'before':>7} {'after':>7} {'gain pp':>8} {'RL s':>7} {'run s':>7} {'staleness':>9}")
+    for seed in seeds:
+        for ratio in ratios:
+            r = run(Path(args.out) / f"seed_{seed}" / f"ratio_{ratio:g}", ratio, args.steps, args.request_size,
+                    [f"seed={seed}", *args.overrides], args.async_set)
+            results[ratio].append(r)
+            print(f"{seed:>5} {ratio:>5g} {r['before']:>7.1%} {r['after']:>7.1%} {100 * (r['after'] - r['before']):>8.1f} "
+                  f"{r['rl_s']:>7.1f} {r['wall_s']:>7.1f} {r['staleness']:>9.2f}", flush=True)
+    if 0.0 not in results:
+        return
+
+    def mean(ratio, key):
+        return sum(r[key] for r in results[ratio]) / len(results[ratio])
+
+    def gain(ratio):
+        return 100 * sum(r["after"] - r["before"] for r in results[ratio]) / len(results[ratio])
+
+    label = f"mean of {len(seeds)} seeds" if len(seeds) > 1 else f"seed {seeds[0]}"
+    for ratio in ratios:
+        if ratio:
+            print(f"ratio {ratio:g} vs sync ({label}): RL phase {mean(0.0, 'rl_s') / mean(ratio, 'rl_s'):.2f}x faster, "
+                  f"whole run {mean(0.0, 'wall_s') / mean(ratio, 'wall_s'):.2f}x, gain {gain(ratio):+.1f} vs "
+                  f"{gain(0.0):+.1f} pp")
 
 
 if __name__ == "__main__":

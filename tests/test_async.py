@@ -25,6 +25,10 @@ class RecordingPipeline(RLVRPipeline):
     def collect(self):
         batch, metrics = super().collect()
         self.trained_batches = getattr(self, "trained_batches", []) + [batch]
+        if self.config.executor == "ray":
+            self.threads_seen = getattr(self, "threads_seen", []) + [{
+                "train": self.executor.get(self.actor.call("threads")),
+                "infer": self.executor.get(self.infer.call("threads"))}]
         return batch, metrics
 
 
@@ -188,9 +192,18 @@ def test_a_cancelled_request_stops_its_engine_and_frees_the_worker():
 def test_async_on_ray_overlaps_and_keeps_the_bound(tiny_config):
     pids = []
     # every inference worker answers at once after the run: no request is still queued on it
-    pipeline, steps = _run(tiny_config(*ASYNC, "executor=ray", "torch_threads=1", "rollout.async_generation_ratio=1",
-                                       "roles.actor_infer.num_workers=2"),
-                           before_shutdown=lambda p: pids.extend(p.executor.get(p.infer.call("pid"))))
+    after = {}
+
+    def probe(p):
+        pids.extend(p.executor.get(p.infer.call("pid")))
+        after.update(train=p.executor.get(p.actor.call("threads")), infer=p.executor.get(p.infer.call("threads")))
+
+    pipeline, steps = _run(tiny_config(*ASYNC, "executor=ray", "torch_threads=2", "rollout.async_generation_ratio=1",
+                                       "roles.actor_infer.num_workers=2", "roles.actor_train.torch_threads=1",
+                                       "roles.actor_infer.torch_threads=1"), before_shutdown=probe)
+    # Each role's own thread count during RL steps; the run's count again once RL is over.
+    assert pipeline.threads_seen == [{"train": [1], "infer": [1, 1]}] * len(steps)
+    assert after == {"train": [2], "infer": [2, 2]}
     for prev, step in zip([None, *steps], steps):
         assert step["rollout/staleness_max"] <= 1
         # per-role idle time: the trainer's within its step; the inference workers' since the last

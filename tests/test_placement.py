@@ -36,6 +36,7 @@ def test_mapping_as_list_or_range_fixes_the_workers():
     (["executor=local", "roles.actor_infer.device_mapping=[0]"], "needs executor: ray"),
     (["executor=local", "roles.actor_train.num_workers=2"], "data-parallel training) needs executor: ray"),
     (["executor=local", "runtime.weight_sync=collective"], "collective needs executor: ray"),
+    (["executor=local", "roles.reference.torch_threads=1"], "roles.reference.torch_threads needs executor: ray"),
     (["roles.actor_train.num_workers=3"], "must divide the samples per step"),
     (["roles.actor_train.num_workers=2", "algorithm.ppo_mini_batch_size=32", "rollout.prompts_per_step=33"],
      "must divide the samples per step"),

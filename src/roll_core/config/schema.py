@@ -9,7 +9,7 @@ worker starts.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -236,11 +236,18 @@ class Placed(Strict):
         return None if devices is None else [devices[i : i + per] for i in range(0, len(devices), per)]
 
 
+RoleThreads = Annotated[int | None, Field(
+    ge=1, description="intra-op threads of this role's workers during RL steps, when roles may run at once "
+    "(executor: ray); warm-up and the evaluations before and after RL, when one role works alone, use the run's "
+    "torch_threads. None = torch_threads throughout")]
+
+
 class TrainRoleConfig(Placed):
     """A trained role. Several workers train data-parallel: each gets an equal share of every
     mini-batch and gradients are summed over ``torch.distributed`` (gloo on CPU, nccl on GPU)."""
 
     strategy: str = "hf"
+    torch_threads: RoleThreads = None
     lr: float = Field(3e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     micro_batch_size: int = Field(64, ge=1)
@@ -248,6 +255,7 @@ class TrainRoleConfig(Placed):
 
 class InferRoleConfig(Placed):
     strategy: str = "hf"
+    torch_threads: RoleThreads = None
     model_path: str | None = Field(
         None, description="load this model instead of the policy's (a reference role used as distillation teacher)"
     )

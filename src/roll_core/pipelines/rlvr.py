@@ -280,6 +280,18 @@ class RLVRPipeline(Pipeline):
             return out, None
         return out.gather(-1, batch["responses"][..., None]).squeeze(-1), out
 
+    def _set_threads(self, rl: bool) -> None:
+        """Roles with their own ``torch_threads`` use it during RL steps, when roles may run at
+        once (an async trainer beside generation), and the run's count otherwise, when one role
+        works alone (warm-up, evaluation) and may take every core."""
+        roles = self.config.roles
+        futures = []
+        for name, group in self.groups.items():
+            threads = getattr(getattr(roles, name, None), "torch_threads", None)
+            if threads is not None:
+                futures += group.call("set_threads", threads if rl else self.config.torch_threads)
+        self.executor.get(futures)
+
     def _streamed_reference(self):
         """The reference group, when a streaming scheduler may compute its log-probs per request:
         it has devices of its own (nothing to offload for it) and token log-probs are enough."""
@@ -558,6 +570,7 @@ class RLVRPipeline(Pipeline):
         self._record_placement()
         if self.streaming:  # the reference exists only now (it starts from the warmed-up policy)
             self.scheduler.attach(self.stream, reference=self._streamed_reference())
+        self._set_threads(rl=True)
         last_eval, last_eval_step = {}, None
         for step in range(start + 1, cfg.trainer.max_steps + 1):
             metrics = self.rl_step()
@@ -572,6 +585,7 @@ class RLVRPipeline(Pipeline):
         if self.streaming:
             self.scheduler.drain()  # no request outlives the run
             self.executor.get(self._pending_loads)
+        self._set_threads(rl=False)
         final_step = max(start, cfg.trainer.max_steps)
         after = last_eval if last_eval_step == final_step else self.evaluate()
         summary = {"steps": final_step, "before_rl": self.before_rl, "after_rl": after}
@@ -593,12 +607,14 @@ def _warn_if_oversubscribed(cfg) -> None:
     if cfg.executor != "ray" or torch.cuda.is_available():
         return
     cores = os.cpu_count() or 1
-    busy = cfg.torch_threads * (1 + cfg.roles.actor_infer.num_workers)
+    train, infer = cfg.roles.actor_train, cfg.roles.actor_infer
+    train_threads, infer_threads = train.torch_threads or cfg.torch_threads, infer.torch_threads or cfg.torch_threads
+    busy = train_threads * train.num_workers + infer_threads * infer.num_workers
     if busy > cores:
-        print(f"warning: async training on CPU runs actor_train and {cfg.roles.actor_infer.num_workers} actor_infer "
-              f"worker(s) at once with torch_threads={cfg.torch_threads} each ({busy} threads on {cores} cores); "
-              f"oversubscribed cores make both slower. Set torch_threads={max(1, cores // 2)} or fewer.",
-              flush=True)
+        print(f"warning: async training on CPU runs {train.num_workers} actor_train worker(s) with {train_threads} "
+              f"thread(s) and {infer.num_workers} actor_infer worker(s) with {infer_threads} at once ({busy} threads "
+              f"on {cores} cores); oversubscribed cores make both slower. Set torch_threads={max(1, cores // 2)} "
+              f"or fewer (or per role: roles.<role>.torch_threads).", flush=True)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

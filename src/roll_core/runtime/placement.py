@@ -40,6 +40,10 @@ def check_mappings(cfg) -> None:
         for name in _TRAINED:
             if name in roles and roles[name].num_workers > 1:
                 raise ValueError(f"roles.{name}.num_workers > 1 (data-parallel training) needs executor: ray")
+        threaded = [name for name, role in roles.items() if getattr(role, "torch_threads", None) is not None]
+        if threaded:
+            raise ValueError(f"roles.{threaded[0]}.torch_threads needs executor: ray (the local executor runs every "
+                             f"role in one process, which has one thread count: use torch_threads)")
         if cfg.runtime.weight_sync == "collective":
             raise ValueError("runtime.weight_sync: collective needs executor: ray (the local executor runs every "
                              "worker in one process); use object_store or auto")

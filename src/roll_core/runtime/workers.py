@@ -29,6 +29,10 @@ class _Worker:
     def pid(self) -> int:
         return os.getpid()
 
+    def threads(self) -> int:
+        """Intra-op threads torch uses in this worker now."""
+        return torch.get_num_threads()
+
     def placement(self) -> dict:
         """Where this worker runs: Ray node id (when on Ray) and its visible devices."""
         node = None
@@ -55,7 +59,7 @@ class RoleWorker(_Worker):
 
     def __init__(self, role: str, kind: str, model_path: str, role_config, run_config, seed: int, devices=None):
         _bind_devices(devices)
-        torch.set_num_threads(run_config.torch_threads)
+        torch.set_num_threads(role_config.torch_threads or run_config.torch_threads)
         self.role, self.kind = role, kind
         self._args = (model_path, role_config, run_config, seed)
         self.strategy = None
@@ -101,6 +105,10 @@ class RoleWorker(_Worker):
 
     def load_checkpoint(self, path: str) -> None:
         self.strategy.load_checkpoint(path)
+
+    def set_threads(self, n: int) -> None:
+        """Intra-op threads from now on (the pipeline switches a role's count between phases)."""
+        torch.set_num_threads(n)
 
     # -- colocation -----------------------------------------------------------------------------
     def offload(self) -> None:
