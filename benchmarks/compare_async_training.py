@@ -25,7 +25,7 @@ from pathlib import Path
 
 def run(out: Path, ratio: float, steps: int, request_size: int, extra: list[str], async_extra: list[str]) -> dict:
     cmd = [sys.executable, "-m", "roll_core.cli", "run", f"output_dir={out}", f"trainer.max_steps={steps}",
-           "trainer.eval_every=0", "trainer.save_every=0", "trainer.resume=never", "trackers=[jsonl]", *extra]
+           "trainer.save_every=0", "trainer.resume=never", "trackers=[jsonl]", *extra]
     if ratio > 0:
         cmd += ["rollout.scheduler=async", f"rollout.async_generation_ratio={ratio}",
                 f"rollout.request_size={request_size}", *async_extra]
@@ -37,11 +37,21 @@ def run(out: Path, ratio: float, steps: int, request_size: int, extra: list[str]
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps_rows = [r for r in rows if "time/step_s" in r]
+    curve, elapsed = [], 0.0  # (RL seconds so far, held-out accuracy) at every evaluation
+    for r in steps_rows:
+        elapsed += r["time/step_s"]
+        if "eval/accuracy" in r:
+            curve.append((elapsed, r["eval/accuracy"]))
     return {
         "before": summary["before_rl"]["eval/accuracy"], "after": summary["after_rl"]["eval/accuracy"],
-        "rl_s": sum(r["time/step_s"] for r in steps_rows), "wall_s": wall,
+        "rl_s": elapsed, "wall_s": wall, "curve": curve,
         "staleness": sum(r.get("rollout/staleness_mean", 0.0) for r in steps_rows) / len(steps_rows),
     }
+
+
+def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
+    """RL seconds until the first evaluation at or above ``target`` (None: never)."""
+    return next((t for t, acc in curve if acc >= target - 1e-9), None)
 
 
 def main():
@@ -50,6 +60,9 @@ def main():
     ap.add_argument("--ratios", default="0,1")
     ap.add_argument("--seeds", default="42", help="comma-separated; every seed runs every ratio, side by side")
     ap.add_argument("--request-size", type=int, default=64)
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="also evaluate every N steps and report the RL seconds each run takes to reach the "
+                         "accuracy sync ends with (evaluation time is not counted as RL time)")
     ap.add_argument("--out", default="runs/compare_async")
     ap.add_argument("--async-set", action="append", default=[], help="a key=value override for the async runs only")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
@@ -61,7 +74,7 @@ def main():
     for seed in seeds:
         for ratio in ratios:
             r = run(Path(args.out) / f"seed_{seed}" / f"ratio_{ratio:g}", ratio, args.steps, args.request_size,
-                    [f"seed={seed}", *args.overrides], args.async_set)
+                    [f"seed={seed}", f"trainer.eval_every={args.eval_every}", *args.overrides], args.async_set)
             results[ratio].append(r)
             print(f"{seed:>5} {ratio:>5g} {r['before']:>7.1%} {r['after']:>7.1%} {100 * (r['after'] - r['before']):>8.1f} "
                   f"{r['rl_s']:>7.1f} {r['wall_s']:>7.1f} {r['staleness']:>9.2f}", flush=True)
@@ -74,6 +87,12 @@ def main():
     def gain(ratio):
         return 100 * sum(r["after"] - r["before"] for r in results[ratio]) / len(results[ratio])
 
+    if args.eval_every:
+        for k, seed in enumerate(seeds):
+            target = results[0.0][k]["after"]
+            reach = {ratio: time_to(results[ratio][k]["curve"], target) for ratio in ratios}
+            print(f"seed {seed}: RL seconds to sync's final {target:.1%}: " + ", ".join(
+                f"ratio {ratio:g} {'never' if t is None else f'{t:.1f} s'}" for ratio, t in reach.items()))
     label = f"mean of {len(seeds)} seeds" if len(seeds) > 1 else f"seed {seeds[0]}"
     for ratio in ratios:
         if ratio:

@@ -22,6 +22,11 @@ from roll_core.runtime import make_executor
 class RecordingPipeline(RLVRPipeline):
     """Keeps every batch handed to the trainer."""
 
+    def warmup(self):
+        if self.config.executor == "ray":
+            self.warmup_threads = self.executor.get(self.actor.call("threads"))
+        return super().warmup()
+
     def collect(self):
         batch, metrics = super().collect()
         self.trained_batches = getattr(self, "trained_batches", []) + [batch]
@@ -201,7 +206,8 @@ def test_async_on_ray_overlaps_and_keeps_the_bound(tiny_config):
     pipeline, steps = _run(tiny_config(*ASYNC, "executor=ray", "torch_threads=2", "rollout.async_generation_ratio=1",
                                        "roles.actor_infer.num_workers=2", "roles.actor_train.torch_threads=1",
                                        "roles.actor_infer.torch_threads=1"), before_shutdown=probe)
-    # Each role's own thread count during RL steps; the run's count again once RL is over.
+    # Each role's own thread count during RL steps; the run's count in warm-up and once RL is over.
+    assert pipeline.warmup_threads == [2]
     assert pipeline.threads_seen == [{"train": [1], "infer": [1, 1]}] * len(steps)
     assert after == {"train": [2], "infer": [2, 2]}
     for prev, step in zip([None, *steps], steps):
@@ -242,6 +248,9 @@ def test_async_workers_wait_passively_unless_the_user_chose_a_policy(monkeypatch
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     assert _worker_env(load_and_check(None, ["rollout.scheduler=async"])) == {"OMP_WAIT_POLICY": "PASSIVE"}
     assert _worker_env(load_and_check(None, [])) == {}  # sync: spinning is faster there
+    one_each = [f"roles.{r}.torch_threads=1" for r in ("actor_train", "actor_infer", "reference")]
+    assert _worker_env(load_and_check(None, ["rollout.scheduler=async", *one_each])) == {}  # no thread teams in RL
+    assert _worker_env(load_and_check(None, ["rollout.scheduler=async", *one_each[:2]])) == {"OMP_WAIT_POLICY": "PASSIVE"}
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert _worker_env(load_and_check(None, ["rollout.scheduler=async"])) == {}
 

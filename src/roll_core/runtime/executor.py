@@ -223,11 +223,16 @@ def _worker_env(config) -> dict[str, str]:
     """With a streaming (asynchronous) scheduler, training and generation run at the same time. On
     CPU, OpenMP's default of spinning while it waits for work then burns the cores the other role
     needs: measured on 2 cores, an async step took 2.99 s with spinning threads and 0.77 s with
-    ``OMP_WAIT_POLICY=PASSIVE``, which the workers get unless the user set a policy. (Synchronous
-    runs keep spinning: there it is faster, 0.59 s against 1.01 s.)"""
+    ``OMP_WAIT_POLICY=PASSIVE``, which the workers get unless the user set a policy. Not when every
+    model role runs RL steps on one thread (``roles.<role>.torch_threads: 1``): a single thread
+    never waits for a team, and spinning makes the phases where one role has every core (warm-up,
+    evaluation) faster, as it does for synchronous runs (0.59 s against 1.01 s per step)."""
     from roll_core.plugins import get_plugins
 
     scheduler = get_plugins().schedulers.get(config.rollout.scheduler)
-    if getattr(scheduler, "streaming", False) and "OMP_WAIT_POLICY" not in os.environ:
-        return {"OMP_WAIT_POLICY": "PASSIVE"}
-    return {}
+    if not getattr(scheduler, "streaming", False) or "OMP_WAIT_POLICY" in os.environ:
+        return {}
+    roles = [getattr(config.roles, name) for name in ("actor_train", "actor_infer", "reference", "critic")]
+    if all((role.torch_threads or config.torch_threads) == 1 for role in roles if role is not None):
+        return {}
+    return {"OMP_WAIT_POLICY": "PASSIVE"}

@@ -59,7 +59,7 @@ class RoleWorker(_Worker):
 
     def __init__(self, role: str, kind: str, model_path: str, role_config, run_config, seed: int, devices=None):
         _bind_devices(devices)
-        torch.set_num_threads(role_config.torch_threads or run_config.torch_threads)
+        torch.set_num_threads(run_config.torch_threads)  # a role's own count applies during RL steps only
         self.role, self.kind = role, kind
         self._args = (model_path, role_config, run_config, seed)
         self.strategy = None
