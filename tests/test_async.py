@@ -116,6 +116,7 @@ def test_filtered_groups_never_reach_training(tiny_config, roll_plugins):
 
 def _assert_nothing_in_flight(scheduler):
     assert scheduler.requests == [] and scheduler.aborting == [] and scheduler.scoring == []
+    assert scheduler.referencing == []
     assert scheduler.ready == [] and scheduler.open == {} and scheduler.pending == []
 
 
@@ -267,11 +268,12 @@ def test_a_stalled_scheduler_raises_instead_of_spinning():
         scheduler.next_batch()
 
 
-def test_reference_log_probs_are_computed_with_the_rollout(tiny_config):
-    """With a reference on its own devices, the async scheduler gets each finished request's
-    reference log-probs while generation goes on; they equal a forward pass over the whole batch."""
-    pipeline, steps = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=1", "rollout.request_size=2",
-                                       "algorithm.kl_loss_coef=0.1"))
+@pytest.mark.parametrize("request_size", [2, 8])  # half a group per request; two groups per request
+def test_reference_log_probs_are_computed_with_the_rollout(tiny_config, request_size):
+    """With a reference on its own devices, the async scheduler gets each kept group's reference
+    log-probs while generation goes on; they equal a forward pass over the whole batch."""
+    pipeline, steps = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=1",
+                                       f"rollout.request_size={request_size}", "algorithm.kl_loss_coef=0.1"))
     assert pipeline.scheduler.reference is pipeline.reference
     for batch in pipeline.trained_batches:
         whole, _ = pipeline._log_probs(pipeline.reference, batch)

@@ -70,17 +70,16 @@ class _Request:
 
 @dataclass
 class _Scoring:
-    """A finished request being scored (and, with a streamed reference, its reference log-probs)."""
+    """A finished request being scored."""
 
     ticket: RewardTicket
     part: Batch
     version: int
     samples: list[tuple[int, int]]
-    ref: object | None = None
     done: set[int] = field(default_factory=set)
 
     def futures(self) -> list:
-        return [f for f, _ in self.ticket.parts] + ([self.ref] if self.ref is not None else [])
+        return [f for f, _ in self.ticket.parts]
 
 
 @dataclass
@@ -118,6 +117,8 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         self.requests: list[_Request] = []
         self.aborting: list[_Request] = []  # cancelled, until their workers are free again
         self.scoring: list[_Scoring] = []
+        self.referencing: list[tuple[object, list[tuple[int, Batch]]]] = []  # (future, its (version, group)s)
+        self._to_reference: list[tuple[int, Batch]] = []
         self.ready: list[tuple[int, Batch]] = []  # (version, one scored, kept group), completion order
         self.chosen: list[tuple[int, Batch]] = []  # the batch being assembled (still outstanding)
         self.rejected: list[tuple[int, Batch]] = []  # filtered out this step (only a fallback uses them)
@@ -132,7 +133,8 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
     # ------------------------------------------------------------------------------------------
     def outstanding(self) -> int:
         """Groups started and neither trained on nor dropped yet."""
-        return len(self.open) + len(self.ready) + len(self.chosen)
+        return (len(self.open) + sum(len(groups) for _, groups in self.referencing) + len(self.ready)
+                + len(self.chosen))
 
     def admissible(self) -> int:
         """How many more groups may start now without breaking the staleness bound.
@@ -168,6 +170,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
     def _domain_counts(self) -> Counter:
         """Outstanding groups per domain."""
         counts = Counter(g.row.get("domain", "default") for g in self.open.values())
+        counts.update(batch["domain"][0] for _, groups in self.referencing for _, batch in groups)
         counts.update(batch["domain"][0] for _, batch in self.ready + self.chosen)
         return counts
 
@@ -231,7 +234,8 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         gen = [q.future for q in self.requests]
         aborting = [q.future for q in self.aborting]
         rew = [(s, k, f) for s in self.scoring for k, f in enumerate(s.futures()) if k not in s.done]
-        waiting = gen + aborting + [f for _, _, f in rew] + list(extra_futures)
+        refs = [f for f, _ in self.referencing]
+        waiting = gen + aborting + [f for _, _, f in rew] + refs + list(extra_futures)
         if not waiting:
             return None
         t0 = time.perf_counter()
@@ -247,8 +251,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         for q in finished:
             self._note_if_idle(q.worker)
             part, samples = self._finish_request(self.executor.get(q.future))
-            self.scoring.append(_Scoring(self.reward.submit(samples), part, q.version, q.samples,
-                                         self._submit_reference(part)))
+            self.scoring.append(_Scoring(self.reward.submit(samples), part, q.version, q.samples))
         offset = len(gen) + len(aborting)
         for j, (s, k, _) in enumerate(rew):
             if offset + j in ready:
@@ -256,8 +259,17 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         for s in [s for s in self.scoring if len(s.done) == len(s.futures())]:
             self.scoring.remove(s)
             self._complete(s)
-        self._top_up()
         offset += len(rew)
+        done = [e for k, e in enumerate(self.referencing) if offset + k in ready]
+        self.referencing = [e for k, e in enumerate(self.referencing) if offset + k not in ready]
+        for future, groups in done:
+            ref, start = self.executor.get(future), 0
+            for version, rows in groups:
+                width = rows["responses"].shape[1]
+                self.ready.append((version, rows.update(ref_log_probs=ref[start:start + len(rows), :width])))
+                start += len(rows)
+        self._top_up()
+        offset += len(refs)
         return [k - offset for k in sorted(ready) if k >= offset]
 
     def _note_if_idle(self, worker: int) -> None:
@@ -272,8 +284,6 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         scores_t = torch.tensor(scores, dtype=torch.float32)
         part = s.part.update(scores=scores_t, reward_components=components,
                              token_level_rewards=outcome_token_rewards(scores_t, s.part["response_mask"]))
-        if s.ref is not None:
-            part.update(ref_log_probs=self.executor.get(s.ref))
         self._scores.append(scores_t)
         rows_of: dict[int, list[int]] = {}
         for k, (g, _) in enumerate(s.samples):
@@ -287,6 +297,19 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
             if group.scored == self.group_size:
                 del self.open[g]
                 self._file(group)
+        self._submit_reference()
+
+    def _submit_reference(self) -> None:
+        """One reference call for the kept groups that completed together (the whole request's
+        when it held whole groups, one group when its samples were requested one by one)."""
+        groups, self._to_reference = self._to_reference, []
+        if not groups:
+            return
+        worker = self.reference.handles[self._ref_cursor % len(self.reference)]
+        self._ref_cursor += 1
+        future = self.executor.invoke(worker, "compute_log_probs", (Batch.concat([b for _, b in groups]),),
+                                      {"temperature": self.config.rollout.temperature})
+        self.referencing.append((future, groups))
 
     def _file(self, group: _Group) -> None:
         index = [j for js, _ in group.pieces for j in js]
@@ -294,7 +317,8 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         rows = rows.select(sorted(range(len(index)), key=index.__getitem__))  # sample order, whatever finished first
         keep = keep_groups(rows["scores"], rows["group_index"], self.filter_cfg)
         if bool(keep.all()):
-            self.ready.append((group.version, rows))
+            # With a streamed reference, its log-probs first (see _submit_reference).
+            (self._to_reference if self.reference is not None else self.ready).append((group.version, rows))
         else:
             self.stats["rollout/filtered_groups"] += 1
             self.rejected.append((group.version, rows))
@@ -332,9 +356,11 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
     # ------------------------------------------------------------------------------------------
     def attach(self, stream, reference=None) -> None:
         """Draw prompts from ``stream``. With ``reference`` (the reference role's worker group, when
-        it has devices of its own), every finished request also gets its ``ref_log_probs`` there, in
-        parallel with scoring and generation: the reference model never changes, so they need not
-        wait for the trainer, and the pipeline skips that forward pass on the critical path."""
+        it has devices of its own), every group that passes the filter gets its ``ref_log_probs``
+        there before it is ready, in parallel with generation and scoring: the reference model
+        never changes, so they need not wait for the trainer, and the pipeline skips that forward
+        pass on the critical path. (Per group, not per request: one forward pass per sample would
+        cost more than it hides; filtered groups need none.)"""
         self.stream = stream
         self.reference = reference
         self._ref_cursor = 0
@@ -342,14 +368,6 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         self.lanes = dict(stream.probs) if getattr(stream, "probs", None) else None
         self._lane_credit = dict.fromkeys(self.lanes or {}, 0.0)
         self._quotas: list[dict[str, int]] = []
-
-    def _submit_reference(self, part: Batch):
-        if self.reference is None:
-            return None
-        worker = self.reference.handles[self._ref_cursor % len(self.reference)]
-        self._ref_cursor += 1
-        return self.executor.invoke(worker, "compute_log_probs", (part,),
-                                    {"temperature": self.config.rollout.temperature})
 
     @staticmethod
     def staleness(version: int, step: int) -> int:
@@ -421,17 +439,19 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
     def drain(self) -> None:
         """Abort everything in flight at the end of a run and wait until every inference worker is
         free, so no request outlives it. Discarded groups are counted as aborted."""
-        self.stats["rollout/aborted_groups"] += len(self.open) + len(self.ready)
+        self.stats["rollout/aborted_groups"] += len(self.open) + len(self.ready) + sum(
+            len(groups) for _, groups in self.referencing)
         self.open.clear()
         self.pending.clear()
         self.ready.clear()
         self._cancel(list(self.requests))
         self.accepting = False
         try:
-            while self.requests or self.aborting or self.scoring:
+            while self.requests or self.aborting or self.scoring or self.referencing:
                 self._pump([])
         finally:
             self.accepting = True
+        self.ready.clear()  # groups whose reference log-probs came in meanwhile (already counted)
 
     # ------------------------------------------------------------------------------------------
     # metrics
