@@ -311,3 +311,20 @@ def test_each_domain_gets_its_share_of_every_async_batch(tiny_config, roll_plugi
         assert sorted(domains) == ["easy", "easy", "easy", "hard"]
     assert sum(s["rollout/filtered_groups"] for s in steps) > 0
     assert pipeline.scheduler.lanes == {"easy": 0.75, "hard": 0.25}
+
+
+def test_lanes_admit_several_groups_in_their_shares():
+    """One admission of several groups (a request holding two or more) follows the quotas:
+    each choice sees the groups chosen just before it."""
+    from roll_core.data import DomainMixer
+    from roll_core.rollout.async_scheduler import AsyncRolloutScheduler
+    from roll_core.runtime.executor import LocalExecutor
+
+    cfg = load_and_check(None, ["rollout.scheduler=async", "rollout.prompts_per_step=4"])
+    scheduler = AsyncRolloutScheduler(cfg, LocalExecutor(), [object()], None, None)
+    rows = [{"prompt": f"{d}{i}", "ground_truth": "x", "domain": d} for d in ("easy", "hard") for i in range(8)]
+    scheduler.attach(DomainMixer(rows, {"easy": 0.75, "hard": 0.25}, seed=0))
+    scheduler._admit(4)
+    domains = sorted(g.row["domain"] for g in scheduler.open.values())
+    assert domains == ["easy", "easy", "easy", "hard"] == sorted(
+        d for d, k in scheduler.quota(1).items() for _ in range(k))

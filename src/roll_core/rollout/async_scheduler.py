@@ -150,8 +150,10 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
 
     def _admit(self, n: int) -> None:
         """Start ``n`` more groups: each becomes ``group_size`` pending samples."""
-        rows = self.stream.next(n) if self.lanes is None else [self._lane_row() for _ in range(n)]
-        for row in rows:
+        rows = iter(self.stream.next(n)) if self.lanes is None else None
+        for _ in range(n):
+            # With lanes, one at a time: each choice must see the groups admitted just before it.
+            row = next(rows) if rows is not None else self._lane_row()
             g = self.next_group
             self.next_group += 1
             self.open[g] = _Group(row)
@@ -205,7 +207,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
             if running[worker] >= self.max_running:
                 return
             if len(self.pending) < self.request_size and budget > 0:
-                n = min(budget, -(-(self.request_size - len(self.pending)) // self.group_size))
+                n = min(budget, math.ceil((self.request_size - len(self.pending)) / self.group_size))
                 self._admit(n)
                 budget -= n
             if not self.pending:
