@@ -366,6 +366,10 @@ class RollConfig(Strict):
                                  f"samples per step (prompts_per_step * num_return_sequences = {samples})")
         return self
 
+    def rl_threads(self, role: str) -> int:
+        """Intra-op threads of a model role's workers during RL steps (``roles.<role>.torch_threads``)."""
+        return getattr(self.roles, role).torch_threads or self.torch_threads
+
     def placed_roles(self) -> dict[str, Placed]:
         """Every role that gets workers, by the key it has in ``roles``."""
         roles = self.roles

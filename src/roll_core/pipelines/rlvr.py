@@ -293,8 +293,8 @@ class RLVRPipeline(Pipeline):
         self.executor.get(futures)
 
     def _streamed_reference(self):
-        """The reference group, when a streaming scheduler may compute its log-probs per request:
-        it has devices of its own (nothing to offload for it) and token log-probs are enough."""
+        """The reference group, when a streaming scheduler may compute its log-probs as groups
+        complete: it has devices of its own (nothing to offload for it) and token log-probs are enough."""
         if self.reference is None or self.residency.colocation.get("reference") or any(self._kl_needs_distribution()):
             return None
         return self.reference
@@ -608,7 +608,7 @@ def _warn_if_oversubscribed(cfg) -> None:
         return
     cores = os.cpu_count() or 1
     train, infer = cfg.roles.actor_train, cfg.roles.actor_infer
-    train_threads, infer_threads = train.torch_threads or cfg.torch_threads, infer.torch_threads or cfg.torch_threads
+    train_threads, infer_threads = cfg.rl_threads("actor_train"), cfg.rl_threads("actor_infer")
     busy = train_threads * train.num_workers + infer_threads * infer.num_workers
     if busy > cores:
         print(f"warning: async training on CPU runs {train.num_workers} actor_train worker(s) with {train_threads} "

@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from roll_core.errors import RollError, WorkerLostError
+from roll_core.runtime.placement import MODEL_ROLES
 
 
 class WorkerGroup:
@@ -232,7 +233,6 @@ def _worker_env(config) -> dict[str, str]:
     scheduler = get_plugins().schedulers.get(config.rollout.scheduler)
     if not getattr(scheduler, "streaming", False) or "OMP_WAIT_POLICY" in os.environ:
         return {}
-    roles = [getattr(config.roles, name) for name in ("actor_train", "actor_infer", "reference", "critic")]
-    if all((role.torch_threads or config.torch_threads) == 1 for role in roles if role is not None):
+    if all(config.rl_threads(name) == 1 for name in MODEL_ROLES if getattr(config.roles, name) is not None):
         return {}
     return {"OMP_WAIT_POLICY": "PASSIVE"}

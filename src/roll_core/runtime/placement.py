@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from roll_core.errors import ConfigError
 
-_MODEL_ROLES = ("actor_train", "actor_infer", "reference", "critic")
+MODEL_ROLES = ("actor_train", "actor_infer", "reference", "critic")
 _TRAINED = ("actor_train", "critic")
 
 
@@ -62,7 +62,7 @@ def check_mappings(cfg) -> None:
             shared = _overlap(mapped[a], mapped[b])
             if not shared:
                 continue
-            reward = next((n for n in (a, b) if n not in _MODEL_ROLES), None)
+            reward = next((n for n in (a, b) if n not in MODEL_ROLES), None)
             if reward is not None:
                 raise ValueError(f"roles.{reward}.device_mapping overlaps roles.{a if reward == b else b} on devices "
                                  f"{shared}: reward workers cannot be offloaded, give them their own devices")
@@ -130,7 +130,7 @@ def nodes_needed(cfg, per_node: int) -> int:
 
 def colocated(cfg) -> dict[str, set[str]]:
     """For each model role, the other model roles that share a device with it."""
-    roles = {n: r.devices for n, r in cfg.placed_roles().items() if n in _MODEL_ROLES and r.devices is not None}
+    roles = {n: r.devices for n, r in cfg.placed_roles().items() if n in MODEL_ROLES and r.devices is not None}
     return {a: {b for b in roles if b != a and _overlap(roles[a], roles[b])} for a in roles}
 
 
