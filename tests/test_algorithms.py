@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from roll_core.algorithms.advantages import (
-    AdvantageInput, agentic_reinforce, discounted_returns, gae, gigpo, grpo, opd, raft, reinforce,
+    AdvantageInput, agentic_reinforce, discounted_returns, gae, gigpo, grpo, masked_whiten, opd, raft, reinforce,
     reinforce_plus_plus, reinforce_plus_plus_baseline, rloo, step_reinforce,
 )
-from roll_core.algorithms.kl import abs_kl, full, k1, k2, k3
+from roll_core.algorithms.kl import K3_BOUND, abs_kl, full, k1, k2, k3
 from roll_core.algorithms.losses import (
     PolicyLossInput, aggregate, cispo, dual_clip, gspo, kimi, ppo_clip, tis, topr, value_loss, vanilla_pg,
 )
@@ -80,14 +80,28 @@ def test_discounted_returns():
     torch.testing.assert_close(discounted_returns(r, torch.ones(1, 3), 0.5), torch.tensor([[1.5, 1.0, 2.0]]))
 
 
+def test_discounted_returns_skip_masked_tokens_in_the_middle():
+    # mask [1, 0, 1], reward 1 on the last token, gamma 1: the masked token (an environment
+    # observation) is skipped, so token 0 still gets the return 1, as gae gives it
+    r = torch.tensor([[0.0, 5.0, 1.0]])  # a reward on a masked token is ignored
+    mask = torch.tensor([[1.0, 0.0, 1.0]])
+    torch.testing.assert_close(discounted_returns(r, mask, 1.0), torch.tensor([[1.0, 0.0, 1.0]]))
+    # gamma 0.5 over valid tokens only: G2 = 1, G0 = 0 + 0.5 * 1 = 0.5 (one valid step, not two)
+    torch.testing.assert_close(discounted_returns(r, mask, 0.5), torch.tensor([[0.5, 0.0, 1.0]]))
+    adv, _ = gae(AdvantageInput(r, mask, torch.tensor([0]), values=torch.zeros(1, 3)), cfg(gamma=1.0, lam=1.0))
+    torch.testing.assert_close(adv, discounted_returns(r, mask, 1.0))  # the two agree
+    adv, _ = reinforce(AdvantageInput(r, mask, torch.tensor([0])), cfg(gamma=1.0))
+    assert adv[0, 0] == 1.0
+
+
 def test_reinforce_plus_plus_whitens_over_valid_tokens():
     # returns (gamma 1): row0 [1, 1], row1 [0, pad]: valid values 1, 1, 0 -> mean 2/3,
-    # biased std sqrt((1/9 + 1/9 + 4/9) / 3) = sqrt(2/9) = 0.47140
-    # A = (1 - 2/3) / 0.4714 = 0.70711 ; (0 - 2/3) / 0.4714 = -1.41421 ; padding 0
+    # unbiased var (1/9 + 1/9 + 4/9) / 2 = 1/3, std 0.577350
+    # A = (1 - 2/3) / 0.57735 = 0.57735 ; (0 - 2/3) / 0.57735 = -1.15470 ; padding 0
     r = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     adv, ret = reinforce_plus_plus(AdvantageInput(r, mask, torch.tensor([0, 1])), cfg())
-    torch.testing.assert_close(adv, torch.tensor([[0.70711, 0.70711], [-1.41421, 0.0]]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(adv, torch.tensor([[0.57735, 0.57735], [-1.15470, 0.0]]), atol=1e-4, rtol=0)
     torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
 
 
@@ -185,11 +199,11 @@ def test_reinforce_is_the_discounted_return():
 
 def test_reinforce_plus_plus_baseline():
     # group 0 scores 1, 0 -> centred +0.5, -0.5 ; group 1 scores 1, 1 -> 0, 0
-    # 8 valid tokens: 0.5, 0.5, -0.5, -0.5, 0, 0, 0, 0 -> mean 0, biased var 4 * 0.25 / 8 = 0.125,
-    # std 0.353553 -> A = +-0.5 / 0.353553 = +-1.414214 (and 0)
+    # 8 valid tokens: 0.5, 0.5, -0.5, -0.5, 0, 0, 0, 0 -> mean 0, unbiased var 4 * 0.25 / 7 = 0.142857,
+    # std 0.377964 -> A = +-0.5 / 0.377964 = +-1.322876 (and 0)
     adv, centred = reinforce_plus_plus_baseline(
         AdvantageInput(outcome([1, 0, 1, 1]), torch.ones(4, 2), torch.tensor([0, 0, 1, 1])), cfg())
-    torch.testing.assert_close(adv[:, 0], torch.tensor([1.414214, -1.414214, 0.0, 0.0]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([1.322876, -1.322876, 0.0, 0.0]), atol=1e-4, rtol=0)
     torch.testing.assert_close(centred[:, 1], torch.tensor([0.5, -0.5, 0.0, 0.0]))
 
 
@@ -246,12 +260,12 @@ TURN_INDEX = torch.tensor([[0, 0, 1, 1], [0, 1, -1, -1]])
 
 def test_step_reinforce_whitens_turn_returns():
     # gamma 1: row 0 G = [0.5 + 1, 1] = [1.5, 1]; row 1 G = [0, 0]
-    # over the 4 valid turns: mean 2.5 / 4 = 0.625 ; biased var (0.875^2 + 0.375^2 + 2 * 0.625^2) / 4
-    #   = (0.765625 + 0.140625 + 0.78125) / 4 = 0.421875 ; std 0.649519
-    # A = 0.875 / 0.649519 = 1.347151 ; 0.375 / 0.649519 = 0.577350 ; -0.625 / 0.649519 = -0.962250
+    # over the 4 valid turns: mean 2.5 / 4 = 0.625 ; unbiased var (0.875^2 + 0.375^2 + 2 * 0.625^2) / 3
+    #   = (0.765625 + 0.140625 + 0.78125) / 3 = 0.5625 ; std 0.75
+    # A = 0.875 / 0.75 = 1.166667 ; 0.375 / 0.75 = 0.5 ; -0.625 / 0.75 = -0.833333
     adv, ret = step_reinforce(AdvantageInput(TURN_REWARDS, TURN_MASK, torch.tensor([0, 0]),
                                              turn_index=TURN_INDEX), cfg())
-    expected = torch.tensor([[1.347151, 1.347151, 0.577350, 0.577350], [-0.962250, -0.962250, 0.0, 0.0]])
+    expected = torch.tensor([[1.166667, 1.166667, 0.5, 0.5], [-0.833333, -0.833333, 0.0, 0.0]])
     torch.testing.assert_close(adv, expected, atol=1e-4, rtol=0)
     torch.testing.assert_close(ret, torch.tensor([[1.5, 1.5, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]))
 
@@ -414,3 +428,65 @@ def test_kl_abs_and_full():
     assert float(full(p, p)) == 0.0
     with pytest.raises(ValueError, match=r"\[B, R, V\]"):
         full(lp, ref)
+
+
+# ------------------------------------------------------------------------------------------------
+# numerical safety: whitening and k3 stay finite and bounded, in value and gradient
+# ------------------------------------------------------------------------------------------------
+def _whiten_rewards(values, mask=None):
+    x = torch.tensor([values], dtype=torch.float64, requires_grad=True)
+    m = torch.ones_like(x) if mask is None else torch.tensor([mask], dtype=torch.float64)
+    out = masked_whiten(x, m, shift_mean=False)
+    out.sum().backward()
+    return out.detach()[0], x.grad[0]
+
+
+def test_whitening_all_equal_rewards_leaves_them_as_they_are():
+    # four 1.0s: mean 1, var 0 -> (x - 1) / sqrt(0 + 1e-6) + 1 = 1 (the old form gave about 1e6)
+    out, grad = _whiten_rewards([1.0, 1.0, 1.0, 1.0])
+    torch.testing.assert_close(out, torch.ones(4, dtype=torch.float64))
+    # d/dx_i sum(out): the centred part sums to 0 identically, the kept mean gives 4 * 1/4 = 1 each
+    torch.testing.assert_close(grad, torch.ones(4, dtype=torch.float64))
+
+
+def test_whitening_near_equal_rewards_stays_near_the_mean():
+    # [1, 1, 1, 1.0001]: mean 1.000025; unbiased var (3 * 2.5e-5^2 + 7.5e-5^2) / 3 = 2.5e-9
+    # sqrt(2.5e-9 + 1e-6) = 1.0012492e-3 -> -2.5e-5 / 1.0012492e-3 = -0.0249688 ; 7.5e-5 / ... = 0.0749064
+    # plus the mean: 0.9750562 (x3) and 1.0749314 (the old form gave about 22,569)
+    out, grad = _whiten_rewards([1.0, 1.0, 1.0, 1.0001])
+    torch.testing.assert_close(out, torch.tensor([0.9750562, 0.9750562, 0.9750562, 1.0749314], dtype=torch.float64),
+                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(grad, torch.ones(4, dtype=torch.float64))  # as above: bounded, not 1e6
+
+
+def test_whitening_fewer_than_two_valid_tokens_changes_nothing():
+    out, grad = _whiten_rewards([3.0, 7.0], mask=[0.0, 1.0])
+    torch.testing.assert_close(out, torch.tensor([0.0, 7.0], dtype=torch.float64))
+    torch.testing.assert_close(grad, torch.tensor([0.0, 1.0], dtype=torch.float64))
+    out, _ = _whiten_rewards([3.0], mask=[0.0])
+    assert out.tolist() == [0.0]
+
+
+def test_whitening_uses_the_unbiased_variance():
+    # [0, 2]: mean 1, unbiased var ((-1)^2 + 1^2) / 1 = 2 -> (x - 1) / sqrt(2) = -0.707107, 0.707107
+    # (the biased var, 1, would give -1, 1)
+    out = masked_whiten(torch.tensor([[0.0, 2.0]]), torch.ones(1, 2))
+    torch.testing.assert_close(out, torch.tensor([[-0.707107, 0.707107]]), atol=1e-5, rtol=0)
+
+
+def test_k3_is_bounded_in_value_and_gradient_at_large_log_ratios():
+    # log q - log p = 20: exp(20) - 20 - 1 = 4.85e8 unbounded; the bound is 10, with no gradient beyond it
+    lp = torch.tensor([-20.0, 0.0, -1000.0, 1000.0], requires_grad=True)
+    ref = torch.tensor([0.0, 0.0, 0.0, 0.0])
+    kl = k3(lp, ref)
+    kl.sum().backward()
+    assert K3_BOUND == 10.0
+    torch.testing.assert_close(kl.detach(), torch.tensor([10.0, 0.0, 10.0, 10.0]))
+    assert torch.isfinite(lp.grad).all() and lp.grad.abs().max() <= K3_BOUND
+    # inside the bound, the value and gradient are k3's: delta = 1 -> e - 2 = 0.718282,
+    # d/d(log p) = -(e^delta - 1) = -1.718282
+    lp = torch.tensor([-1.0], requires_grad=True)
+    value = k3(lp, torch.tensor([0.0]))
+    value.backward()
+    assert float(value.detach()) == pytest.approx(0.718282, abs=1e-6)
+    assert float(lp.grad) == pytest.approx(-1.718282, abs=1e-6)

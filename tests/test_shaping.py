@@ -111,18 +111,18 @@ def test_adaptive_kl_penalty_updates_beta_after_use():
 
 
 def test_whiten_rewards_keeps_the_mean():
-    # token rewards [[0, 1], [0, 3]]: biased std over 4 tokens: mean 1, var (1 + 0 + 1 + 4) / 4 = 1.5
-    # divided (not centred) by 1.224745 -> [0, .816497], [0, 2.449490]
+    # token rewards [[0, 1], [0, 3]] over 4 tokens: mean 1, unbiased var (1 + 0 + 1 + 4) / 3 = 2,
+    # std 1.414214; (x - 1) / 1.414214 + 1 -> [0.292893, 1], [0.292893, 2.414214] (mean still 1)
     s = shaper(advantage_estimator="reinforce", whiten_rewards=True)
     batch = scored([1.0, 3.0], [0, 1])
     s.shape(batch)
-    torch.testing.assert_close(batch["token_level_rewards"], torch.tensor([[0.0, 0.816497], [0.0, 2.449490]]),
+    torch.testing.assert_close(batch["token_level_rewards"], torch.tensor([[0.292893, 1.0], [0.292893, 2.414214]]),
                                atol=1e-4, rtol=0)
 
 
 def test_whiten_and_clip_advantages():
     # reinforce with scores 0, 4 on two tokens each: advantages (returns) 0, 0, 4, 4 -> whitened
-    # mean 2, biased std 2 -> -1, -1, 1, 1 ; clip 0.5 -> -.5, .5
+    # mean 2, unbiased std 2.309401 -> -0.866, -0.866, 0.866, 0.866 ; clip 0.5 -> -.5, .5
     s = shaper(advantage_estimator="reinforce", whiten_advantages=True, advantage_clip=0.5)
     batch = scored([0.0, 4.0], [0, 1])
     s.shape(batch)

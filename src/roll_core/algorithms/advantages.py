@@ -46,25 +46,42 @@ def group_stats(scores: torch.Tensor, group_index: torch.Tensor):
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True) -> torch.Tensor:
-    """``(x - mean) / (std + eps)`` over the entries where ``mask`` is 1 (biased std), 0 elsewhere.
+    """Whitening over the entries where ``mask`` is 1; 0 elsewhere. Shapes ``[B, R]`` in and out.
 
-    ``shift_mean=False`` divides by the std but keeps the mean (used for rewards, whose sign matters).
+        shift_mean=True:   (x - mean) / sqrt(var + eps)
+        shift_mean=False:  (x - mean) / sqrt(var + eps) + mean     (rewards: rescale the spread, keep the mean)
+
+    ``var`` is the unbiased (Bessel-corrected) variance, as in :func:`group_stats` and as verl and
+    OpenRLHF compute it. Only the centred part is divided, so all-equal values come back unchanged
+    (not divided by ``eps``) and near-equal ones stay within ``|x - mean| / sqrt(eps)`` of the mean.
+    With fewer than two valid entries there is no spread to measure and ``x`` is returned as it is.
     """
-    count = mask.sum().clamp(min=1)
+    count = mask.sum()
+    if count < 2:
+        return x * mask
     mean = (x * mask).sum() / count
-    var = (((x - mean) * mask) ** 2).sum() / count
-    centred = x - mean if shift_mean else x
-    return centred / (var.sqrt() + EPS) * mask
+    var = (((x - mean) * mask) ** 2).sum() / (count - 1)
+    whitened = (x - mean) * torch.rsqrt(var + EPS)
+    return (whitened if shift_mean else whitened + mean) * mask
 
 
 def discounted_returns(token_level_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """``G_t = r_t + gamma * G_{t+1}`` within the response (reset at padding). Shape ``[B, R]``."""
-    returns = torch.zeros_like(token_level_rewards)
-    running = torch.zeros(token_level_rewards.shape[0], dtype=token_level_rewards.dtype)
-    for t in reversed(range(token_level_rewards.shape[1])):
-        running = token_level_rewards[:, t] + gamma * running * mask[:, t]
-        returns[:, t] = running
-    return returns * mask
+    """``G_t = r_t + gamma * G_next(t)`` over the valid tokens of each row, 0 on masked ones.
+
+    ``next(t)`` is the next token where ``mask`` is 1: masked tokens in the middle of a response
+    (environment observations between turns) are skipped, not taken as the end of the episode, so
+    early turns still get credit for a reward at the end; this is how :func:`gae` treats them too.
+    Rewards on masked tokens are ignored. Shapes: ``[B, R]`` in and out.
+    """
+    valid = mask > 0
+    rewards = token_level_rewards * mask
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
+    for t in reversed(range(rewards.shape[1])):
+        current = rewards[:, t] + gamma * running
+        returns[:, t] = torch.where(valid[:, t], current, torch.zeros_like(current))
+        running = torch.where(valid[:, t], current, running)
+    return returns
 
 
 def _outcome(batch: AdvantageInput) -> torch.Tensor:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+K3_BOUND = 10.0  # |k3| per token, as ROLL and verl bound low_var_kl
+
 
 def k1(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     """``k1 = log p - log q``: unbiased for KL(p || q), high variance, can be negative."""
@@ -23,10 +25,13 @@ def k2(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
 def k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     """``k3 = exp(log q - log p) - (log q - log p) - 1`` ("low_var_kl"): unbiased and >= 0.
 
-    The log-ratio is clamped to [-20, 20] so one wildly off token cannot overflow the exponential.
+    Bounded, because it is unbounded in the log-ratio (a log-ratio of 20 gives about 4.85e8, with a
+    gradient as large): the log-ratio is clamped to [-20, 20] so the exponential stays finite, and
+    the estimate to [-K3_BOUND, K3_BOUND] = [-10, 10], in the KL loss term and in the reward
+    penalty alike (both call this function). A token beyond the bound gets no gradient from it.
     """
     delta = (ref_log_prob - log_prob).clamp(-20.0, 20.0)
-    return delta.exp() - delta - 1.0
+    return (delta.exp() - delta - 1.0).clamp(-K3_BOUND, K3_BOUND)
 
 
 def abs_kl(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
