@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 from roll_core.errors import RollError
@@ -69,18 +70,28 @@ def _cmd_validate(args) -> int:
     return 0
 
 
-def _cmd_run(args) -> int:
+def _cmd_run(args, argv: list[str] | None = None) -> int:
     from roll_core.config import load_and_check
     from roll_core.plugins import get_plugins
     from roll_core.runtime import make_executor
 
     config = load_and_check(args.config, args.overrides)  # everything is checked before a worker starts
     pipeline_cls = get_plugins().pipelines.get(config.pipeline)
-    executor = make_executor(config)
+    pipeline = None
     try:
-        pipeline_cls(config, executor).run()
-    finally:
-        executor.shutdown()
+        executor = make_executor(config)
+        try:
+            pipeline = pipeline_cls(config, executor)
+            pipeline.run()
+        finally:
+            executor.shutdown()  # every worker stops, on Ctrl-C too
+    except KeyboardInterrupt:
+        phase = pipeline.phase if pipeline else "start-up"
+        where = pipeline.resume_hint() if pipeline else "the start"
+        command = "roll " + shlex.join(sys.argv[1:] if argv is None else argv)
+        print(f"interrupted during {phase}; every worker was stopped. `{command}` resumes from {where}.",
+              file=sys.stderr, flush=True)
+        return 130
     return 0
 
 
@@ -119,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _split_config_and_overrides(args)
     try:
-        return args.func(args)
+        return args.func(args, argv) if args.func is _cmd_run else args.func(args)
     except RollError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

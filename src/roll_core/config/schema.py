@@ -268,7 +268,27 @@ class CriticRoleConfig(TrainRoleConfig):
     lr: float = Field(1e-3, gt=0)
 
 
-class RewardRoleConfig(Placed):
+class RewardFailures(Placed):
+    """What a reward worker does when a reward misbehaves, as a plugin author's bug would make it.
+
+    A call that does not finish within ``timeout_s`` per sample is abandoned and its worker is
+    replaced by a fresh one (the run goes on); a score that is NaN or infinite never reaches
+    training. Each applies its policy: ``zero`` scores those samples 0 and counts them
+    (``reward/timeouts``, ``reward/nonfinite``), ``error`` stops the run with a message naming the
+    reward and its plugin."""
+
+    timeout_s: float = Field(30.0, gt=0, description="seconds one sample may take to score (a call of n samples "
+                             "gets n times that)")
+    on_timeout: Literal["zero", "error"] = Field("zero", description="a sample not scored in time: score 0 and "
+                                                 "count it, or stop the run")
+    on_nonfinite: Literal["error", "zero"] = Field("error", description="a NaN or infinite score: stop the run "
+                                                   "naming the reward, or score 0 and count it")
+
+    def failure_policy(self) -> dict:
+        return {"timeout_s": self.timeout_s, "on_timeout": self.on_timeout, "on_nonfinite": self.on_nonfinite}
+
+
+class RewardRoleConfig(RewardFailures):
     """The reward of every sample whose domain has no entry in ``roles.domain_rewards``."""
 
     name: str = "exact_match"
@@ -281,7 +301,7 @@ class WeightedRewardConfig(Strict):
     weight: float = 1.0
 
 
-class DomainRewardConfig(Placed):
+class DomainRewardConfig(RewardFailures):
     """The reward workers of one domain. The score is ``sum(weight * reward)`` over ``rewards``."""
 
     rewards: list[WeightedRewardConfig] = Field(min_length=1)

@@ -31,6 +31,7 @@ import torch
 
 from roll_core.algorithms.objective import kl_takes_distribution, needs_distribution, reuses_update_log_probs
 from roll_core.algorithms.shaping import RewardShaper, keep_groups
+from roll_core.config.resume import check_resume
 from roll_core.data import Batch, DomainMixer, PromptStream, dp_shards, read_jsonl
 from roll_core.embedded.model import build_tiny_model
 from roll_core.errors import ConfigError, RollError, WorkerLostError, did_you_mean
@@ -169,18 +170,20 @@ class RLVRPipeline(Pipeline):
              for r in range(roles.actor_infer.num_workers)], roles.actor_infer, concurrency=self._infer_concurrency(),
         )
         default = self._start("reward", RewardWorker,
-                              [([(roles.reward.name, roles.reward.options, 1.0)], cfg)
-                               for _ in range(roles.reward.num_workers)], roles.reward)
+                              [([(roles.reward.name, roles.reward.options, 1.0)], cfg, "roles.reward",
+                                roles.reward.failure_policy()) for _ in range(roles.reward.num_workers)], roles.reward)
         by_domain = {
             domain: self._start(
                 f"reward/{domain}", RewardWorker,
-                [([(r.name, r.options, r.weight) for r in spec.rewards], cfg) for _ in range(spec.num_workers)], spec,
+                [([(r.name, r.options, r.weight) for r in spec.rewards], cfg, f"roles.domain_rewards.{domain}",
+                  spec.failure_policy()) for _ in range(spec.num_workers)], spec,
             )
             for domain, spec in roles.domain_rewards.items()
         }
+        self.reward = RewardRouter(self.executor, default, by_domain)
+        self.reward.ready()  # a reward that rejects its options stops the run now, not after the warm-up
         self._setup(self.actor, data_parallel=True)
         self._setup(self.infer, data_parallel=False)
-        self.reward = RewardRouter(self.executor, default, by_domain)
         self.reference = None
         self.critic = None
         self.residency = Residency(self.executor, self.groups, colocated(cfg))
@@ -358,8 +361,11 @@ class RLVRPipeline(Pipeline):
         if not self.eval_rows:
             return {}
         self.residency.use("actor_infer")
+        self.phase = "held-out evaluation"
         batch = self.scheduler.collect(self.eval_rows, num_return_sequences=1, temperature=0.0)
         metrics = {"eval/accuracy": float(batch["scores"].mean())}
+        # The evaluation's own reward failures, so that they are not counted in the next RL step.
+        metrics.update({f"eval/{k}": v for k, v in self.reward.pop_failures().items() if v})
         domains = rows_by_domain(batch)
         if len(domains) > 1:
             metrics.update({f"eval/accuracy/{d}": float(batch["scores"][idx].mean()) for d, idx in domains.items()})
@@ -378,6 +384,7 @@ class RLVRPipeline(Pipeline):
         loss = float("nan")
         with progress:
             for step in range(1, wcfg.steps + 1):
+                self.phase = f"warm-up step {step} of {wcfg.steps}"
                 chunk = stream.next(wcfg.batch_size)
                 prompt_ids, prompt_mask = tokenize_prompts(self.tokenizer, [r["prompt"] for r in chunk])
                 resp = self.tokenizer([r["demonstration"] + eos for r in chunk], return_tensors="pt",
@@ -411,6 +418,7 @@ class RLVRPipeline(Pipeline):
             self.residency.use("critic")
             batch.update(values=torch.cat(self.executor.get(self.critic.map("compute_values", batch.chunk(len(self.critic))))))
         metrics.update(self.shaper.shape(batch))
+        metrics.update(self.reward.pop_failures())
         batch.tensors.pop("old_log_dist", None)
         if not dist_loss:
             batch.tensors.pop("ref_log_dist", None)
@@ -467,7 +475,7 @@ class RLVRPipeline(Pipeline):
             torch.save({"actor_infer": rng}, tmp / "infer_rng.pt")
 
         state = {"data": self.stream.state(), "before_rl": self.before_rl, "seed": self.config.seed,
-                 "shaping": self.shaper.state_dict()}
+                 "shaping": self.shaper.state_dict(), "config": self.config.model_dump(mode="json")}
         return self.checkpoints.save(step, write, state)
 
     def restore(self, path: Path) -> int:
@@ -485,6 +493,10 @@ class RLVRPipeline(Pipeline):
         self.sync_weights()
         return int(state["step"])
 
+    def resume_hint(self) -> str:
+        latest = self.checkpoints.latest()
+        return f"its last checkpoint, {latest}" if latest else "the start (no checkpoint yet)"
+
     # ------------------------------------------------------------------------------------------
     # the loop
     # ------------------------------------------------------------------------------------------
@@ -492,6 +504,9 @@ class RLVRPipeline(Pipeline):
         from transformers import AutoTokenizer
 
         cfg = self.config
+        latest = self.checkpoints.latest() if cfg.trainer.resume == "auto" else None
+        if latest is not None:  # before anything is written or started
+            check_resume(self.checkpoints.load_state(latest).get("config"), cfg.model_dump(mode="json"), latest)
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         model_path = self._model_path()
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -573,6 +588,7 @@ class RLVRPipeline(Pipeline):
         self._set_threads(rl=True)
         last_eval, last_eval_step = {}, None
         for step in range(start + 1, cfg.trainer.max_steps + 1):
+            self.phase = f"RL step {step} of {cfg.trainer.max_steps}"
             metrics = self.rl_step()
             metrics["data/epoch"] = self.stream.epoch
             if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0:

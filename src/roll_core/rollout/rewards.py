@@ -18,10 +18,10 @@ from roll_core.runtime.executor import Executor, WorkerGroup
 
 @dataclass
 class RewardTicket:
-    """Pending scores of one submission: ``(future, row indices)`` per worker call."""
+    """Pending scores of one submission: ``(future, group, worker index, row indices)`` per worker call."""
 
     size: int
-    parts: list[tuple[object, list[int]]] = field(default_factory=list)
+    parts: list[tuple[object, WorkerGroup, int, list[int]]] = field(default_factory=list)
 
 
 class RewardRouter:
@@ -29,6 +29,7 @@ class RewardRouter:
         self.executor, self.default = executor, default
         self.by_domain = dict(by_domain or {})
         self._cursor: dict[str, int] = {}
+        self.failures = {"reward/timeouts": 0.0, "reward/nonfinite": 0.0, "reward/replaced_workers": 0.0}
 
     def group_of(self, domain: str) -> WorkerGroup:
         return self.by_domain.get(domain, self.default)
@@ -49,17 +50,32 @@ class RewardRouter:
                 w = self._cursor.get(role, 0)
                 self._cursor[role] = (w + 1) % len(group)
                 future = self.executor.invoke(group.handles[w], "score_detailed", ([samples[i] for i in part],), {})
-                ticket.parts.append((future, part))
+                ticket.parts.append((future, group, w, part))
         return ticket
+
+    def ready(self) -> None:
+        """Raises a reward constructor's error (one line naming the reward and its plugin), if any."""
+        self.executor.get([f for group in self.groups() for f in group.call("ready")])
+
+    def pop_failures(self) -> dict[str, float]:
+        """Timeouts, non-finite scores and replaced workers since the last call (step metrics)."""
+        out, self.failures = self.failures, dict.fromkeys(self.failures, 0.0)
+        return out
 
     def gather(self, ticket: RewardTicket) -> tuple[list[float], list[dict[str, float]], float]:
         """Scores in submission order, each sample's per-reward components, and worker seconds."""
         scores: list[float] = [0.0] * ticket.size
         components: list[dict[str, float]] = [{} for _ in range(ticket.size)]
         seconds = 0.0
-        results = self.executor.get([f for f, _ in ticket.parts])
-        for (_, rows), result in zip(ticket.parts, results):
+        results = self.executor.get([f for f, *_ in ticket.parts])
+        for (_, group, worker, rows), result in zip(ticket.parts, results):
             seconds += result["seconds"]
+            self.failures["reward/timeouts"] += result.get("timeouts", 0)
+            self.failures["reward/nonfinite"] += result.get("nonfinite", 0)
+            if result.get("replace"):  # a call hung on it: a fresh worker, the run goes on
+                self.executor.replace(group, worker)
+                self.executor.get(self.executor.invoke(group.handles[worker], "ready", (), {}))
+                self.failures["reward/replaced_workers"] += 1
             for j, i in enumerate(rows):
                 scores[i] = result["scores"][j]
                 components[i] = {name: values[j] for name, values in result["components"].items()}

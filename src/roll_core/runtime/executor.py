@@ -30,8 +30,9 @@ from roll_core.runtime.placement import MODEL_ROLES
 class WorkerGroup:
     """The workers of one role."""
 
-    def __init__(self, role: str, handles: list, executor: "Executor"):
+    def __init__(self, role: str, handles: list, executor: "Executor", spawned_with: tuple = ()):
         self.role, self.handles, self.executor = role, handles, executor
+        self.spawned_with = spawned_with  # (cls, args_per_worker, slots, concurrency), for replace()
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -66,6 +67,17 @@ class Executor(ABC):
         """Positions in ``futures`` of those that have finished (at least one; blocks until then)."""
         return list(range(len(futures)))
 
+    def replace(self, group: WorkerGroup, index: int) -> None:
+        """A fresh worker in place of ``group.handles[index]``, built with the same arguments; the
+        old one is stopped (its running calls with it, where the executor can stop them)."""
+        cls, args_per_worker, slots, concurrency = group.spawned_with
+        self.stop(group.handles[index])
+        fresh = self.spawn(group.role, cls, [args_per_worker[index]], slots and [slots[index]], concurrency)
+        group.handles[index] = fresh.handles[0]
+
+    def stop(self, handle) -> None:
+        """Stop one worker (local workers are objects: nothing to stop)."""
+
     def cancel(self, futures: list) -> None:
         """Abort calls whose results are no longer wanted: a queued call never runs, a running one
         sees :func:`roll_core.strategy.request_cancelled`. Never ``get`` a cancelled future; ``wait``
@@ -92,7 +104,8 @@ class LocalExecutor(Executor):
     name = "local"
 
     def spawn(self, role, cls, args_per_worker, slots=None, concurrency=1):
-        return WorkerGroup(role, [cls(*args) for args in args_per_worker], self)
+        return WorkerGroup(role, [cls(*args) for args in args_per_worker], self,
+                           (cls, args_per_worker, slots, concurrency))
 
     def invoke(self, handle, method, args, kwargs):
         return getattr(handle, method)(*args, **kwargs)
@@ -148,7 +161,7 @@ class RayExecutor(Executor):
                     placement_group=self._node_groups[slot.node], placement_group_bundle_index=0))
             handles.append(remote_cls.options(**options).remote(*args))
         self._actors += handles
-        return WorkerGroup(role, handles, self)
+        return WorkerGroup(role, handles, self, (cls, args_per_worker, slots, concurrency))
 
     def invoke(self, handle, method, args, kwargs):
         return getattr(handle, method).remote(*args, **kwargs)
@@ -193,13 +206,16 @@ class RayExecutor(Executor):
             self._node_groups.append(pg)
         return [placement_group_table(pg)["bundles_to_node_id"][0] for pg in self._node_groups[:num_nodes]]
 
+    def stop(self, handle):
+        try:
+            self.ray.kill(handle, no_restart=True)
+        except Exception:  # already dead
+            pass
+        self._actors = [a for a in self._actors if a is not handle]
+
     def kill_all(self):
-        for handle in self._actors:
-            try:
-                self.ray.kill(handle, no_restart=True)
-            except Exception:  # already dead
-                pass
-        self._actors = []
+        for handle in list(self._actors):
+            self.stop(handle)
 
     def shutdown(self):
         self.kill_all()

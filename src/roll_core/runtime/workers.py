@@ -7,8 +7,11 @@ plugin registries, so whatever is installed (entry points) is available inside R
 
 from __future__ import annotations
 
+import math
 import os
+import threading
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -47,7 +50,11 @@ class _Worker:
 
 
 class RewardError(RollError):
-    """A reward implementation raised on a sample."""
+    """A reward implementation raised on a sample, returned a non-finite score or hung (policy ``error``)."""
+
+
+class RewardConfigError(RollError):
+    """A reward's constructor rejected its options: deterministic, so the run stops instead of restarting."""
 
 
 class RoleWorker(_Worker):
@@ -161,36 +168,115 @@ class RoleWorker(_Worker):
         return received
 
 
+DEFAULT_FAILURES = {"timeout_s": 30.0, "on_timeout": "zero", "on_nonfinite": "error"}
+
+
+@dataclass
+class _Scorer:
+    """One configured reward of a worker."""
+
+    name: str
+    plugin: str
+    weight: float
+    options: dict
+    reward: object = None
+
+
 class RewardWorker(_Worker):
     """Scores finished samples with one or more registered rewards: ``sum(weight * reward)``.
 
-    ``rewards`` is a list of ``(name, options, weight)``. One worker serves one domain (or the
-    default reward), so a slow reward of one domain never holds up the others.
+    ``rewards`` is a list of ``(name, options, weight)``; ``key`` is the config key of the role
+    (for messages) and ``failures`` its policy (:class:`~roll_core.config.schema.RewardFailures`).
+    One worker serves one domain (or the default reward), so a slow reward of one domain never
+    holds up the others.
+
+    A reward that misbehaves is contained here, whatever plugin it comes from:
+
+    * a constructor that rejects its options does not kill the worker: :meth:`ready` (called by
+      the pipeline right after spawning, before any long work) raises :class:`RewardConfigError`
+      naming the reward and its plugin, and the run stops without restarting;
+    * each reward scores in a thread of its own, given ``timeout_s`` per sample; a call past its
+      deadline is abandoned and the reward rebuilt, and the result says ``replace`` so the driver
+      replaces this worker (on Ray, a new process: the hung call dies with the old one);
+    * a NaN or infinite score is an error, or scores 0, by policy; both counts are returned.
     """
 
-    def __init__(self, rewards: list[tuple[str, dict, float]], run_config, devices=None):
+    def __init__(self, rewards: list[tuple[str, dict, float]], run_config, key: str = "roles.reward",
+                 failures: dict | None = None, devices=None):
         _bind_devices(devices)
         torch.set_num_threads(1)
+        self.key, self.failures = key, {**DEFAULT_FAILURES, **(failures or {})}
+        self.broken: RewardConfigError | None = None
         plugins = get_plugins()
-        self.rewards = []
-        for name, options, weight in rewards:
-            entry = plugins.rewards.entry(name)
-            self.rewards.append((name, entry.plugin, float(weight), plugins.rewards.get(name)(**options)))
+        self.scorers = [_Scorer(name, plugins.rewards.entry(name).plugin, float(weight), dict(options))
+                        for name, options, weight in rewards]
+        for scorer in self.scorers:
+            if not self._build(scorer):
+                break
 
-    def _score_one_reward(self, name: str, plugin: str, reward, samples: list[RewardInput]) -> list[float]:
+    def _build(self, scorer: _Scorer) -> bool:
         try:
-            scores = reward.score_batch(samples)
-        except Exception as exc:
+            scorer.reward = get_plugins().rewards.get(scorer.name)(**scorer.options)
+            return True
+        except Exception as exc:  # any plugin's constructor: report it, never crash the worker
+            self.broken = RewardConfigError(
+                f"key '{self.key}': reward '{scorer.name}' (plugin '{scorer.plugin}') rejected its options "
+                f"{scorer.options}: {type(exc).__name__}: {exc}")
+            return False
+
+    def ready(self) -> bool:
+        """Raises the constructor's error, if there was one; cheap otherwise."""
+        if self.broken:
+            raise self.broken
+        return True
+
+    def _score_one_reward(self, scorer: _Scorer, samples: list[RewardInput], counts: dict) -> list[float]:
+        name, plugin = scorer.name, scorer.plugin
+        deadline = self.failures["timeout_s"] * len(samples)
+        box: dict = {}
+
+        def work(reward=scorer.reward) -> None:
+            try:
+                box["scores"] = reward.score_batch(samples)
+            except BaseException as exc:  # handed to the calling thread below
+                box["error"] = exc
+
+        thread = threading.Thread(target=work, name=f"reward-{name}", daemon=True)
+        thread.start()
+        thread.join(deadline)
+        if thread.is_alive():  # hung: abandon the call, rebuild the reward; the driver replaces this worker
+            counts["replace"] = True
+            self._build(scorer)
+            if self.failures["on_timeout"] == "error":
+                raise RewardError(f"reward '{name}' (plugin '{plugin}') did not score {len(samples)} sample(s) within "
+                                  f"{deadline:g} s ({self.key}.timeout_s={self.failures['timeout_s']:g} per sample; "
+                                  f"{self.key}.on_timeout: zero scores them 0 and goes on)")
+            counts["timeouts"] += len(samples)
+            return [0.0] * len(samples)
+        if "error" in box:
+            exc = box["error"]
             raise RewardError(f"reward '{name}' (plugin '{plugin}') raised {type(exc).__name__}: {exc}") from exc
+        scores = box["scores"]
         if len(scores) != len(samples):
             raise RewardError(f"reward '{name}' (plugin '{plugin}') returned {len(scores)} scores "
                               f"for {len(samples)} samples")
-        return [float(s) for s in scores]
+        scores = [float(s) for s in scores]
+        bad = {i for i, s in enumerate(scores) if not math.isfinite(s)}
+        if bad:
+            if self.failures["on_nonfinite"] == "error":
+                first = scores[min(bad)]
+                raise RewardError(f"reward '{name}' (plugin '{plugin}') returned a non-finite score ({first}) for "
+                                  f"{len(bad)} of {len(samples)} sample(s); fix the reward, or set "
+                                  f"{self.key}.on_nonfinite: zero to score them 0 and count them")
+            counts["nonfinite"] += len(bad)
+            scores = [0.0 if i in bad else s for i, s in enumerate(scores)]
+        return scores
 
     def score_detailed(self, samples: list[RewardInput]) -> dict:
-        """``{"scores": [...], "components": {name: [...]}, "seconds": float}``."""
+        """``{"scores", "components": {name: [...]}, "seconds", "timeouts", "nonfinite", "replace"}``."""
+        self.ready()
         t0 = time.perf_counter()
-        components = {name: self._score_one_reward(name, plugin, reward, samples)
-                      for name, plugin, _, reward in self.rewards}
-        scores = [sum(w * components[name][i] for name, _, w, _ in self.rewards) for i in range(len(samples))]
-        return {"scores": scores, "components": components, "seconds": time.perf_counter() - t0}
+        counts = {"timeouts": 0, "nonfinite": 0, "replace": False}
+        components = {s.name: self._score_one_reward(s, samples, counts) for s in self.scorers}
+        scores = [sum(s.weight * components[s.name][i] for s in self.scorers) for i in range(len(samples))]
+        return {"scores": scores, "components": components, "seconds": time.perf_counter() - t0, **counts}

@@ -1,0 +1,278 @@
+"""Rewards that misbehave as a plugin author's bug would make them, a changed config resumed into an
+old run, and Ctrl-C: each ends in a clear message or a counted policy, never a hang or a traceback.
+
+Unit tests drive the reward worker and router in-process; the integration tests run ``roll run`` on
+the Ray executor (the default) with rewards from a fake installed distribution, so the registration
+reaches the Ray workers through entry points as a real plugin's would.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+import uuid
+
+import pytest
+
+from roll_core import hookimpl
+from roll_core.config.resume import check_resume, meaningful_changes
+from roll_core.errors import ConfigError
+from roll_core.rewards import Reward, RewardInput
+from roll_core.rollout.rewards import RewardRouter
+from roll_core.runtime import LocalExecutor
+from roll_core.runtime.workers import RewardConfigError, RewardError, RewardWorker
+
+SAMPLES = [RewardInput("p", "r", "r"), RewardInput("p", "x", "r")]
+
+
+class NaNReward(Reward):
+    def score(self, sample):
+        return float("nan") if sample.response == "x" else 1.0
+
+
+class Hanging(Reward):
+    def score(self, sample):
+        time.sleep(3600)
+        return 1.0
+
+
+class Picky(Reward):
+    def __init__(self, penalty: float = 0.0):
+        if penalty < 0:
+            raise ValueError(f"penalty must be >= 0, got {penalty}")
+
+    def score(self, sample):
+        return 1.0
+
+
+@pytest.fixture
+def rewards(roll_plugins):
+    def register(register):
+        register("nan_reward", NaNReward)
+        register("hanging", Hanging)
+        register("picky", Picky)
+
+    roll_plugins(("mine", types.SimpleNamespace(roll_register_rewards=hookimpl(register))))
+
+
+def test_a_nan_score_is_an_error_naming_the_reward_and_the_policy_to_change(rewards):
+    worker = RewardWorker([("nan_reward", {}, 1.0)], None)
+    with pytest.raises(RewardError, match=r"reward 'nan_reward' \(plugin 'mine'\) returned a non-finite score "
+                                          r"\(nan\) for 1 of 2 sample\(s\).*roles.reward.on_nonfinite: zero"):
+        worker.score_detailed(SAMPLES)
+
+
+def test_the_zero_policy_scores_nan_zero_and_counts_it(rewards):
+    worker = RewardWorker([("nan_reward", {}, 1.0)], None, failures={"on_nonfinite": "zero"})
+    out = worker.score_detailed(SAMPLES)
+    assert out["scores"] == [1.0, 0.0] and out["nonfinite"] == 1 and not out["replace"]
+
+
+def test_a_hanging_reward_times_out_per_call_and_asks_for_a_new_worker(rewards):
+    worker = RewardWorker([("hanging", {}, 1.0)], None, failures={"timeout_s": 0.1})
+    start = time.monotonic()
+    out = worker.score_detailed(SAMPLES)
+    assert time.monotonic() - start < 1.0  # 2 samples x 0.1 s, not an hour
+    assert out["scores"] == [0.0, 0.0] and out["timeouts"] == 2 and out["replace"]
+    strict = RewardWorker([("hanging", {}, 1.0)], None, "roles.domain_rewards.code",
+                          {"timeout_s": 0.05, "on_timeout": "error"})
+    with pytest.raises(RewardError, match=r"reward 'hanging' \(plugin 'mine'\) did not score 2 sample\(s\) within "
+                                          r"0.1 s \(roles.domain_rewards.code.timeout_s=0.05 per sample"):
+        strict.score_detailed(SAMPLES)
+
+
+def test_the_router_replaces_a_worker_whose_call_hung_and_counts_it(rewards):
+    executor = LocalExecutor()
+    group = executor.spawn("reward", RewardWorker, [([("hanging", {}, 1.0)], None, "roles.reward", {"timeout_s": 0.05})])
+    router = RewardRouter(executor, group)
+    first = group.handles[0]
+    scores, _, _ = router.gather(router.submit(SAMPLES))
+    assert scores == [0.0, 0.0] and group.handles[0] is not first  # a fresh worker took its place
+    assert router.pop_failures() == {"reward/timeouts": 2.0, "reward/nonfinite": 0.0, "reward/replaced_workers": 1.0}
+    assert router.pop_failures()["reward/timeouts"] == 0.0  # counts are per step
+
+
+def test_a_constructor_that_rejects_its_options_is_reported_by_ready_not_by_a_dead_worker(rewards):
+    worker = RewardWorker([("picky", {"penalty": -1}, 1.0)], None)  # constructing the worker itself succeeds
+    with pytest.raises(RewardConfigError, match=r"key 'roles.reward': reward 'picky' \(plugin 'mine'\) rejected its "
+                                                r"options \{'penalty': -1\}: ValueError: penalty must be >= 0, got -1"):
+        worker.ready()
+    with pytest.raises(RewardConfigError):
+        worker.score_detailed(SAMPLES)
+
+
+def test_which_config_changes_resume_and_which_are_refused(tmp_path):
+    from roll_core.config import load_config
+
+    base = load_config(None, [f"output_dir={tmp_path}"]).model_dump(mode="json")
+
+    def changes(*overrides):
+        return [k for k, _, _ in meaningful_changes(base, load_config(None, [f"output_dir={tmp_path}", *overrides])
+                                                     .model_dump(mode="json"))]
+
+    assert changes("trainer.max_steps=400", "executor=local", "torch_threads=1", "roles.reward.num_workers=3",
+                   "trackers=[jsonl]", "roles.reward.timeout_s=5", "runtime.max_restarts=0") == []
+    assert changes("roles.reward.name=code") == ["roles.reward.name"]
+    assert changes("algorithm.advantage_estimator=rloo", "rollout.temperature=0.7", "seed=1") == [
+        "algorithm.advantage_estimator", "rollout.temperature", "seed"]
+    current = load_config(None, [f"output_dir={tmp_path}", "roles.reward.name=code"]).model_dump(mode="json")
+    with pytest.raises(ConfigError, match=r"roles.reward.name: 'exact_match' -> 'code'.*new output_dir.*"
+                                          r"trainer.resume=never"):
+        check_resume(base, current, tmp_path / "step_000002")
+    check_resume(None, current, tmp_path)  # a checkpoint from before configs were recorded
+
+
+# ------------------------------------------------------------------------------------------------
+# On the Ray executor, through `roll run`
+# ------------------------------------------------------------------------------------------------
+PLUGIN = '''
+import os, time
+from roll_core import hookimpl
+from roll_core.rewards import Reward
+
+class NaNReward(Reward):
+    def score(self, sample):
+        return float("nan")
+
+class Hanging(Reward):
+    def score(self, sample):
+        marker = os.environ.get("ROLL_TEST_MARKER")
+        if marker:
+            open(marker, "w").write(str(os.getpid()))
+        time.sleep(3600)
+        return 1.0
+
+class Picky(Reward):
+    def __init__(self, penalty: float = 0.0):
+        if penalty < 0:
+            raise ValueError(f"penalty must be >= 0, got {penalty}")
+        self.penalty = penalty
+
+    def score(self, sample):
+        return 1.0
+
+@hookimpl
+def roll_register_rewards(register):
+    register("nan_reward", NaNReward)
+    register("hanging", Hanging)
+    register("picky", Picky)
+'''
+
+FAST = ["warmup.steps=0", "rollout.prompts_per_step=4", "rollout.num_return_sequences=2", "trainer.eval_every=0",
+        "data.eval_size=4", "trackers=[jsonl]", "torch_threads=1", "executor=ray"]
+
+
+@pytest.fixture
+def roll(fake_dist, tmp_path):
+    site = fake_dist("roll-misbehaving-rewards", "misbehaving_rewards", PLUGIN)
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+           "ROLL_TEST_TAG": tag}
+
+    def run(run_dir, *overrides, timeout=300):
+        return subprocess.run([sys.executable, "-m", "roll_core.cli", "run", f"output_dir={run_dir}", *FAST, *overrides],
+                              capture_output=True, text=True, env=env, timeout=timeout)
+
+    run.env, run.tag = env, tag
+    return run
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _processes_tagged(tag: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if f"ROLL_TEST_TAG={tag}".encode() in open(f"/proc/{pid}/environ", "rb").read():
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.ray
+def test_ray_nan_reward_stops_with_one_line_or_scores_zero_by_policy(roll, tmp_path):
+    out = roll(tmp_path / "strict", "roles.reward.name=nan_reward", "trainer.max_steps=2")
+    assert out.returncode == 2, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "reward 'nan_reward' (plugin 'misbehaving_rewards') returned a non-finite score (nan)" \
+        in errors[0] and "roles.reward.on_nonfinite: zero" in errors[0]
+    assert "Traceback" not in out.stderr
+
+    out = roll(tmp_path / "zero", "roles.reward.name=nan_reward", "roles.reward.on_nonfinite=zero", "trainer.max_steps=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = [r for r in _metrics(tmp_path / "zero") if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["reward/nonfinite"] >= 8 and r["reward/mean"] == 0.0 for r in steps)  # 8 samples a step
+
+
+@pytest.mark.ray
+def test_ray_hanging_reward_is_timed_out_per_call_and_the_run_finishes(roll, tmp_path):
+    start = time.monotonic()
+    out = roll(tmp_path / "run", "roles.reward.name=hanging", "roles.reward.timeout_s=0.25", "trainer.max_steps=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert time.monotonic() - start < 240
+    steps = [r for r in _metrics(tmp_path / "run") if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:  # every sample of the step timed out and scored 0; the hung worker was replaced
+        assert r["reward/timeouts"] == 8 and r["reward/mean"] == 0.0 and r["reward/replaced_workers"] >= 1
+    assert "restart" not in out.stdout.lower()  # replaced in place, the run itself never restarted
+
+
+@pytest.mark.ray
+def test_ray_rejected_reward_options_fail_in_seconds_before_the_warm_up(roll, tmp_path):
+    start = time.monotonic()
+    out = roll(tmp_path / "run", "roles.reward.name=picky", "roles.reward.options.penalty=-1", "warmup.steps=200")
+    elapsed = time.monotonic() - start
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: key 'roles.reward': reward 'picky' (plugin 'misbehaving_rewards') rejected its options "
+                      "{'penalty': -1}: ValueError: penalty must be >= 0, got -1"], out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "\x1b[" not in out.stderr  # no raw worker log, no colour escapes
+    assert "warm-up" not in out.stdout and "Restarting" not in out.stdout
+    assert elapsed < 60, elapsed  # Ray's start-up, then at once (the warm-up alone takes minutes)
+
+
+@pytest.mark.ray
+def test_ray_resuming_a_changed_reward_into_an_old_run_is_refused(roll, tmp_path):
+    run_dir = tmp_path / "run"
+    assert roll(run_dir, "trainer.max_steps=2").returncode == 0
+    config_before = (run_dir / "config.json").read_text()
+    out = roll(run_dir, "roles.reward.name=picky", "trainer.max_steps=3")
+    assert out.returncode == 2
+    assert "roles.reward.name: 'exact_match' -> 'picky'" in out.stderr and "trainer.resume=never" in out.stderr
+    assert (run_dir / "config.json").read_text() == config_before  # nothing of the old run is touched
+    more = roll(run_dir, "trainer.max_steps=3")  # more steps of the same run do resume
+    assert more.returncode == 0 and "resumed from" in more.stdout, more.stderr[-2000:]
+    assert [r["step"] for r in _metrics(run_dir)][-1] == 3
+
+
+@pytest.mark.ray
+def test_ray_ctrl_c_on_a_run_blocked_on_a_hung_reward_prints_one_line_and_leaves_nothing(roll, tmp_path):
+    marker = tmp_path / "reward-called"
+    env = {**roll.env, "ROLL_TEST_MARKER": str(marker)}
+    cmd = [sys.executable, "-m", "roll_core.cli", "run", f"output_dir={tmp_path / 'run'}", *FAST,
+           "roles.reward.name=hanging", "roles.reward.timeout_s=600"]
+    # A child of this process, which does not ignore SIGINT (as a background job of a shell would).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 240
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert marker.exists(), "the reward was never called"
+    time.sleep(1.0)  # the driver is now blocked waiting for the reward worker
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+    assert lines[-1].startswith("interrupted during held-out evaluation; every worker was stopped.")
+    assert "roll run output_dir=" in lines[-1] and "resumes from" in lines[-1]
+    deadline = time.monotonic() + 30
+    while _processes_tagged(roll.tag) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_tagged(roll.tag) == []  # no Ray worker, raylet or sandbox left behind
