@@ -4,7 +4,8 @@ The earlier revision's ``roll_rewards`` package is taken from git (``--baseline`
 commit before the kernel-enforced sandbox) into a temporary directory; each variant scores the same
 honest programs in its own process, alternating, so both see the same machine state. Each style runs
 ``--programs`` programs (each one a full sandbox run: start, tests, verdict); the best of ``--repeats``
-rounds is kept. Prints programs/s per style and the ratio current / baseline.
+rounds is kept. Prints programs/s per style and the ratio current / baseline, and, as the floor
+any sandbox pays, how many bare interpreters (``python -I -S -c pass``, no sandbox) start per second.
 
     python benchmarks/bench_code_reward.py [--baseline b929e01] [--programs 40] [--repeats 3]
 """
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from io import BytesIO
 from pathlib import Path
 
@@ -65,6 +67,13 @@ def programs_per_second(package: Path, style: str, n: int) -> float | None:
     return json.loads(out.stdout)
 
 
+def bare_interpreter_starts_per_second(n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
+    return n / (time.perf_counter() - start)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", default="b929e01")
@@ -84,6 +93,8 @@ def main() -> None:
             base, cur = best["baseline"], best["current"]
             ratio = f"{cur / base:.2f}x" if base and cur else "-"
             print(f"{style:<9} {base or float('nan'):>16.1f} {cur or float('nan'):>15.1f} {ratio:>17}", flush=True)
+    floor = max(bare_interpreter_starts_per_second(args.programs) for _ in range(args.repeats))
+    print(f"floor: a bare interpreter start, no sandbox: {floor:.1f}/s")
 
 
 if __name__ == "__main__":

@@ -212,7 +212,9 @@ def reinforce(batch: AdvantageInput, config) -> tuple[torch.Tensor, torch.Tensor
 def reinforce_plus_plus(batch: AdvantageInput, config) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted returns whitened over the whole batch.
 
-        G_t = sum_{k >= t} gamma^(k - t) r_k ;   A_t = (G_t - mean_batch(G)) / std_batch(G)
+        G_t = sum_{k >= t} gamma^(k - t) r_k ;   A_t = (G_t - mean_batch(G)) / sqrt(var_batch(G) + eps)
+
+    (``var`` unbiased, over valid tokens; see :func:`masked_whiten`.)
 
     Shapes: ``[B, R]`` in and out; the returns are the un-whitened ``G``.
     """

@@ -12,7 +12,7 @@ pipeline calls :meth:`RewardShaper.shape`, which does, in this order:
   4. token placement       each score on its response's last valid token
   5. KL penalty            ``kl_penalty``: ``r_t -= beta * kl_t(actor_old || reference)``, fixed beta or
                            the adaptive controller of Ziegler et al. 2019 (arXiv:1909.08593)
-  6. reward whitening      ``whiten_rewards``: token rewards divided by their std (mean kept)
+  6. reward whitening      ``whiten_rewards``: ``(r - mean) / sqrt(var + eps) + mean`` (spread rescaled, mean kept)
   7. advantage estimator   the registered ``advantage_estimator``
   8. advantage whitening   ``whiten_advantages``: over the valid tokens of unmasked samples
   9. advantage clip        ``advantage_clip``: advantages clamped to ``[-c, c]``

@@ -79,7 +79,7 @@ class _Scoring:
     done: set[int] = field(default_factory=set)
 
     def futures(self) -> list:
-        return [f for f, _ in self.ticket.parts]
+        return self.ticket.futures()
 
 
 @dataclass

@@ -23,6 +23,9 @@ class RewardTicket:
     size: int
     parts: list[tuple[object, WorkerGroup, int, list[int]]] = field(default_factory=list)
 
+    def futures(self) -> list:
+        return [future for future, *_ in self.parts]
+
 
 class RewardRouter:
     def __init__(self, executor: Executor, default: WorkerGroup, by_domain: dict[str, WorkerGroup] | None = None):
@@ -67,7 +70,7 @@ class RewardRouter:
         scores: list[float] = [0.0] * ticket.size
         components: list[dict[str, float]] = [{} for _ in range(ticket.size)]
         seconds = 0.0
-        results = self.executor.get([f for f, *_ in ticket.parts])
+        results = self.executor.get(ticket.futures())
         for (_, group, worker, rows), result in zip(ticket.parts, results):
             seconds += result["seconds"]
             self.failures["reward/timeouts"] += result.get("timeouts", 0)

@@ -1,7 +1,9 @@
 """The trusted side of assert- and pytest-style tests: runs the tests, never the program.
 
-Started by :mod:`roll_rewards.sandbox` as ``python -m roll_rewards._test_runner STYLE REQUEST_FD REPLY_FD``,
-with the tests on stdin, as a separate process from the sandboxed program. The program's names are
+Assert-style tests run in the reward worker itself (:meth:`roll_rewards.sandbox.Sandbox.run_tests`
+calls :func:`run_asserts` with :func:`proxies`). Pytest-style tests run here, started as
+``python -m roll_rewards._test_runner pytest REQUEST_FD REPLY_FD`` with the tests on stdin, as a
+separate process from the sandboxed program (pytest imports and collects in a process of its own). The program's names are
 proxies here: calling ``add(1, 2)`` sends the arguments to the program and gets back the result as
 plain data, so every comparison, ``assert`` and ``pytest.raises`` runs in this process, on values the
 program cannot forge, against expected values it never sees. The program cannot reach this process,
@@ -27,6 +29,15 @@ class RemoteError(Exception):
     """An exception raised by the program that has no built-in counterpart here."""
 
 
+def program_exception(kind: str, message: str) -> Exception:
+    """The exception a test sees for one the program raised: the built-in class of that name (so
+    ``pytest.raises(ValueError)`` works), else :class:`RemoteError`."""
+    cls = getattr(builtins, kind, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        return cls(message)
+    return RemoteError(f"{kind}: {message}")
+
+
 class Candidate:
     """The sandboxed program, seen through its channel."""
 
@@ -47,25 +58,31 @@ class Candidate:
         reply = self.request({"op": "call", "name": name, "args": encode_value(list(args)),
                               "kwargs": encode_value(kwargs)})
         if "error" in reply:
-            kind = getattr(builtins, str(reply["error"]), None)
-            message = str(reply.get("message", ""))
-            if isinstance(kind, type) and issubclass(kind, Exception):
-                raise kind(message)  # so pytest.raises(ValueError) sees a ValueError
-            raise RemoteError(f"{reply['error']}: {message}")
+            raise program_exception(str(reply["error"]), str(reply.get("message", "")))
         return decode_value(reply["value"])
 
 
-def proxies(candidate: Candidate) -> dict:
-    """The program's top-level names as this process sees them; built-ins are never shadowed."""
+def proxies(names: dict, call) -> dict:
+    """The program's top-level ``names`` (as its ``names`` reply gives them) for the tests: a
+    function becomes a proxy that sends its arguments through ``call(name, args, kwargs)``, a
+    constant its plain-data value. Built-ins are never shadowed."""
     found = {}
-    for name, kind in candidate.names().items():
+    for name, kind in names.items():
         if hasattr(builtins, name):
             continue
         if kind == "callable":
-            found[name] = (lambda n: lambda *a, **k: candidate.call(n, a, k))(name)
+            found[name] = _proxy(name, call)
         elif type(kind) is dict and "value" in kind:
             found[name] = decode_value(kind["value"])
     return found
+
+
+def _proxy(name: str, call):
+    def remote(*args, **kwargs):
+        return call(name, args, kwargs)
+
+    remote.__name__ = remote.__qualname__ = name
+    return remote
 
 
 def run_asserts(tests: str, names: dict) -> tuple[int, int]:
@@ -77,7 +94,7 @@ def run_asserts(tests: str, names: dict) -> tuple[int, int]:
         is_test = isinstance(statement, ast.Assert)
         total += is_test
         try:
-            exec(compile(ast.Module([statement], []), "<tests>", "exec"), namespace)
+            exec(compile(ast.Module([statement], []), "<tests>", "exec", optimize=0), namespace)  # asserts kept under -O
             passed += is_test
         except Exception:
             pass
@@ -123,8 +140,9 @@ def main() -> None:
     tests = sys.stdin.read()
     verdict = sys.stdout
     sys.stdout = sys.stderr  # pytest's own output must not mix with the verdict line
+    candidate = Candidate(Channel(reply_fd, request_fd))
     try:
-        names = proxies(Candidate(Channel(reply_fd, request_fd)))
+        names = proxies(candidate.names(), candidate.call)
     except (EOFError, ProtocolError, OSError) as e:  # the program died, exited or sent garbage
         names = {}
         print(f"runner: no names from the program ({e})", file=sys.stderr)

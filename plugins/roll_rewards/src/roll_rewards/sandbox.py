@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from roll_rewards._protocol import Channel, ProtocolError, decode_value, encode_value
+from roll_rewards._test_runner import program_exception, proxies, run_asserts
 from roll_rewards.isolation import Bubblewrap, Cgroup, SandboxUnavailable, Unsafe
 
 __all__ = ["ProgramError", "Sandbox", "SandboxLimits", "SandboxResult", "SandboxUnavailable", "run_python"]
@@ -255,20 +256,40 @@ class Program:
     def __init__(self, confined: _Confined, channel: Channel):
         self.confined, self.channel = confined, channel
 
+    def names(self) -> dict:
+        """The program's top-level functions (``"callable"``) and plain-data constants (``{"value"}``)."""
+        names = self._request({"op": "names"}).get("names")
+        if type(names) is not dict:
+            raise ProgramError("protocol", "malformed names reply")
+        return {str(k): v for k, v in names.items()}
+
     def call(self, name: str, args: list | tuple = (), kwargs: dict | None = None):
+        reply = self._request({"op": "call", "name": name, "args": encode_value(list(args)),
+                               "kwargs": encode_value(dict(kwargs or {}))})
+        if "error" in reply:
+            raise ProgramError(str(reply["error"]), str(reply.get("message", ""))[:500])
         try:
-            self.channel.send({"op": "call", "name": name, "args": encode_value(list(args)),
-                               "kwargs": encode_value(dict(kwargs or {}))}, self.confined.deadline)
-            reply = self.channel.recv(self.confined.deadline)
-            if "error" in reply:
-                raise ProgramError(str(reply["error"]), str(reply.get("message", ""))[:500])
             return decode_value(reply["value"])
+        except (ProtocolError, KeyError) as e:
+            raise ProgramError("protocol", str(e)) from None
+
+    def test_call(self, name: str, args: tuple, kwargs: dict):
+        """:meth:`call` as a test sees it: the program's own exception as a built-in one."""
+        try:
+            return self.call(name, args, kwargs)
+        except ProgramError as e:
+            raise program_exception(e.kind, str(e)) from None
+
+    def _request(self, message: dict) -> dict:
+        try:
+            self.channel.send(message, self.confined.deadline)
+            return self.channel.recv(self.confined.deadline)
         except TimeoutError:
             self.confined.timed_out = True
             raise ProgramError("timeout") from None
         except (EOFError, BrokenPipeError):
             raise ProgramError("exited", "the program ended before answering") from None
-        except (ProtocolError, KeyError, OSError) as e:
+        except (ProtocolError, OSError) as e:
             raise ProgramError("protocol", str(e)) from None
 
 
@@ -344,9 +365,17 @@ class Sandbox:
             confined.finish()
 
     def run_tests(self, program: str, tests: str, style: str) -> tuple[int, int]:
-        """Assert- or pytest-style ``tests`` run by a trusted process against the served ``program``;
-        returns (passed, total). The tests never enter the sandbox."""
-        if style not in ("assert", "pytest"):
+        """Assert- or pytest-style ``tests`` against the served ``program``; returns (passed, total).
+        The tests never enter the sandbox: assert tests run here, in the worker, pytest tests in a
+        separate trusted process; both see the program's functions as proxies returning plain data."""
+        if style == "assert":
+            with self.serve(program) as served:
+                try:
+                    names = served.names()
+                except ProgramError:  # it exited, crashed or sent garbage before answering
+                    names = {}
+                return run_asserts(tests, proxies(names, served.test_call))
+        if style != "pytest":
             raise ValueError(f"run_tests: style must be 'assert' or 'pytest', got {style!r}")
         request_r, request_w = os.pipe()
         reply_r, reply_w = os.pipe()
