@@ -490,3 +490,75 @@ def test_k3_is_bounded_in_value_and_gradient_at_large_log_ratios():
     value.backward()
     assert float(value.detach()) == pytest.approx(0.718282, abs=1e-6)
     assert float(lp.grad) == pytest.approx(-1.718282, abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# mutants that survived the fast tests (issue audit): each case below fails on one of them
+# ------------------------------------------------------------------------------------------------
+def test_seq_mean_token_sum_norm_divides_by_the_configured_horizon():
+    # Dr. GRPO: sum(loss * mask) / (seqs * max_response_length): (6 + 4) / (2 * 5) = 1.0, not / (2 * 3)
+    assert float(aggregate(LOSS, MASK, "seq-mean-token-sum-norm", max_response_length=5)) == pytest.approx(1.0)
+    # with the mini-batch's sequence count (4 over all micro-batches): 10 / (4 * 5) = 0.5
+    assert float(aggregate(LOSS, MASK, "seq-mean-token-sum-norm", global_seqs=4, max_response_length=5)) == \
+        pytest.approx(0.5)
+
+
+def test_assembled_actor_loss_signs_of_entropy_bonus_and_kl_term():
+    # ratio 1 (log_prob = old), ppo_clip: pg = -A = [-2, 0] -> token-mean -1.0
+    # entropy [0.5, 1.5] -> mean 1.0 ; k1 = log_prob - ref = [-1 + 1.5, -1 + 2] = [0.5, 1.0] -> mean 0.75
+    # loss = pg - entropy_coef * H + kl_loss_coef * KL = -1.0 - 0.1 * 1.0 + 0.2 * 0.75 = -0.95
+    from roll_core.algorithms.objective import actor_loss
+    from roll_core.config.schema import AlgorithmConfig
+    from roll_core.data import Batch
+
+    config = AlgorithmConfig(policy_loss="ppo_clip", entropy_coef=0.1, kl_loss_coef=0.2, kl_estimator="k1",
+                             loss_agg_mode="token-mean")
+    log_prob = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    micro = Batch({"old_log_probs": torch.tensor([[-1.0, -1.0]]), "advantages": torch.tensor([[2.0, 0.0]]),
+                   "response_mask": torch.ones(1, 2), "ref_log_probs": torch.tensor([[-1.5, -2.0]])})
+    loss, metrics = actor_loss(log_prob, torch.tensor([[0.5, 1.5]]), micro, config, global_tokens=2, global_seqs=1)
+    assert float(loss.detach()) == pytest.approx(-0.95)
+    assert metrics["train/pg_loss"] == pytest.approx(-1.0) and metrics["train/entropy"] == pytest.approx(1.0)
+    assert metrics["train/kl"] == pytest.approx(0.75)
+    loss.backward()
+    # d/d log_prob: pg -A/2 per token (ratio' = ratio) + KL 0.2 * 1/2 -> [-1 + 0.1, 0 + 0.1]
+    torch.testing.assert_close(log_prob.grad, torch.tensor([[-0.9, 0.1]]))
+
+
+def test_gigpo_default_path_divides_by_the_group_stds():
+    # the batch of test_gigpo_episode_plus_step_groups, norm_adv_by_std on (the default):
+    # episode R = 1, 0, 1: unbiased std sqrt((1/9 + 4/9 + 1/9) / 2) = 0.577350 -> A_E = 0.577350, -1.154701, 0.577350
+    # step (g0, 7): the same values -> A_S = 0.577350, -1.154701, 0.577350
+    # step (g0, 11): T0 1, T2 0 -> std sqrt(0.5) = 0.707107 -> +-0.707107
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
+    states = torch.tensor([[7, 11], [7, 13], [7, 11], [7, 11]])
+    batch = AdvantageInput(rewards, torch.ones(4, 2), torch.tensor([0, 0, 0, 1]),
+                           turn_index=torch.tensor([[0, 1]] * 4), state_hash=states)
+    adv, _ = gigpo(batch, cfg())
+    expected = torch.tensor([[1.154701, 0.577350 + 0.707107], [-2.309401, -1.154701],
+                             [1.154701, 0.577350 - 0.707107], [0.0, 0.0]])
+    torch.testing.assert_close(adv, expected, atol=1e-5, rtol=0)
+
+
+def test_step_reinforce_whitens_over_valid_turns_of_rows_with_different_turn_counts():
+    # row 0: three turns (tokens 0-1, 2, 3) with rewards 1, 0, 2 ; row 1: one turn (token 0), reward 3
+    # returns (gamma 1): row 0 [3, 2, 2], row 1 [3] ; over these 4 turns: mean 2.5,
+    # unbiased var (4 * 0.25) / 3 = 1/3, std 0.577350 -> 3 -> 0.866025, 2 -> -0.866025
+    r = torch.tensor([[0.0, 1.0, 0.0, 2.0], [3.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    turns = torch.tensor([[0, 0, 1, 2], [0, -1, -1, -1]])
+    adv, _ = step_reinforce(AdvantageInput(r, mask, torch.tensor([0, 1]), turn_index=turns), cfg())
+    expected = torch.tensor([[0.866025, 0.866025, -0.866025, -0.866025], [0.866025, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(adv, expected, atol=1e-5, rtol=0)
+
+
+def test_topr_weight_carries_no_gradient():
+    # A = -1, log_prob -1.5, old -1.0: ratio e^-0.5 = 0.606531, w = sg(clip(ratio, 0, 1)) = 0.606531
+    # loss = -w * A * log_prob = -0.909796 ; d/d log_prob = -w * A = 0.606531 (stop-gradient on w;
+    # without it the ratio's own derivative would add -A * ratio * log_prob = -0.909796)
+    log_prob = torch.tensor([[-1.5]], requires_grad=True)
+    inputs = PolicyLossInput(log_prob, torch.tensor([[-1.0]]), torch.tensor([[-1.0]]), torch.ones(1, 1))
+    loss, _ = topr(inputs, cfg())
+    assert float(loss) == pytest.approx(-0.909796, abs=1e-6)
+    loss.sum().backward()
+    assert float(log_prob.grad) == pytest.approx(0.606531, abs=1e-6)

@@ -129,3 +129,16 @@ def test_reward_options_are_checked_against_the_reward_before_workers_start(roll
     with pytest.raises(ConfigError, match="reward 'exact_match'.*unknown option 'strict'"):
         load_and_check(None, ["roles.reward.options.strict=true"])
     load_and_check(None, ["roles.reward.name=graded", "roles.reward.options.threshold=0.5"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm.kl_estimator=k9"], "key 'algorithm.kl_estimator': unknown kl estimator 'k9'"),
+    (["roles.reference=null", "algorithm.kl_penalty.coef=0.1"], "need a reference role"),
+    (["algorithm.difficulty_mask={low: 0.5, high: 0.5}"], "low (0.5) must be below high (0.5)"),
+    (["data.domains={a: {dataset: carry_addition}, b: {dataset: carry_addition}}",
+      "data.domain_interleave_probs={a: 1.5, b: -0.5}"], "must be non-negative and sum to 1"),
+])
+def test_invalid_settings_are_named(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_and_check(None, overrides)
+    assert message in str(err.value)

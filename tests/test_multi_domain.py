@@ -43,6 +43,17 @@ def test_mixer_deals_each_step_in_proportion_and_resumes():
     again = DomainMixer(rows, {"a": 2 / 3, "b": 1 / 3, "c": 0.0}, seed=0)
     again.load_state(state)
     assert again.next(7) == expected
+    # Resuming mid-cycle, where the credits are not zero, needs them: 4 slots in, a has dealt 3
+    # (credit 2/3 * 4 - 3 = -1/3) and b 1 (credit +1/3); the next slot goes to b (credits 1/3 vs
+    # 2/3). From zero credits (not restored) it would go to a (2/3 vs 1/3).
+    mid = DomainMixer(rows, {"a": 2 / 3, "b": 1 / 3, "c": 0.0}, seed=0)
+    mid.next(4)
+    state = json.loads(json.dumps(mid.state()))
+    assert state["credit"] == pytest.approx({"a": -1 / 3, "b": 1 / 3})
+    expected = mid.next(1)
+    resumed = DomainMixer(rows, {"a": 2 / 3, "b": 1 / 3, "c": 0.0}, seed=0)
+    resumed.load_state(state)
+    assert resumed.next(1) == expected and expected[0]["domain"] == "b"
 
 
 def test_mixer_names_domains_missing_from_the_data_or_the_probabilities():

@@ -175,3 +175,14 @@ def test_config_rejects_a_mini_batch_that_does_not_divide_the_step():
                            "algorithm.ppo_mini_batch_size=3"])
     with pytest.raises(ConfigError, match="low"):
         load_config(None, ["algorithm.difficulty_mask.low=0.9", "algorithm.difficulty_mask.high=0.1"])
+
+
+def test_advantage_whitening_leaves_masked_samples_out_of_its_statistics():
+    # reinforce, scores 0, 4 and a truncated 100 (max_length_mask): whitening over the first two
+    # rows only: values 0, 0, 4, 4 -> mean 2, unbiased std 2.309401 -> -0.866025, +0.866025 ; the
+    # masked row gets 0 (with the 100 in the statistics the first two would be about -0.58)
+    s = shaper(advantage_estimator="reinforce", whiten_advantages=True, max_length_mask=True)
+    batch = scored([0.0, 4.0, 100.0], [0, 1, 2], truncated=torch.tensor([False, False, True]))
+    s.shape(batch)
+    torch.testing.assert_close(batch["advantages"], torch.tensor([[-0.866025, -0.866025], [0.866025, 0.866025],
+                                                                  [0.0, 0.0]]), atol=1e-5, rtol=0)

@@ -10,6 +10,8 @@ from roll_rewards.penalties import ShapedReward, overlong_penalty
 @pytest.mark.parametrize("response, instruction, expected", [
     ("one two three", {"id": "length_constraints:number_words", "relation": "at least", "num_words": 3}, True),
     ("one two", {"id": "length_constraints:number_words", "relation": "at least", "num_words": 3}, False),
+    ("one two", {"id": "length_constraints:number_words", "relation": "less than", "num_words": 3}, True),
+    ("one two three", {"id": "length_constraints:number_words", "relation": "less than", "num_words": 3}, False),
     ("Hi. Bye.", {"id": "length_constraints:number_sentences", "relation": "exactly", "num_sentences": 2}, True),
     ("a *** b *** c", {"id": "length_constraints:number_paragraphs", "num_paragraphs": 3}, True),
     ("* x\n* y\n- z", {"id": "detectable_format:number_bullet_lists", "num_bullets": 3}, True),
@@ -20,6 +22,8 @@ from roll_rewards.penalties import ShapedReward, overlong_penalty
     ("Not Lower", {"id": "change_case:english_lowercase"}, False),
     ("SHOUT", {"id": "change_case:english_capital"}, True),
     ("I like rust and go", {"id": "keywords:existence", "keywords": ["Rust", "go"]}, True),
+    ("I like rust", {"id": "keywords:existence", "keywords": ["Rust", "go"]}, False),  # every keyword
+    ("I like rusty goats", {"id": "keywords:existence", "keywords": ["rust"]}, False),  # whole words
     ("I like rust", {"id": "keywords:forbidden_words", "forbidden_words": ["rust"]}, False),
     ("cat cat dog cat", {"id": "keywords:frequency", "keyword": "cat", "frequency": 3, "relation": "at least"}, True),
     ("Done. Is there anything else I can help with?",
@@ -51,6 +55,8 @@ def test_overlong_penalty_by_hand():
     assert overlong_penalty(80, 100, 20) == 0.0
     assert overlong_penalty(90, 100, 20) == -0.5
     assert overlong_penalty(101, 100, 20, factor=0.5) == -0.5
+    assert overlong_penalty(81, 100, 20) == pytest.approx(-0.05)  # the first unit past the start
+    assert overlong_penalty(90, 100, 20, factor=0.5) == pytest.approx(-0.25)  # the factor scales the ramp too
     with pytest.raises(ValueError, match="buffer"):
         overlong_penalty(1, 10, 20)
 

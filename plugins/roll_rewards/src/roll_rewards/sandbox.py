@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -168,7 +170,9 @@ class _Confined:
             self.cgroup = Cgroup.create(limits.max_processes + 4, (limits.memory_mb + limits.disk_mb) << 20)
             if self.cgroup:
                 cmd = self.cgroup.enter_command(cmd)
-        self.workdir = None if isinstance(confine, Bubblewrap) else _make_workdir()
+        # Bubblewrap: the sandbox's first process heads a PID namespace; unsafe: a session of its own.
+        self.in_namespace = isinstance(confine, Bubblewrap)
+        self.workdir = None if self.in_namespace else tempfile.mkdtemp(prefix="roll-sandbox-")
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
                "HOME": self.workdir or "/", "TMPDIR": self.workdir or "/tmp"}
         fds = tuple(fd for fd in (program_r, seccomp_fd, *rpc_fds) if fd is not None and fd >= 0)
@@ -202,7 +206,7 @@ class _Confined:
         """The program and everything it started: with bubblewrap, killing the sandbox's outer process
         kills its PID namespace (``--die-with-parent``); the cgroup catches anything else."""
         try:
-            if self.workdir is None:
+            if self.in_namespace:
                 os.kill(self.proc.pid, signal.SIGKILL)
             else:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -221,8 +225,6 @@ class _Confined:
         if self.cgroup:
             self.cgroup.remove()
         if self.workdir:
-            import shutil
-
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _status(self, stderr: str) -> str:
@@ -242,12 +244,6 @@ class _Confined:
         if code in (-signal.SIGKILL, 128 + signal.SIGKILL):
             return "killed"
         return "error"
-
-
-def _make_workdir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="roll-sandbox-")
 
 
 class Program:
@@ -415,8 +411,6 @@ class Sandbox:
 def _start_runner(style: str, tests: str, request_w: int, reply_r: int) -> subprocess.Popen:
     """The trusted test runner: the worker's own interpreter (it needs pytest), a clean environment,
     its own session. It runs the dataset's tests, never the program."""
-    import tempfile
-
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(_HERE.parent),
            "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "HOME": tempfile.gettempdir()}
     runner = subprocess.Popen(
