@@ -61,3 +61,24 @@ def test_unregister_plugin_withdraws_its_entries():
     reg.register("b", len, plugin="drop")
     reg.unregister_plugin("drop")
     assert reg.names() == ["a"]
+
+
+def test_every_registry_names_its_kind_in_singular_english():
+    from roll_core.plugins import get_plugins
+
+    kinds = {name: r.kind for name, r in get_plugins().registries.items()}
+    assert kinds["policy_losses"] == "policy loss" and kinds["advantage_estimators"] == "advantage estimator"
+    assert kinds["train_strategies"] == "train strategy"
+    with pytest.raises(Exception, match="unknown policy loss 'x'"):
+        get_plugins().policy_losses.get("x")
+
+
+def test_importing_a_strategy_changes_no_environment_variable():
+    import subprocess
+    import sys
+
+    code = ("import os; before = dict(os.environ); import roll_core.strategies.hf, roll_core.strategies.fsdp2; "
+            "print(sorted(set(os.environ.items()) ^ set(before.items())))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TOKENIZERS_PARALLELISM"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "[]"

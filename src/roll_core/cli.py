@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 
@@ -76,6 +77,7 @@ def _cmd_run(args, argv: list[str] | None = None) -> int:
     from roll_core.runtime import make_executor
 
     config = load_and_check(args.config, args.overrides)  # everything is checked before a worker starts
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the driver tokenizes, then forks workers
     pipeline_cls = get_plugins().pipelines.get(config.pipeline)
     pipeline = None
     try:

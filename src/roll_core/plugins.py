@@ -56,6 +56,12 @@ REGISTRY_HOOKS: dict[str, str] = {
     "pipelines": "roll_register_pipelines",
 }
 STRATEGY_KINDS = ("train", "infer", "critic")
+# What one entry of each registry is called in messages ("unknown policy loss 'x'").
+KIND_NAMES: dict[str, str] = {
+    "advantage_estimators": "advantage estimator", "policy_losses": "policy loss", "kl_estimators": "kl estimator",
+    "datasets": "dataset", "rewards": "reward", "envs": "env", "schedulers": "scheduler", "trackers": "tracker",
+    "pipelines": "pipeline",
+}
 
 
 @dataclass
@@ -92,7 +98,7 @@ class RollPlugins:
         self.plugins: dict[str, PluginInfo] = {}
         self.registries: dict[str, Registry] = {
             **{f"{kind}_strategies": Registry(f"{kind} strategy") for kind in STRATEGY_KINDS},
-            **{name: Registry(name.rstrip("s").replace("_", " ")) for name in REGISTRY_HOOKS},
+            **{name: Registry(KIND_NAMES[name]) for name in REGISTRY_HOOKS},
         }
 
     # -- access -----------------------------------------------------------------------------

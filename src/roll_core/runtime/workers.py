@@ -23,7 +23,10 @@ from roll_core.runtime import distributed
 
 def _bind_devices(devices) -> None:
     """Make the worker's mapped devices (local ids on its node) its visible CUDA devices. Runs
-    before anything touches CUDA, so ``cuda:0`` is the first mapped device."""
+    before anything touches CUDA, so ``cuda:0`` is the first mapped device. Also keeps Hugging Face
+    tokenizers single-threaded in the worker (they warn, and can deadlock, when a process that used
+    them forks: reward sandboxes do), unless the user chose otherwise."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
 

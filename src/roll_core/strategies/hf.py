@@ -8,7 +8,6 @@ RNG, which is what makes the ``local`` and ``ray`` executors agree sample for sa
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Iterator
 
@@ -354,5 +353,3 @@ class HFCriticStrategy(_Optimizing, _Offloading, CriticStrategy):
         self.model.load_state_dict(loaded.state_dict())
         self.optimizer.load_state_dict(torch.load(path / "train_state.pt", weights_only=False)["optimizer"])
 
-
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
