@@ -142,3 +142,25 @@ def test_invalid_settings_are_named(overrides, message):
     with pytest.raises(ConfigError) as err:
         load_and_check(None, overrides)
     assert message in str(err.value)
+
+
+def test_validate_imports_what_the_config_names(roll_plugins):
+    import types
+
+    from roll_core import hookimpl
+
+    roll_plugins(("typo", types.SimpleNamespace(roll_register_rewards=hookimpl(
+        lambda register: register("typo_reward", "roll_no_such_module.rewards:Thing")))))
+    with pytest.raises(ConfigError) as err:
+        load_and_check(None, ["roles.reward.name=typo_reward"])
+    assert "key 'roles.reward.name'" in str(err.value) and "roll_no_such_module" in str(err.value)
+    assert "plugin 'typo'" in str(err.value)
+
+
+def test_cli_validate_without_a_config_checks_the_embedded_default(capsys):
+    from roll_core.cli import main
+
+    assert main(["validate"]) == 0
+    assert "the embedded default: ok (pipeline 'rlvr'" in capsys.readouterr().out
+    assert main(["validate", "trainer.max_steps=3"]) == 0
+    assert main(["validate", "trainer.max_stepz=3"]) == 2

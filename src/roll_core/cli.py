@@ -1,7 +1,7 @@
 """The ``roll`` command.
 
     roll run [CONFIG] [key=value ...]       run a pipeline (no CONFIG: the embedded quickstart)
-    roll validate CONFIG [key=value ...]    check a config against the schema and installed plugins
+    roll validate [CONFIG] [key=value ...]  check a config against the schema and installed plugins
     roll list-plugins [--json]              installed plugins and what each provides
     roll check-plugin NAME                  a plugin's contract checks (exit 1 when one fails)
 
@@ -66,7 +66,7 @@ def _cmd_validate(args) -> int:
     from roll_core.config import load_and_check
 
     cfg = load_and_check(args.config, args.overrides)
-    print(f"{args.config}: ok (pipeline '{cfg.pipeline}', executor '{cfg.executor}', "
+    print(f"{args.config or 'the embedded default'}: ok (pipeline '{cfg.pipeline}', executor '{cfg.executor}', "
           f"{cfg.trainer.max_steps} steps, output_dir '{cfg.output_dir}')")
     return 0
 
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
 
     val = sub.add_parser("validate", help="check a config without starting anything")
-    val.add_argument("config")
+    val.add_argument("config", nargs="?", help="YAML config; omit for the built-in quickstart, as `roll run` runs it")
     val.add_argument("overrides", nargs="*")
     val.set_defaults(func=_cmd_validate)
 

@@ -176,14 +176,15 @@ def _options_fit(key: str, name: str, options: dict, plugins) -> list[str]:
 
 
 def check_registry_names(cfg: RollConfig, plugins=None) -> None:
-    """Raise one ConfigError listing every name that no installed plugin registered."""
+    """Raise one ConfigError listing every name that no installed plugin registered, and every
+    registered target that cannot be imported (a plugin that registered a wrong path)."""
     from roll_core.plugins import get_plugins
 
     plugins = plugins or get_plugins()
     problems = []
     for key, registry, name in registry_references(cfg):
         try:
-            plugins.registry(registry).entry(name)
+            plugins.registry(registry).get(name)  # imports the target, so a broken path shows now
         except RegistryError as exc:
             problems.append(f"key '{key}': {exc}")
     problems += _role_requirements(cfg, plugins)
