@@ -97,8 +97,8 @@ def test_the_router_replaces_a_worker_whose_call_hung_and_counts_it(rewards):
 
 def test_a_constructor_that_rejects_its_options_is_reported_by_ready_not_by_a_dead_worker(rewards):
     worker = RewardWorker([("picky", {"penalty": -1}, 1.0)], None)  # constructing the worker itself succeeds
-    with pytest.raises(RewardConfigError, match=r"key 'roles.reward': reward 'picky' \(plugin 'mine'\) rejected its "
-                                                r"options \{'penalty': -1\}: ValueError: penalty must be >= 0, got -1"):
+    with pytest.raises(RewardConfigError, match=r"key 'roles.reward': reward 'picky' \(plugin 'mine'\) failed to start "
+                                                r"with options \{'penalty': -1\}: ValueError: penalty must be >= 0, got -1"):
         worker.ready()
     with pytest.raises(RewardConfigError):
         worker.score_detailed(SAMPLES)
@@ -231,8 +231,8 @@ def test_ray_rejected_reward_options_fail_in_seconds_before_the_warm_up(roll, tm
     elapsed = time.monotonic() - start
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: key 'roles.reward': reward 'picky' (plugin 'misbehaving_rewards') rejected its options "
-                      "{'penalty': -1}: ValueError: penalty must be >= 0, got -1"], out.stderr[-3000:]
+    assert errors == ["error: key 'roles.reward': reward 'picky' (plugin 'misbehaving_rewards') failed to start with "
+                      "options {'penalty': -1}: ValueError: penalty must be >= 0, got -1"], out.stderr[-3000:]
     assert "Traceback" not in out.stderr and "\x1b[" not in out.stderr  # no raw worker log, no colour escapes
     assert "warm-up" not in out.stdout and "Restarting" not in out.stdout
     assert elapsed < 60, elapsed  # Ray's start-up, then at once (the warm-up alone takes minutes)

@@ -223,7 +223,7 @@ class RewardWorker(_Worker):
             return True
         except Exception as exc:  # any plugin's constructor: report it, never crash the worker
             self.broken = RewardConfigError(
-                f"key '{self.key}': reward '{scorer.name}' (plugin '{scorer.plugin}') rejected its options "
+                f"key '{self.key}': reward '{scorer.name}' (plugin '{scorer.plugin}') failed to start with options "
                 f"{scorer.options}: {type(exc).__name__}: {exc}")
             return False
 
