@@ -164,3 +164,30 @@ def test_cli_validate_without_a_config_checks_the_embedded_default(capsys):
     assert "the embedded default: ok (pipeline 'rlvr'" in capsys.readouterr().out
     assert main(["validate", "trainer.max_steps=3"]) == 0
     assert main(["validate", "trainer.max_stepz=3"]) == 2
+
+
+def test_reward_option_values_are_checked_and_coerced_to_the_declared_types(roll_plugins):
+    import types
+
+    from roll_core import hookimpl
+    from roll_core.rewards import Reward
+
+    class Typed(Reward):
+        def __init__(self, explode_on: str = "x", threshold: float = 0.5, rounds: int | None = None,
+                     strict: bool = False, extra: dict | None = None):
+            self.explode_on = explode_on
+
+        def score(self, sample):
+            return 0.0
+
+    roll_plugins(("t", types.SimpleNamespace(roll_register_rewards=hookimpl(lambda register: register("typed", Typed)))))
+    cfg = load_and_check(None, ["roles.reward.name=typed", "roles.reward.options.explode_on=9",
+                                "roles.reward.options.threshold=1", "roles.reward.options.strict=true",
+                                "roles.reward.options.extra={a: 1}"])
+    assert cfg.roles.reward.options == {"explode_on": "9", "threshold": 1.0, "strict": True, "extra": {"a": 1}}
+    with pytest.raises(ConfigError) as err:
+        load_and_check(None, ["roles.reward.name=typed", "roles.reward.options.threshold=high",
+                              "roles.reward.options.rounds=2.5"])
+    message = str(err.value)
+    assert "key 'roles.reward.options' for reward 'typed': option 'threshold' must be float, got 'high'" in message
+    assert "option 'rounds' must be int, got 2.5" in message

@@ -44,6 +44,12 @@ from roll_core.runtime.placement import Residency, check_cluster, colocated, nod
 from roll_core.runtime.workers import RewardWorker, RoleWorker
 
 
+# Every role's workers, and the warm-up's data order, draw from seeds of their own, offset from the
+# run's ``seed`` (actor_train uses it as is, the training data order too), so that no two share a
+# random stream and worker r of a role gets offset + r. Changing a value changes every run's numbers.
+SEED_OFFSETS = {"actor_infer": 1000, "reference": 2000, "critic": 3000, "warmup_data": 7}
+
+
 def _progress(total: int, description: str):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -166,7 +172,7 @@ class RLVRPipeline(Pipeline):
                                   for _ in range(roles.actor_train.num_workers)], roles.actor_train)
         self.infer = self._start(
             "actor_infer", RoleWorker,
-            [("actor_infer", "infer", model_path, roles.actor_infer, cfg, seed + 1000 + r)
+            [("actor_infer", "infer", model_path, roles.actor_infer, cfg, seed + SEED_OFFSETS['actor_infer'] + r)
              for r in range(roles.actor_infer.num_workers)], roles.actor_infer, concurrency=self._infer_concurrency(),
         )
         default = self._start("reward", RewardWorker,
@@ -206,13 +212,13 @@ class RLVRPipeline(Pipeline):
             path = ref.model_path or model_path
             self.reference = self._start(
                 "reference", RoleWorker,
-                [("reference", "infer", path, ref, self.config, self.config.seed + 2000 + r)
+                [("reference", "infer", path, ref, self.config, self.config.seed + SEED_OFFSETS['reference'] + r)
                  for r in range(ref.num_workers)], ref,
             )
             self._setup(self.reference, data_parallel=False)
         if critic is not None:
             self.critic = self._start("critic", RoleWorker,
-                                      [("critic", "critic", model_path, critic, self.config, self.config.seed + 3000)
+                                      [("critic", "critic", model_path, critic, self.config, self.config.seed + SEED_OFFSETS['critic'])
                                        for _ in range(critic.num_workers)], critic)
             self._setup(self.critic, data_parallel=True)
 
@@ -377,7 +383,7 @@ class RLVRPipeline(Pipeline):
         rows = [r for r in self.train_rows if r.get("demonstration") is not None]
         if not rows:
             raise ConfigError("warmup.steps > 0 but no training row has a 'demonstration'; set warmup.steps=0")
-        stream = PromptStream(rows, self.config.seed + 7)
+        stream = PromptStream(rows, self.config.seed + SEED_OFFSETS['warmup_data'])
         eos = self.tokenizer.eos_token
         self.residency.use("actor_train")
         progress, task = _progress(wcfg.steps, "warm-up (supervised)")
