@@ -231,8 +231,9 @@ def test_ray_rejected_reward_options_fail_in_seconds_before_the_warm_up(roll, tm
     elapsed = time.monotonic() - start
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    # -1 arrives as -1.0: `roll validate` coerced it to the constructor's declared float
     assert errors == ["error: key 'roles.reward': reward 'picky' (plugin 'misbehaving_rewards') failed to start with "
-                      "options {'penalty': -1}: ValueError: penalty must be >= 0, got -1"], out.stderr[-3000:]
+                      "options {'penalty': -1.0}: ValueError: penalty must be >= 0, got -1.0"], out.stderr[-3000:]
     assert "Traceback" not in out.stderr and "\x1b[" not in out.stderr  # no raw worker log, no colour escapes
     assert "warm-up" not in out.stdout and "Restarting" not in out.stdout
     assert elapsed < 60, elapsed  # Ray's start-up, then at once (the warm-up alone takes minutes)
