@@ -8,8 +8,10 @@ every attack it checks that
 * the program scores 0 (every attack is a non-solution of ``add(a, b)``);
 * the call returns within the wall limit plus 2 s;
 * nothing the program started survives it (no process carrying its marker, no child left);
-* nothing outside its directory changed (host ``/tmp``, ``/dev/shm``, a world-writable canary
-  directory, roll-rewards' own source);
+* nothing outside its directory changed: a world-writable canary directory of the worker's is
+  exactly as it was (one attack aims at it), nothing carrying the attack's marker appeared in the
+  host's ``/tmp`` or ``/dev/shm`` (every attack that writes outside names its files with it; other
+  processes may change those directories at any time), and roll-rewards' own source is unchanged;
 * no secret of the worker appears in any output (each attack also runs as a script, whose stdout
   and stderr are searched), and a loopback TCP server and a unix socket of the worker see no client;
 * the worker survives (this process reports at the end).
@@ -151,7 +153,7 @@ except Exception:
                                             "        x = bytearray(400 << 20)\n        import time; time.sleep(30)\n"
                                             "import time\ntime.sleep(30)\n"),
     "disk_fill": ("assert", "with open('big', 'wb') as f:\n    while True:\n        f.write(b'x' * (1 << 20))\n"),
-    "shm_fill": ("assert", "n = 0\nwhile True:\n    with open(f'/dev/shm/f{n}', 'wb') as f:\n"
+    "shm_fill": ("assert", f"n = 0\nwhile True:\n    with open(f'/dev/shm/{MARKER}-{{n}}', 'wb') as f:\n"
                            "        f.write(b'x' * (1 << 20))\n    n += 1\n"),
     "inode_exhaustion": ("assert", "import os\nos.makedirs('d', exist_ok=True)\ni = 0\nwhile True:\n"
                                    "    open(f'd/{i}', 'w').close()\n    i += 1\n"),
@@ -171,6 +173,9 @@ except Exception:
                                     "        os.mkfifo(p)\n    except OSError:\n        pass\n"),
     # --- the filesystem
     "write_host_tmp": ("assert", f"open('/tmp/{MARKER}', 'w').write('pwned')\n" + WRONG),
+    "write_the_canary": ("assert", "import os\nfor name in ('keep.txt', 'new.txt'):\n    try:\n"
+                                   "        open(os.path.join({CANARY!r}, name), 'w').write('pwned')\n"
+                                   "    except OSError:\n        pass\n" + WRONG),
     "dir_fd_write": ("assert", f"import os\nroot = os.open('/', os.O_RDONLY)\ntry:\n"
                                f"    os.close(os.open('tmp/{MARKER}', os.O_CREAT | os.O_WRONLY, dir_fd=root))\n"
                                "except OSError:\n    pass\n" + WRONG),
@@ -206,16 +211,19 @@ except Exception:
 }
 
 
-def _snapshot(paths) -> dict:
+def _snapshot(directory: str) -> dict:
     state = {}
-    for base in paths:
-        for p in Path(base).iterdir() if Path(base).is_dir() else []:
-            try:
-                st = p.lstat()
-                state[str(p)] = (st.st_size, st.st_mtime_ns, st.st_mode)
-            except OSError:
-                pass
+    for p in Path(directory).iterdir():
+        try:
+            st = p.lstat()
+            state[str(p)] = (st.st_size, st.st_mtime_ns, st.st_mode, p.read_bytes() if p.is_file() else b"")
+        except OSError:
+            pass
     return state
+
+
+def _marked_host_files() -> list[str]:
+    return [str(p) for base in ("/tmp", "/dev/shm") for p in Path(base).iterdir() if MARKER in p.name]
 
 
 def _source_hash() -> str:
@@ -273,13 +281,13 @@ def main(names: list[str]) -> int:
     Path(canary, "keep.txt").write_text("unchanged")
     listener = Listener(canary)
     reward = CodeReward(cpu_seconds=2, wall_seconds=WALL, memory_mb=256, max_processes=32, disk_mb=32)
-    watched = ["/tmp", "/dev/shm", canary]
     before_source = _source_hash()
     failures = 0
     for name in names or list(ATTACKS):
         style, program = ATTACKS[name]
-        program = program.replace("{PORT}", str(listener.port)).replace("{UNIX!r}", repr(listener.unix_path))
-        before = _snapshot(watched)
+        program = (program.replace("{PORT}", str(listener.port)).replace("{UNIX!r}", repr(listener.unix_path))
+                   .replace("{CANARY!r}", repr(canary)))
+        before = _snapshot(canary)
         problems = []
         start = time.monotonic()
         try:
@@ -297,9 +305,10 @@ def main(names: list[str]) -> int:
         time.sleep(0.05)
         if survivors := _survivors():
             problems.append(f"processes survived: {survivors}")
-        after = _snapshot(watched)
-        if changed := sorted(set(before.items()) ^ set(after.items())):
-            problems.append(f"files outside its directory changed: {[p for p, _ in changed][:5]}")
+        if changed := sorted(set(before.items()) ^ set(_snapshot(canary).items())):
+            problems.append(f"the canary directory changed: {[p for p, _ in changed][:5]}")
+        if marked := _marked_host_files():
+            problems.append(f"files appeared outside its directory: {marked[:5]}")
         if secret in script.stdout + script.stderr:
             problems.append("the worker's secret appeared in its output")
         if listener.clients:
