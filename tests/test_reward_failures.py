@@ -95,6 +95,21 @@ def test_the_router_replaces_a_worker_whose_call_hung_and_counts_it(rewards):
     assert router.pop_failures()["reward/timeouts"] == 0.0  # counts are per step
 
 
+def test_a_replaced_worker_is_stopped_only_after_the_calls_queued_on_it(rewards):
+    executor = LocalExecutor()
+    stopped = []
+    executor.stop = stopped.append
+    group = executor.spawn("reward", RewardWorker, [([("hanging", {}, 1.0)], None, "roles.reward", {"timeout_s": 0.05})])
+    router = RewardRouter(executor, group)
+    old = group.handles[0]
+    first, second = router.submit(SAMPLES), router.submit(SAMPLES)  # both on the one worker
+    router.gather(first)
+    assert group.handles[0] is not old and stopped == []  # new calls go to the fresh one; the old still owes one
+    router.gather(second)
+    assert stopped == [old]  # replaced once, stopped once its last call was gathered
+    assert router.pop_failures()["reward/replaced_workers"] == 1.0
+
+
 def test_a_constructor_that_rejects_its_options_is_reported_by_ready_not_by_a_dead_worker(rewards):
     worker = RewardWorker([("picky", {"penalty": -1}, 1.0)], None)  # constructing the worker itself succeeds
     with pytest.raises(RewardConfigError, match=r"key 'roles.reward': reward 'picky' \(plugin 'mine'\) failed to start "
@@ -214,7 +229,9 @@ def test_ray_nan_reward_stops_with_one_line_or_scores_zero_by_policy(roll, tmp_p
 @pytest.mark.ray
 def test_ray_hanging_reward_is_timed_out_per_call_and_the_run_finishes(roll, tmp_path):
     start = time.monotonic()
-    out = roll(tmp_path / "run", "roles.reward.name=hanging", "roles.reward.timeout_s=0.25", "trainer.max_steps=2")
+    # request_size 2: four calls a step queue on the one reward worker behind the one that hangs
+    out = roll(tmp_path / "run", "roles.reward.name=hanging", "roles.reward.timeout_s=0.25", "trainer.max_steps=2",
+               "rollout.request_size=2")
     assert out.returncode == 0, out.stderr[-3000:]
     assert time.monotonic() - start < 240
     steps = [r for r in _metrics(tmp_path / "run") if r["step"] > 0]

@@ -18,10 +18,11 @@ from roll_core.runtime.executor import Executor, WorkerGroup
 
 @dataclass
 class RewardTicket:
-    """Pending scores of one submission: ``(future, group, worker index, row indices)`` per worker call."""
+    """Pending scores of one submission: ``(future, group, worker index, worker handle, row indices)``
+    per worker call."""
 
     size: int
-    parts: list[tuple[object, WorkerGroup, int, list[int]]] = field(default_factory=list)
+    parts: list[tuple[object, WorkerGroup, int, object, list[int]]] = field(default_factory=list)
 
     def futures(self) -> list:
         return [future for future, *_ in self.parts]
@@ -33,6 +34,10 @@ class RewardRouter:
         self.by_domain = dict(by_domain or {})
         self._cursor: dict[str, int] = {}
         self.failures = {"reward/timeouts": 0.0, "reward/nonfinite": 0.0, "reward/replaced_workers": 0.0}
+        # A worker replaced after a hung call keeps serving the calls already queued on it, and is
+        # stopped once the last of them is gathered (killing it at once would fail them all).
+        self._pending: dict[int, int] = {}  # id(handle) -> calls submitted and not yet gathered
+        self._retiring: dict[int, object] = {}  # id(handle) -> a replaced worker's handle
 
     def group_of(self, domain: str) -> WorkerGroup:
         return self.by_domain.get(domain, self.default)
@@ -52,8 +57,10 @@ class RewardRouter:
                 part = rows[piece]
                 w = self._cursor.get(role, 0)
                 self._cursor[role] = (w + 1) % len(group)
-                future = self.executor.invoke(group.handles[w], "score_detailed", ([samples[i] for i in part],), {})
-                ticket.parts.append((future, group, w, part))
+                handle = group.handles[w]
+                future = self.executor.invoke(handle, "score_detailed", ([samples[i] for i in part],), {})
+                ticket.parts.append((future, group, w, handle, part))
+                self._pending[id(handle)] = self._pending.get(id(handle), 0) + 1
         return ticket
 
     def ready(self) -> None:
@@ -71,15 +78,19 @@ class RewardRouter:
         components: list[dict[str, float]] = [{} for _ in range(ticket.size)]
         seconds = 0.0
         results = self.executor.get(ticket.futures())
-        for (_, group, worker, rows), result in zip(ticket.parts, results):
+        for (_, group, worker, handle, rows), result in zip(ticket.parts, results):
+            self._pending[id(handle)] -= 1
             seconds += result["seconds"]
             self.failures["reward/timeouts"] += result.get("timeouts", 0)
             self.failures["reward/nonfinite"] += result.get("nonfinite", 0)
-            if result.get("replace"):  # a call hung on it: a fresh worker, the run goes on
-                self.executor.replace(group, worker)
+            if result.get("replace") and group.handles[worker] is handle:  # a call hung on it: a fresh worker
+                self._retiring[id(handle)] = self.executor.replace(group, worker)
                 self.executor.get(self.executor.invoke(group.handles[worker], "ready", (), {}))
                 self.failures["reward/replaced_workers"] += 1
             for j, i in enumerate(rows):
                 scores[i] = result["scores"][j]
                 components[i] = {name: values[j] for name, values in result["components"].items()}
+        for key in [k for k in self._retiring if not self._pending.get(k)]:
+            self.executor.stop(self._retiring.pop(key))
+            self._pending.pop(key, None)
         return scores, components, seconds

@@ -67,13 +67,15 @@ class Executor(ABC):
         """Positions in ``futures`` of those that have finished (at least one; blocks until then)."""
         return list(range(len(futures)))
 
-    def replace(self, group: WorkerGroup, index: int) -> None:
-        """A fresh worker in place of ``group.handles[index]``, built with the same arguments; the
-        old one is stopped (its running calls with it, where the executor can stop them)."""
+    def replace(self, group: WorkerGroup, index: int):
+        """Put a fresh worker, built with the same arguments, in place of ``group.handles[index]``
+        and return the old handle. The old worker keeps running, so calls already queued on it still
+        complete; the caller stops it (:meth:`stop`) once they have."""
         cls, args_per_worker, slots, concurrency = group.spawned_with
-        self.stop(group.handles[index])
+        old = group.handles[index]
         fresh = self.spawn(group.role, cls, [args_per_worker[index]], slots and [slots[index]], concurrency)
         group.handles[index] = fresh.handles[0]
+        return old
 
     def stop(self, handle) -> None:
         """Stop one worker (local workers are objects: nothing to stop)."""
