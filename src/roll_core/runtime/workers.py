@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from roll_core.config.schema import RewardFailures
 from roll_core.errors import RollError
 from roll_core.plugins import get_plugins
 from roll_core.rewards import RewardInput
@@ -171,9 +172,6 @@ class RoleWorker(_Worker):
         return received
 
 
-DEFAULT_FAILURES = {"timeout_s": 30.0, "on_timeout": "zero", "on_nonfinite": "error"}
-
-
 @dataclass
 class _Scorer:
     """One configured reward of a worker."""
@@ -208,7 +206,7 @@ class RewardWorker(_Worker):
                  failures: dict | None = None, devices=None):
         _bind_devices(devices)
         torch.set_num_threads(1)
-        self.key, self.failures = key, {**DEFAULT_FAILURES, **(failures or {})}
+        self.key, self.failures = key, RewardFailures(**(failures or {})).failure_policy()  # defaults from the schema
         self.broken: RewardConfigError | None = None
         plugins = get_plugins()
         self.scorers = [_Scorer(name, plugins.rewards.entry(name).plugin, float(weight), dict(options))
