@@ -71,7 +71,7 @@ def _cmd_validate(args) -> int:
     return 0
 
 
-def _cmd_run(args, argv: list[str] | None = None) -> int:
+def _cmd_run(args) -> int:
     from roll_core.config import load_and_check
     from roll_core.plugins import get_plugins
     from roll_core.runtime import make_executor
@@ -90,7 +90,7 @@ def _cmd_run(args, argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         phase = pipeline.phase if pipeline else "start-up"
         where = pipeline.resume_hint() if pipeline else "the start"
-        command = "roll " + shlex.join(sys.argv[1:] if argv is None else argv)
+        command = "roll " + shlex.join(args.argv)
         print(f"interrupted during {phase}; every worker was stopped. `{command}` resumes from {where}.",
               file=sys.stderr, flush=True)
         return 130
@@ -130,9 +130,10 @@ def _split_config_and_overrides(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv  # as typed, for "run this again to resume"
     _split_config_and_overrides(args)
     try:
-        return args.func(args, argv) if args.func is _cmd_run else args.func(args)
+        return args.func(args)
     except RollError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
