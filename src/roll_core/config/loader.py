@@ -194,8 +194,8 @@ def _coerce_option_values(key: str, cls: type, options: dict) -> list[str]:
     problems = []
     for name, value in list(options.items()):
         annotation = hints.get(name)
-        members = [a for a in typing.get_args(annotation) if a is not type(None)] if typing.get_args(annotation) \
-            else [annotation]
+        union = typing.get_args(annotation)  # (int, NoneType) for `int | None`; () for a plain type
+        members = [m for m in union if m is not type(None)] if union else [annotation]
         if not members or not all(m in _SCALARS for m in members):
             continue
         try:
