@@ -39,14 +39,16 @@ def program_exception(kind: str, message: str) -> Exception:
 
 
 class Candidate:
-    """The sandboxed program, seen through its channel."""
+    """The sandboxed program, seen through its channel. Each request is answered before ``deadline``
+    or raises ``TimeoutError`` (None: no deadline of its own; this process is then killed at the
+    run's deadline by the worker). :class:`roll_rewards.sandbox.Program` is this, in the worker."""
 
-    def __init__(self, channel: Channel):
-        self.channel = channel
+    def __init__(self, channel: Channel, deadline: float | None = None):
+        self.channel, self.deadline = channel, deadline
 
     def request(self, message: dict) -> dict:
-        self.channel.send(message)
-        return self.channel.recv()
+        self.channel.send(message, self.deadline)
+        return self.channel.recv(self.deadline)
 
     def names(self) -> dict:
         names = self.request({"op": "names"}).get("names")
@@ -54,12 +56,21 @@ class Candidate:
             raise ProtocolError("malformed names reply")
         return {str(k): v for k, v in names.items()}
 
-    def call(self, name: str, args: tuple, kwargs: dict):
-        reply = self.request({"op": "call", "name": name, "args": encode_value(list(args)),
-                              "kwargs": encode_value(kwargs)})
+    def reply(self, name: str, args, kwargs) -> dict:
+        """The program's answer to one call: ``{"value": ...}`` or ``{"error": kind, "message": ...}``."""
+        return self.request({"op": "call", "name": name, "args": encode_value(list(args)),
+                             "kwargs": encode_value(dict(kwargs or {}))})
+
+    def call(self, name: str, args, kwargs):
+        """The call as a test sees it: the result, or the program's exception as the built-in of
+        that name (a malformed result is a :class:`RemoteError`, never a built-in one)."""
+        reply = self.reply(name, args, kwargs)
         if "error" in reply:
             raise program_exception(str(reply["error"]), str(reply.get("message", "")))
-        return decode_value(reply["value"])
+        try:
+            return decode_value(reply["value"])
+        except (ProtocolError, KeyError) as e:
+            raise RemoteError(f"malformed result: {e}") from None
 
 
 def proxies(names: dict, call) -> dict:

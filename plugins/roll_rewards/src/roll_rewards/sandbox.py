@@ -40,8 +40,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from roll_rewards._protocol import Channel, ProtocolError, decode_value, encode_value
-from roll_rewards._test_runner import program_exception, proxies, run_asserts
+from roll_rewards._protocol import Channel, ProtocolError, decode_value
+from roll_rewards._test_runner import Candidate, proxies, run_asserts
 from roll_rewards.isolation import Bubblewrap, Cgroup, SandboxUnavailable, Unsafe
 
 __all__ = ["ProgramError", "Sandbox", "SandboxLimits", "SandboxResult", "SandboxUnavailable", "run_python"]
@@ -246,40 +246,18 @@ class _Confined:
         return "error"
 
 
-class Program:
-    """A program served in the sandbox: call its functions, get plain data back (see :meth:`Sandbox.serve`)."""
+class Program(Candidate):
+    """A program served in the sandbox (see :meth:`Sandbox.serve`), under the run's deadline. Its
+    ``call`` returns plain data or raises :class:`ProgramError`; ``test_call`` is the call as a test
+    sees it (the program's exception as the built-in of that name)."""
 
     def __init__(self, confined: _Confined, channel: Channel):
-        self.confined, self.channel = confined, channel
+        super().__init__(channel, confined.deadline)
+        self.confined = confined
 
-    def names(self) -> dict:
-        """The program's top-level functions (``"callable"``) and plain-data constants (``{"value"}``)."""
-        names = self._request({"op": "names"}).get("names")
-        if type(names) is not dict:
-            raise ProgramError("protocol", "malformed names reply")
-        return {str(k): v for k, v in names.items()}
-
-    def call(self, name: str, args: list | tuple = (), kwargs: dict | None = None):
-        reply = self._request({"op": "call", "name": name, "args": encode_value(list(args)),
-                               "kwargs": encode_value(dict(kwargs or {}))})
-        if "error" in reply:
-            raise ProgramError(str(reply["error"]), str(reply.get("message", ""))[:500])
+    def request(self, message: dict) -> dict:
         try:
-            return decode_value(reply["value"])
-        except (ProtocolError, KeyError) as e:
-            raise ProgramError("protocol", str(e)) from None
-
-    def test_call(self, name: str, args: tuple, kwargs: dict):
-        """:meth:`call` as a test sees it: the program's own exception as a built-in one."""
-        try:
-            return self.call(name, args, kwargs)
-        except ProgramError as e:
-            raise program_exception(e.kind, str(e)) from None
-
-    def _request(self, message: dict) -> dict:
-        try:
-            self.channel.send(message, self.confined.deadline)
-            return self.channel.recv(self.confined.deadline)
+            return super().request(message)
         except TimeoutError:
             self.confined.timed_out = True
             raise ProgramError("timeout") from None
@@ -287,6 +265,24 @@ class Program:
             raise ProgramError("exited", "the program ended before answering") from None
         except (ProtocolError, OSError) as e:
             raise ProgramError("protocol", str(e)) from None
+
+    def names(self) -> dict:
+        """The program's top-level functions (``"callable"``) and plain-data constants (``{"value"}``)."""
+        try:
+            return super().names()
+        except ProtocolError as e:
+            raise ProgramError("protocol", str(e)) from None
+
+    def call(self, name: str, args: list | tuple = (), kwargs: dict | None = None):
+        reply = self.reply(name, args, kwargs)
+        if "error" in reply:
+            raise ProgramError(str(reply["error"]), str(reply.get("message", ""))[:500])
+        try:
+            return decode_value(reply["value"])
+        except (ProtocolError, KeyError) as e:
+            raise ProgramError("protocol", str(e)) from None
+
+    test_call = Candidate.call
 
 
 class Sandbox:
@@ -373,32 +369,20 @@ class Sandbox:
                 return run_asserts(tests, proxies(names, served.test_call))
         if style != "pytest":
             raise ValueError(f"run_tests: style must be 'assert' or 'pytest', got {style!r}")
-        request_r, request_w = os.pipe()
-        reply_r, reply_w = os.pipe()
-        runner = None
-        try:
-            confined = _Confined(self, "serve", program, rpc_fds=(request_r, reply_w))
-            os.close(request_r)
-            os.close(reply_w)
-            request_r = reply_w = -1
-            runner = _start_runner(style, tests, request_w, reply_r)
-        finally:
-            for fd in (request_r, reply_w, request_w, reply_r):
-                if fd >= 0:
-                    os.close(fd)
-        verdict = _Drain(runner.stdout, 1 << 16, lambda: None)
-        noise = _Drain(runner.stderr, 1 << 16, lambda: None)
-        try:
-            runner.wait(timeout=confined.left())
-        except subprocess.TimeoutExpired:
-            confined.timed_out = True
-        finally:
+        with self.serve(program) as served:
+            runner = _start_runner(style, tests, served.channel.write_fd, served.channel.read_fd)
+            verdict = _Drain(runner.stdout, 1 << 16, lambda: None)
+            noise = _Drain(runner.stderr, 1 << 16, lambda: None)
             try:
-                os.killpg(runner.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            runner.wait()
-            confined.finish()
+                runner.wait(timeout=served.confined.left())
+            except subprocess.TimeoutExpired:
+                served.confined.timed_out = True
+            finally:
+                try:
+                    os.killpg(runner.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                runner.wait()
         noise.text()
         try:
             outcome = json.loads(verdict.text())
