@@ -39,6 +39,7 @@ def main() -> None:
 
     from roll_core.config import load_config
     from roll_core.embedded.model import TinyModelConfig, build_tiny_model
+    from roll_core.plugins import get_plugins
     from roll_core.runtime import distributed
     from roll_core.runtime.executor import RayExecutor
     from roll_core.runtime.workers import RoleWorker
@@ -54,19 +55,17 @@ def main() -> None:
         infer = executor.spawn("actor_infer", RoleWorker, [("actor_infer", "infer", model_path, cfg.roles.actor_infer, cfg, 1)
                                                           for _ in range(args.infer_workers)])
         executor.get(train.call("setup") + infer.call("setup"))
-        members = train.handles + infer.handles
-        address = executor.get(train.call("node_address"))[0]
-        executor.get([executor.invoke(h, "join_weight_group", (address, r, len(members), "gloo"), {})
-                      for r, h in enumerate(members)])
-        meta = executor.get(train.call("weight_meta", bucket_bytes))[0]
-        nbytes = sum(distributed.bucket_bytes(b) for b in meta)
+        syncs = {name: get_plugins().weight_syncs.get(name)(cfg, executor, train, infer, colocated=False)
+                 for name in ("collective", "object_store")}
+        for sync in syncs.values():
+            sync.setup()
+        nbytes = sum(distributed.bucket_bytes(b) for meta in syncs["collective"].metas for b in meta)
 
         def collective():
-            executor.get(train.call("send_weights", bucket_bytes) + infer.call("receive_weights", meta))
+            executor.get(syncs["collective"].push(1))
 
         def object_store():
-            buckets = train.call("weight_bucket_list", bucket_bytes)[0]
-            executor.get(infer.call("load_weight_buckets", buckets))
+            executor.get(syncs["object_store"].push(1))
 
         src, dst = torch.empty(nbytes, dtype=torch.uint8).fill_(1), torch.empty(nbytes, dtype=torch.uint8)
 

@@ -37,7 +37,8 @@ def _params_after_ray_step(model_path, cfg, batch, world):
         executor.get([executor.invoke(h, "setup", (address, r, world), {}) for r, h in enumerate(group.handles)])
         metrics = executor.get(group.map("train_step", dp_shards(batch, world, cfg.algorithm.ppo_mini_batch_size)))
         buckets = executor.get(group.call("weight_bucket_list", 1 << 30))
-        return metrics, [dict(b for bucket in rank for b in bucket) for rank in buckets]
+        log_probs = executor.get(group.call("compute_log_probs", batch, 1.0))
+        return metrics, [dict(b for bucket in rank for b in bucket) for rank in buckets], log_probs
     finally:
         executor.shutdown()
         ray.shutdown()
@@ -53,12 +54,12 @@ def test_two_data_parallel_workers_match_one_worker_on_the_whole_batch(tiny_mode
     expected_metrics = single.train_step(batch)  # two mini-batches of 4: two optimizer steps
     expected = {n: p.detach() for n, p in single.model.named_parameters()}
 
-    metrics, ranks = _params_after_ray_step(str(tiny_model_path), cfg, batch, world=2)
-    assert len(ranks) == 2
-    for params in ranks:  # every rank ends with the same full weights
-        assert params.keys() == expected.keys()
-        for name, value in params.items():
-            torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    metrics, ranks, log_probs = _params_after_ray_step(str(tiny_model_path), cfg, batch, world=2)
+    params, replica = ranks  # rank 0 sends every weight (full tensors), the replica nothing
+    assert replica == {} and params.keys() == expected.keys()
+    for name, value in params.items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    torch.testing.assert_close(log_probs[0], log_probs[1])  # every rank ends with the same weights
     moved = max(float((expected[n] - before[n]).abs().max()) for n in expected)
     assert moved > 1e-4  # the step really changed the weights
     for key in ("train/pg_loss", "train/kl", "train/entropy", "train/grad_norm"):
@@ -144,15 +145,15 @@ _KILL_INFER_BEFORE_STEP_3 = """
 import os, signal, sys
 from roll_core.pipelines.rlvr import RLVRPipeline
 
-original, calls = RLVRPipeline.rl_step, []
+original, calls = RLVRPipeline.step, []
 
-def rl_step(self):
+def step(self, n):
     calls.append(1)
     if len(calls) == 3:  # SIGKILL an inference worker's process, as an OOM killer would
         os.kill(self.executor.get(self.infer.call("pid"))[0], signal.SIGKILL)
-    return original(self)
+    return original(self, n)
 
-RLVRPipeline.rl_step = rl_step
+RLVRPipeline.step = step
 from roll_core.cli import main
 sys.exit(main(sys.argv[1:]))
 """

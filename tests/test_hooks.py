@@ -104,6 +104,26 @@ def test_roll_register_schedulers(roll_plugins):
     assert p.schedulers.get("sync2") is p.schedulers.get("sync")
 
 
+def test_roll_register_schedulers_metadata_says_whether_it_overlaps_training(roll_plugins):
+    from roll_core.rollout import overlaps_training
+
+    p = roll_plugins(("t", plugin(roll_register_schedulers=lambda register: register(
+        "ahead", "roll_core.rollout.async_scheduler:AsyncRolloutScheduler", overlaps_training=True))))
+    assert overlaps_training("ahead", p) and overlaps_training("async", p)
+    assert not overlaps_training("sync", p)
+
+
+def test_roll_register_weight_syncs(roll_plugins):
+    from roll_core.runtime.weight_sync import ObjectStoreSync, WeightSync
+
+    class Pigeon(ObjectStoreSync):
+        pass
+
+    p = roll_plugins(("t", plugin(roll_register_weight_syncs=lambda register: register("pigeon", Pigeon))))
+    assert issubclass(p.weight_syncs.get("pigeon"), WeightSync)
+    assert set(p.weight_syncs.names()) == {"collective", "object_store", "pigeon"}
+
+
 def test_roll_register_trackers(roll_plugins, tmp_path):
     from roll_core.trackers import Tracker
 

@@ -55,8 +55,8 @@ def test_ppo_value_loss_falls(tmp_path):
 def test_dynamic_sampling_reports_its_rounds(tmp_path):
     rows = run(RECIPES[0].with_name("dapo.yaml"), tmp_path)
     for r in rows[1:]:
-        assert 1 <= r["dynamic_sampling/rounds"] <= 4
-        assert r["dynamic_sampling/kept_groups"] <= 4 or r.get("dynamic_sampling/fallback") == 1.0
+        assert 1 <= r["rollout/sampling_rounds"] <= 4
+        assert r["rollout/kept_groups"] + r["rollout/fallback_groups"] == 4
 
 
 @pytest.mark.parametrize("overrides", [

@@ -25,7 +25,7 @@ envs                        :class:`~roll_core.envs.Env` subclass; ``reset``/``s
                             documented tuples
 trackers                    logs a step into a temporary directory and closes
 strategies, schedulers,     subclasses of their interface with no abstract method left
-pipelines
+weight syncs, pipelines
 ==========================  ======================================================================
 """
 
@@ -280,6 +280,7 @@ _BASES = {
     "infer_strategies": "roll_core.strategy:InferStrategy",
     "critic_strategies": "roll_core.strategy:CriticStrategy",
     "schedulers": "roll_core.rollout:RolloutScheduler",
+    "weight_syncs": "roll_core.runtime.weight_sync:WeightSync",
     "pipelines": "roll_core.pipelines:Pipeline",
 }
 

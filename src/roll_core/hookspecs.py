@@ -161,8 +161,23 @@ def roll_register_schedulers(register):
     Called once per process when the plugin registries are built.
 
     Args:
+        register: ``register(name, target, *, description="", overlaps_training=False)``; ``target``
+            is a :class:`roll_core.rollout.RolloutScheduler` subclass. ``overlaps_training=True``
+            says that it generates while the policy trains (disjoint devices, queued weight updates).
+
+    Returns: nothing.
+    """
+
+
+@hookspec
+def roll_register_weight_syncs(register):
+    """Register weight-sync backends (how trained weights reach the inference engines).
+
+    Called once per process when the plugin registries are built.
+
+    Args:
         register: ``register(name, target, *, description="")``; ``target`` is a
-            :class:`roll_core.rollout.RolloutScheduler` subclass.
+            :class:`roll_core.runtime.weight_sync.WeightSync` subclass, chosen with ``runtime.weight_sync``.
 
     Returns: nothing.
     """

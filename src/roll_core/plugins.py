@@ -39,6 +39,7 @@ DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
     ("core.datasets", "roll_core.default_plugins.datasets"),
     ("core.rewards", "roll_core.default_plugins.rewards"),
     ("core.schedulers", "roll_core.default_plugins.schedulers"),
+    ("core.weight_syncs", "roll_core.default_plugins.weight_syncs"),
     ("core.trackers", "roll_core.default_plugins.trackers"),
     ("core.pipelines", "roll_core.default_plugins.pipelines"),
 )
@@ -52,6 +53,7 @@ REGISTRY_HOOKS: dict[str, str] = {
     "rewards": "roll_register_rewards",
     "envs": "roll_register_envs",
     "schedulers": "roll_register_schedulers",
+    "weight_syncs": "roll_register_weight_syncs",
     "trackers": "roll_register_trackers",
     "pipelines": "roll_register_pipelines",
 }
@@ -59,7 +61,7 @@ STRATEGY_KINDS = ("train", "infer", "critic")
 # What one entry of each registry is called in messages ("unknown policy loss 'x'").
 KIND_NAMES: dict[str, str] = {
     "advantage_estimators": "advantage estimator", "policy_losses": "policy loss", "kl_estimators": "kl estimator",
-    "datasets": "dataset", "rewards": "reward", "envs": "env", "schedulers": "scheduler", "trackers": "tracker",
+    "datasets": "dataset", "rewards": "reward", "envs": "env", "schedulers": "scheduler", "weight_syncs": "weight sync", "trackers": "tracker",
     "pipelines": "pipeline",
 }
 

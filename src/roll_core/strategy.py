@@ -52,8 +52,8 @@ class InferStrategy(Colocatable, ABC):
     #: An engine that batches concurrent requests itself (continuous batching, as vLLM and SGLang
     #: do) sets this: its workers then run up to ``rollout.max_running_requests`` calls at once
     #: (threads of one Ray actor), so a short request returns while a long one still decodes.
-    #: Calls are then no longer ordered on the worker: ``load_weights`` must wait for the requests
-    #: already running and hold back new ones until it is done.
+    #: Calls are then no longer ordered on the worker: ``begin_update`` must wait for the requests
+    #: already running and hold back new ones until ``end_update``.
     concurrent_requests: bool = False
 
     @abstractmethod
@@ -67,9 +67,18 @@ class InferStrategy(Colocatable, ABC):
         """Log-probs ``[B, R]`` of ``batch['responses']`` given the prompts; with ``distribution``
         the full log-softmax ``[B, R, V]`` (for KL estimators registered with ``distribution=True``)."""
 
+    # -- the weight-update protocol (roll_core.runtime.weight_sync) -------------------------------
+    def begin_update(self, version: int) -> None:
+        """A weight update starts (``version`` counts updates). An engine may pause generation here;
+        with ``concurrent_requests``, it must let running requests finish and hold new ones back."""
+
     @abstractmethod
-    def load_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
-        """Copy one bucket of named parameters (from the training role) into the model."""
+    def load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy one bucket of named parameters (Hugging Face names, full tensors) into the model."""
+
+    def end_update(self) -> None:
+        """Every bucket of the update is loaded: drop cached prefixes computed with the old weights
+        and resume generation."""
 
     def rng_state(self) -> Any:
         """Sampling RNG state, saved in checkpoints so a resumed run draws the same samples."""
@@ -104,8 +113,10 @@ class TrainStrategy(Colocatable, ABC):
 
     @abstractmethod
     def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """The current (full, unsharded) weights as buckets of ``(name, tensor)`` of about
-        ``bucket_bytes`` each. Called on every rank; rank 0's buckets are sent to inference."""
+        """The weights this rank owns, full (unsharded) and under Hugging Face names, as buckets of
+        ``(name, tensor)`` of about ``bucket_bytes`` each. Called on every rank at once (gathering
+        collectives are allowed); a rank that owns nothing (a data-parallel replica other than
+        rank 0) yields nothing. Every name must be yielded by exactly one rank."""
 
     @abstractmethod
     def save_checkpoint(self, path: str) -> None:

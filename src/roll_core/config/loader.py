@@ -120,6 +120,8 @@ def registry_references(cfg: RollConfig) -> list[tuple[str, str, str]]:
                  for d, src in cfg.data.domains.items() if src.dataset is not None]
     elif cfg.data.train_file is None:
         refs.append(("data.dataset", "datasets", cfg.data.dataset))
+    if cfg.runtime.weight_sync != "auto":
+        refs.append(("runtime.weight_sync", "weight_syncs", cfg.runtime.weight_sync))
     refs += [(f"trackers[{i}]", "trackers", name) for i, name in enumerate(cfg.trackers)]
     return refs
 

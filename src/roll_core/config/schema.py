@@ -340,10 +340,11 @@ class RuntimeConfig(Strict):
         None, ge=1, description="devices per node for device_mapping; None = read from the Ray cluster")
     num_nodes: int | None = Field(None, ge=1, description="nodes with devices; with num_gpus_per_node, "
                                   "lets `roll validate` check mappings without a cluster")
-    weight_sync: Literal["auto", "collective", "object_store"] = Field(
-        "auto", description="collective: buckets broadcast through a torch.distributed group from training "
-        "rank 0 to the inference workers; object_store: buckets passed through Ray / memory; auto: "
-        "collective on Ray with the sync scheduler, object_store otherwise")
+    weight_sync: str = Field(
+        "auto", description="a registered weight-sync backend. collective: buckets broadcast through a "
+        "torch.distributed group from each sending training rank to the inference workers; object_store: "
+        "buckets passed through Ray / memory; auto: collective on Ray with a scheduler that waits for the "
+        "update, object_store otherwise")
     weight_bucket_mb: float = Field(64, gt=0, description="size of one weight-sync bucket")
     max_restarts: int = Field(1, ge=0, description="restarts of the workers from the last checkpoint after "
                               "a worker process dies or stops answering; 0 = stop at the first failure")

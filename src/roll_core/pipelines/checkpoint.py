@@ -36,16 +36,17 @@ class CheckpointManager:
         done = self.complete()
         return done[-1][1] if done else None
 
-    def save(self, step: int, write: Callable[[Path], None], state: dict) -> Path:
-        """``write(tmp_dir)`` fills the checkpoint; ``state`` becomes ``state.json``."""
+    def save(self, step: int, write: Callable[[Path], dict | None], state: dict) -> Path:
+        """``write(tmp_dir)`` fills the checkpoint; ``state`` and the dict ``write`` may return
+        become ``state.json``."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step_{step:06d}"
         tmp = self.root / f"{final.name}.tmp-{os.getpid()}"
         for stale in self.root.glob("step_*.tmp-*"):  # left by a process killed while saving
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
-        write(tmp)
-        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
+        extra = write(tmp) or {}
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state, **extra}, indent=2))
         if final.exists():  # re-saving the same step (e.g. after a resume): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)

@@ -8,7 +8,7 @@ while the slowest sample of the step finishes. This scheduler keeps a queue of g
 * a finished request is scored at once on the reward workers of its samples' domains;
 * a group whose scores are in passes the dynamic-sampling filter or is dropped (counted);
 * ``next_batch`` hands the trainer the first ``prompts_per_step`` complete groups, oldest first;
-* while the trainer works (``wait_for``), the loop keeps generating and scoring.
+* while the trainer works (``wait``), the loop keeps generating and scoring.
 
 Staleness. ``version`` counts the weight updates the inference workers have received. A group
 generated at version ``v`` and trained on at step ``s`` (whose weights are version ``s - 1``) has
@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from roll_core.algorithms.shaping import keep_groups, outcome_token_rewards
+from roll_core.algorithms.shaping import outcome_token_rewards
 from roll_core.data import Batch, deal_slots
 from roll_core.errors import RollError
 from roll_core.rollout.rewards import RewardTicket
@@ -93,7 +93,7 @@ class _Group:
 
 
 class AsyncRolloutScheduler(SyncRolloutScheduler):
-    streaming = True
+    """Registered with ``overlaps_training=True``: it generates while the trainer works."""
 
     def __init__(self, config, executor, infer_group, reward_router, tokenizer):
         super().__init__(config, executor, infer_group, reward_router, tokenizer)
@@ -105,11 +105,8 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         self.request_size = r.request_size or r.num_return_sequences
         self.max_running = r.max_running_requests
         self.extra = r.max_additional_running_prompts
-        self.filter_cfg = config.algorithm.dynamic_sampling
         self.version = 0  # weight updates the inference workers have been sent
         self.steps_started = 0  # batches handed to the trainer
-        self.stream = None
-        self.reference = None
         self.lanes = None
         self.next_group = 0
         self.open: dict[int, _Group] = {}  # admitted groups not complete yet
@@ -122,7 +119,6 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         self.ready: list[tuple[int, Batch]] = []  # (version, one scored, kept group), completion order
         self.chosen: list[tuple[int, Batch]] = []  # the batch being assembled (still outstanding)
         self.rejected: list[tuple[int, Batch]] = []  # filtered out this step (only a fallback uses them)
-        self.max_filtered = config.algorithm.dynamic_sampling.max_rounds * self.want
         self._cursor = 0
         self.accepting = True
         self._idle_since: dict[int, float] = {w: time.perf_counter() for w in range(len(self.infer))}
@@ -317,12 +313,10 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         index = [j for js, _ in group.pieces for j in js]
         rows = Batch.concat([piece for _, piece in group.pieces])
         rows = rows.select(sorted(range(len(index)), key=index.__getitem__))  # sample order, whatever finished first
-        keep = keep_groups(rows["scores"], rows["group_index"], self.filter_cfg)
-        if bool(keep.all()):
+        if bool(self.sampling.keep(rows["scores"], rows["group_index"]).all()):
             # With a streamed reference, its log-probs first (see _submit_reference).
             (self._to_reference if self.reference is not None else self.ready).append((group.version, rows))
         else:
-            self.stats["rollout/filtered_groups"] += 1
             self.rejected.append((group.version, rows))
 
     def _abort_hopeless(self, step: int) -> None:
@@ -356,15 +350,14 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
     # ------------------------------------------------------------------------------------------
     # what the pipeline calls
     # ------------------------------------------------------------------------------------------
-    def attach(self, stream, reference=None) -> None:
+    def start(self, stream, reference=None) -> None:
         """Draw prompts from ``stream``. With ``reference`` (the reference role's worker group, when
         it has devices of its own), every group that passes the filter gets its ``ref_log_probs``
         there before it is ready, in parallel with generation and scoring: the reference model
         never changes, so they need not wait for the trainer, and the pipeline skips that forward
         pass on the critical path. (Per group, not per request: one forward pass per sample would
         cost more than it hides; filtered groups need none.)"""
-        self.stream = stream
-        self.reference = reference
+        super().start(stream, reference)
         self._ref_cursor = 0
         # A stream of several domains (DomainMixer) gets one lane per domain.
         self.lanes = dict(stream.probs) if getattr(stream, "probs", None) else None
@@ -396,7 +389,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
                 else:
                     waiting.append((version, group))
             self.ready[:0] = waiting
-            if len(chosen) < self.want and self.stats["rollout/filtered_groups"] >= self.max_filtered:
+            if len(chosen) < self.want and self.sampling.exhausted():
                 # As the sync path after max_rounds: train on groups the filter rejected (for GRPO
                 # their advantages are zero) rather than generate forever, and say so.
                 fresh = [(v, g) for v, g in self.rejected if self.staleness(v, step) <= self.max_stale]
@@ -420,25 +413,24 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         batch.update(group_index=torch.arange(len(chosen)).repeat_interleave(self.group_size))
         self.rejected.clear()
         self._abort_hopeless(step)
+        self.sampling.kept, self.sampling.fallback = len(chosen) - fallback, fallback
         metrics = self._step_metrics(staleness)
-        if fallback:
-            metrics["dynamic_sampling/fallback_groups"] = float(fallback)
         metrics["time/wait_for_batch_s"] = time.perf_counter() - t0  # the trainer's idle time
         self._top_up()  # with ratio > 0, the next batch starts generating now
         return batch, metrics
 
-    def wait_for(self, future):
+    def wait(self, future):
         """Block until ``future`` (e.g. a train step) finishes, generating and scoring meanwhile."""
         while not self._pump([future]):
             pass
         return self.executor.get(future)
 
-    def weights_updated(self) -> None:
+    def weights_pushed(self) -> None:
         """The pipeline has queued a weight update on every inference worker."""
         self.version += 1
         self._top_up()
 
-    def drain(self) -> None:
+    def stop(self) -> None:
         """Abort everything in flight at the end of a run and wait until every inference worker is
         free, so no request outlives it. Discarded groups are counted as aborted."""
         self.stats["rollout/aborted_groups"] += len(self.open) + len(self.ready) + sum(
@@ -474,7 +466,6 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
 
     def _reset_step_stats(self) -> None:
         self.stats = Counter({"time/driver_wait_s": 0.0, "time/reward_s": 0.0, "time/idle/actor_infer_s": 0.0,
-                              "rollout/filtered_groups": 0,
                               "rollout/dropped_stale_groups": 0, "rollout/aborted_groups": 0,
                               "rollout/requests": 0, "rollout/aborted_requests": 0})
         self._scores: list[torch.Tensor] = []
@@ -489,7 +480,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         out["rollout/staleness_max"] = float(max(staleness))
         out["rollout/in_flight_groups"] = float(self.outstanding())
         if scores:
-            all_scores = torch.cat(scores)
-            out["reward/generated_mean"] = float(all_scores.mean())
+            out["reward/generated_mean"] = float(torch.cat(scores).mean())
+        out.update(self.sampling.metrics())
         self._reset_step_stats()
         return out

@@ -1,5 +1,9 @@
 """``sync``: generate every group of the step, scoring each generation request as soon as it finishes.
 
+The trivial case of the scheduler interface (:mod:`roll_core.rollout`): ``next_batch`` draws
+``prompts_per_step`` prompts, generates and scores them, and with dynamic sampling draws further
+rounds until the batch is full; the trainer then works alone (``wait`` only waits).
+
 The step's samples are split into one contiguous chunk per inference worker and, with
 ``rollout.request_size``, each chunk into requests of that many samples. Every request is queued on
 its worker up front (a worker runs its requests in order, so its sampling RNG draws the same numbers
@@ -19,6 +23,7 @@ from roll_core.algorithms.shaping import outcome_token_rewards
 from roll_core.data import Batch
 from roll_core.rewards import RewardInput
 from roll_core.rollout import RolloutScheduler
+from roll_core.rollout.dynamic_sampling import DynamicSampling
 
 
 def tokenize_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,6 +48,41 @@ def expand_rows(tokenizer, rows: list[dict], num_return_sequences: int) -> Batch
 
 
 class SyncRolloutScheduler(RolloutScheduler):
+    def __init__(self, config, executor, infer_group, reward_router, tokenizer):
+        super().__init__(config, executor, infer_group, reward_router, tokenizer)
+        self.last_metrics: dict[str, float] = {}  # timings of the latest collect
+        self.sampling = DynamicSampling(config.algorithm.dynamic_sampling, config.rollout.prompts_per_step)
+
+    def next_batch(self) -> tuple[Batch, dict[str, float]]:
+        """Rounds of ``prompts_per_step`` prompts until the filter has passed that many groups or
+        ``max_rounds`` rounds were drawn; without any group passing, the last round as it is."""
+        rollout, ds = self.config.rollout, self.sampling
+        want = rollout.prompts_per_step
+        kept: list[Batch] = []
+        generated: list[torch.Tensor] = []
+        timings: dict[str, float] = {}
+        batch = None
+        while ds.kept < want and ds.rounds_left():
+            batch = self.collect(self.stream.next(want), num_return_sequences=rollout.num_return_sequences,
+                                 temperature=rollout.temperature)
+            for k, v in self.last_metrics.items():
+                timings[k] = timings.get(k, 0.0) + v
+            # Group ids unique across rounds, so groups from different rounds never mix.
+            batch.update(group_index=batch["group_index"] + ds.rounds * want)
+            ds.rounds += 1
+            generated.append(batch["scores"])
+            groups = batch["group_index"][ds.keep(batch["scores"], batch["group_index"])].unique()[: want - ds.kept]
+            if len(groups):
+                kept.append(batch.select(torch.isin(batch["group_index"], groups)))
+                ds.kept += len(groups)
+        if kept:
+            batch = Batch.concat(kept)
+        else:  # nothing passed within max_rounds: the last round as it is (zero GRPO advantages)
+            ds.fallback = want
+        # Group ids 0..want-1 in batch order, as the estimators expect.
+        batch.update(group_index=torch.unique_consecutive(batch["group_index"], return_inverse=True)[1])
+        return batch, {**timings, "reward/generated_mean": float(torch.cat(generated).mean()), **ds.metrics()}
+
     def _sampling(self, temperature: float) -> dict:
         """Keyword arguments of every ``generate`` request."""
         rollout = self.config.rollout

@@ -239,7 +239,7 @@ def make_executor(config) -> Executor:
 
 
 def _worker_env(config) -> dict[str, str]:
-    """With a streaming (asynchronous) scheduler, training and generation run at the same time. On
+    """With a scheduler that overlaps training (``async``), training and generation run at the same time. On
     CPU, OpenMP's default of spinning while it waits for work then burns the cores the other role
     needs: measured on 2 cores, an async step took 2.99 s with spinning threads and 0.77 s with
     ``OMP_WAIT_POLICY=PASSIVE``, which the workers get unless the user set a policy. Not when every
@@ -247,9 +247,9 @@ def _worker_env(config) -> dict[str, str]:
     never waits for a team, and spinning makes the phases where one role has every core (warm-up,
     evaluation) faster, as it does for synchronous runs (0.59 s against 1.01 s per step)."""
     from roll_core.plugins import get_plugins
+    from roll_core.rollout import overlaps_training
 
-    scheduler = get_plugins().schedulers.get(config.rollout.scheduler)
-    if not getattr(scheduler, "streaming", False) or "OMP_WAIT_POLICY" in os.environ:
+    if not overlaps_training(config.rollout.scheduler, get_plugins()) or "OMP_WAIT_POLICY" in os.environ:
         return {}
     if all(config.rl_threads(name) == 1 for name in MODEL_ROLES if getattr(config.roles, name) is not None):
         return {}

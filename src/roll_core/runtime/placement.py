@@ -10,7 +10,8 @@ Rules (each violation is a config error naming the key):
 
 * a worker's devices are on one node, and no index is beyond the cluster;
 * reward roles never overlap another role (they score while the policy generates, so they
-  cannot be offloaded), and with the ``async`` scheduler actor_train and actor_infer are disjoint
+  cannot be offloaded), and with a scheduler that overlaps training (``async``) actor_train and
+  actor_infer are disjoint
   (generation runs while the policy trains);
 * the ``local`` executor runs every role in one process: no device mappings, no data parallelism.
 """
@@ -27,6 +28,17 @@ _TRAINED = ("actor_train", "critic")
 
 def _overlap(a: list[int] | None, b: list[int] | None) -> list[int]:
     return sorted(set(a or ()) & set(b or ()))
+
+
+def _overlaps_training(cfg) -> bool:
+    from roll_core.errors import RegistryError
+    from roll_core.plugins import get_plugins
+    from roll_core.rollout import overlaps_training
+
+    try:
+        return overlaps_training(cfg.rollout.scheduler, get_plugins())
+    except RegistryError:  # an unknown name is reported by the registry-name check
+        return False
 
 
 def check_mappings(cfg) -> None:
@@ -66,9 +78,10 @@ def check_mappings(cfg) -> None:
             if reward is not None:
                 raise ValueError(f"roles.{reward}.device_mapping overlaps roles.{a if reward == b else b} on devices "
                                  f"{shared}: reward workers cannot be offloaded, give them their own devices")
-            if cfg.rollout.scheduler == "async" and {a, b} == {"actor_train", "actor_infer"}:
-                raise ValueError(f"roles.actor_train and roles.actor_infer share devices {shared}, but the async "
-                                 f"scheduler generates while the policy trains: give them disjoint device_mapping")
+            if {a, b} == {"actor_train", "actor_infer"} and _overlaps_training(cfg):
+                raise ValueError(f"roles.actor_train and roles.actor_infer share devices {shared}, but the "
+                                 f"'{cfg.rollout.scheduler}' scheduler generates while the policy trains: give them "
+                                 f"disjoint device_mapping")
     per_node, nodes = cfg.runtime.num_gpus_per_node, cfg.runtime.num_nodes
     if per_node is not None:
         problems = cluster_problems(cfg, per_node, nodes)

@@ -74,7 +74,7 @@ class RoleWorker(_Worker):
         self.role, self.kind = role, kind
         self._args = (model_path, role_config, run_config, seed)
         self.strategy = None
-        self.weight_group: distributed.CollectiveGroup | None = None
+        self.weight_groups: dict[int, distributed.CollectiveGroup] = {}
 
     def setup(self, address: tuple[str, int] | None = None, rank: int = 0, world: int = 1) -> None:
         model_path, role_config, run_config, seed = self._args
@@ -128,47 +128,60 @@ class RoleWorker(_Worker):
     def reload(self) -> None:
         self.strategy.reload()
 
-    # -- weight sync ----------------------------------------------------------------------------
+    # -- weight sync (roll_core.runtime.weight_sync) --------------------------------------------
     # Training strategies may gather sharded weights with collectives, so every training rank
-    # iterates the buckets; only rank 0 sends them.
+    # iterates its buckets; the ranks that own weights send them.
 
     def weight_bucket_list(self, bucket_bytes: int) -> list:
         return list(self.strategy.weight_buckets(bucket_bytes))
 
-    def load_weight_buckets(self, buckets: list) -> int:
-        for bucket in buckets:
-            self.strategy.load_weights(bucket)
-        return sum(len(b) for b in buckets)
-
     def weight_meta(self, bucket_bytes: int) -> list:
-        """Names, shapes and dtypes of each bucket (what receivers need to unpack broadcasts)."""
+        """Names, shapes and dtypes of each bucket this rank sends (what receivers need to unpack
+        broadcasts); empty on ranks that send nothing."""
         return [distributed.bucket_meta(b) for b in self.strategy.weight_buckets(bucket_bytes)]
 
-    def join_weight_group(self, address: tuple[str, int], rank: int, size: int, backend: str) -> None:
+    def join_weight_group(self, group: int, address: tuple[str, int], rank: int, size: int, backend: str) -> None:
+        """Join broadcast group ``group`` (one per sending training rank; rank 0 is the sender)."""
         timeout = self._args[2].runtime.worker_timeout_s
-        self.weight_group = distributed.CollectiveGroup(address, rank, size, backend, timeout_s=timeout)
+        self.weight_groups[group] = distributed.CollectiveGroup(address, rank, size, backend, timeout_s=timeout,
+                                                                name=f"weights-{group}")
 
     def send_weights(self, bucket_bytes: int) -> int:
-        """Broadcast every bucket from this worker (rank 0 of the weight group); bytes sent."""
+        """Broadcast every bucket this rank owns to its group; bytes sent."""
         sent = 0
         for bucket in self.strategy.weight_buckets(bucket_bytes):
-            if self.weight_group is not None:
-                flat = distributed.pack_bucket(bucket)
-                if self.weight_group.backend == "nccl":
-                    flat = flat.cuda()
-                self.weight_group.broadcast(flat)
-                sent += flat.numel()
+            (group,) = self.weight_groups.values()  # a sender belongs to its own group only
+            flat = distributed.pack_bucket(bucket)
+            if group.backend == "nccl":
+                flat = flat.cuda()
+            group.broadcast(flat)
+            sent += flat.numel()
         return sent
 
-    def receive_weights(self, meta: list) -> int:
-        """Receive the broadcast buckets described by ``meta`` and load them; bytes received."""
+    def update_weights(self, version: int, *per_rank: list) -> int:
+        """One update from buckets passed in (``per_rank``: each training rank's bucket list); tensors loaded."""
+        self.strategy.begin_update(version)
+        loaded = 0
+        for buckets in per_rank:
+            for bucket in buckets:
+                self.strategy.load(bucket)
+                loaded += len(bucket)
+        self.strategy.end_update()
+        return loaded
+
+    def receive_weights(self, version: int, metas: list) -> int:
+        """One update from broadcasts: ``metas[g]`` describes the buckets group ``g``'s sender sends; bytes."""
+        self.strategy.begin_update(version)
         received = 0
-        device = "cuda" if self.weight_group.backend == "nccl" else "cpu"
-        for bucket_meta in meta:
-            flat = torch.empty(distributed.bucket_bytes(bucket_meta), dtype=torch.uint8, device=device)
-            self.weight_group.broadcast(flat)
-            self.strategy.load_weights(distributed.unpack_bucket(flat, bucket_meta))
-            received += flat.numel()
+        for g, meta in enumerate(metas):
+            group = self.weight_groups[g]
+            device = "cuda" if group.backend == "nccl" else "cpu"
+            for bucket_meta in meta:
+                flat = torch.empty(distributed.bucket_bytes(bucket_meta), dtype=torch.uint8, device=device)
+                group.broadcast(flat)
+                self.strategy.load(distributed.unpack_bucket(flat, bucket_meta))
+                received += flat.numel()
+        self.strategy.end_update()
         return received
 
 

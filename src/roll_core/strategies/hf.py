@@ -114,7 +114,7 @@ class HFInferStrategy(_HFBase, InferStrategy):
         return batch.update(responses=responses.cpu(), response_mask=mask.cpu(), infer_log_probs=logp.cpu())
 
     @torch.no_grad()
-    def load_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+    def load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())
         for name, tensor in bucket:
             params[name].data.copy_(tensor.to(self.device))
@@ -258,8 +258,11 @@ class HFTrainStrategy(_Optimizing, _HFBase, TrainStrategy):
             yield name, param.detach().cpu()
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        owner = rank_world()[0] == 0  # replicas are identical: rank 0 sends for all
         bucket, size = [], 0
-        for name, tensor in self.full_parameters():
+        for name, tensor in self.full_parameters():  # on every rank: sharded subclasses gather here
+            if not owner:
+                continue
             bucket.append((name, tensor))
             size += tensor.numel() * tensor.element_size()
             if size >= bucket_bytes:

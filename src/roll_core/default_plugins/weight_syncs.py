@@ -1,0 +1,11 @@
+"""Built-in weight-sync backends."""
+
+from roll_core.hookspecs import hookimpl
+
+
+@hookimpl
+def roll_register_weight_syncs(register):
+    register("collective", "roll_core.runtime.weight_sync:CollectiveSync",
+             description="torch.distributed broadcast per bucket from each sending rank (nccl or gloo)")
+    register("object_store", "roll_core.runtime.weight_sync:ObjectStoreSync",
+             description="buckets passed as call arguments (Ray's object store; memory when local)")

@@ -1,0 +1,307 @@
+"""The runtime every pipeline stands on: role groups and the training loop.
+
+A pipeline is a subclass of :class:`TrainingLoop` that says what one step is. The loop owns the
+rest, in this order (each name is a method a pipeline may override)::
+
+    run()
+      refuse to resume from a checkpoint of a different config      (before anything is written)
+      prepare()                          once per run: tokenizer, data, checks
+      roles.place()                      check device mappings against the cluster, reserve nodes
+      attempt, again after a lost worker (runtime.max_restarts):
+        build()                          spawn and set up the workers
+        restore(latest) | begin()        resume, or start: step-0 metrics, then checkpoint step 0
+        before_steps()
+        for step: step(step) -> metrics  [evaluate() every trainer.eval_every] -> trackers -> save
+        after_steps()
+      summary(final_step, evaluation)    -> summary.json
+
+:class:`RoleGroups` spawns a role's workers where its device mapping says, joins a trained role's
+data-parallel group, time-shares colocated roles (:class:`~roll_core.runtime.placement.Residency`)
+and switches thread counts between phases. ``rlvr`` (RL with verifiable rewards) and ``sft``
+(supervised fine-tuning) are the two pipelines built on it; ``sft`` is the shortest worked example.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from abc import abstractmethod
+from pathlib import Path
+
+import torch
+
+from roll_core.config.resume import check_resume
+from roll_core.data import Batch
+from roll_core.embedded.model import build_tiny_model
+from roll_core.errors import WorkerLostError
+from roll_core.pipelines import Pipeline
+from roll_core.pipelines.checkpoint import CheckpointManager
+from roll_core.plugins import get_plugins
+from roll_core.runtime.executor import WorkerGroup
+from roll_core.runtime.placement import Residency, check_cluster, colocated, nodes_needed, worker_slots
+from roll_core.runtime.workers import RoleWorker
+
+# Every role's workers, and the warm-up's data order, draw from seeds of their own, offset from the
+# run's ``seed`` (actor_train uses it as is, the training data order too), so that no two share a
+# random stream and worker r of a role gets offset + r. Changing a value changes every run's numbers.
+SEED_OFFSETS = {"actor_infer": 1000, "reference": 2000, "critic": 3000, "warmup_data": 7}
+
+
+def progress_bar(total: int, description: str):
+    """A rich progress bar (``progress.update(task, advance=1, info=...)``) for long phases."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+    task = progress.add_task(description, total=total, info="")
+    return progress, task
+
+
+def load_tokenizer(model_path: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+class RoleGroups:
+    """The run's worker groups by role name, where they run and which of them holds the devices."""
+
+    def __init__(self, config, executor):
+        self.config, self.executor = config, executor
+        self.groups: dict[str, WorkerGroup] = {}
+        self.per_node, self.node_ids = 0, []
+        self.residency = Residency(executor, self.groups, colocated(config))
+
+    def place(self) -> None:
+        """Check the device mappings against the cluster and reserve its nodes (before any worker)."""
+        cfg = self.config
+        self.per_node = check_cluster(cfg, self.executor.gpus_by_node()) if cfg.executor == "ray" else 0
+        if self.per_node:
+            self.node_ids = self.executor.reserve_devices(nodes_needed(cfg, self.per_node), self.per_node)
+            layout = ", ".join(f"{name} {role.devices}" for name, role in cfg.placed_roles().items() if role.devices)
+            pairs = sorted({tuple(sorted((a, b))) for a, bs in colocated(cfg).items() for b in bs})
+            mode = "colocated " + ", ".join("+".join(p) for p in pairs) if pairs else "disaggregated"
+            print(f"placement on {len(self.node_ids)} node(s) x {self.per_node} devices: {layout} ({mode})", flush=True)
+
+    def reset(self) -> None:
+        """Forget every group (a new attempt after a lost worker spawns them again)."""
+        self.groups.clear()
+        self.residency = Residency(self.executor, self.groups, colocated(self.config))
+
+    def spawn(self, name: str, cls: type, args_per_worker: list[tuple], role_cfg, concurrency: int = 1) -> WorkerGroup:
+        """Spawn a role's workers where its device mapping says (CPU workers without one)."""
+        slots = worker_slots(role_cfg, self.per_node) if self.per_node and role_cfg.devices else None
+        args = [(*a, slots[i].local_devices if slots else None) for i, a in enumerate(args_per_worker)]
+        group = self.executor.spawn(name, cls, args, slots, concurrency=concurrency)
+        self.groups[name] = group
+        return group
+
+    def model_role(self, name: str, kind: str, model_path: str, role_cfg, seeds: list[int],
+                   concurrency: int = 1) -> WorkerGroup:
+        """Spawn and set up a model role (``kind``: train, infer or critic), one worker per seed.
+        Trained roles with several workers first join one data-parallel group."""
+        group = self.spawn(name, RoleWorker, [(name, kind, model_path, role_cfg, self.config, seed) for seed in seeds],
+                           role_cfg, concurrency)
+        world = len(group) if kind in ("train", "critic") else 1
+        ex = self.executor
+        address = ex.get(ex.invoke(group.handles[0], "node_address", (), {})) if world > 1 else None
+        ex.get([ex.invoke(h, "setup", (address, rank if world > 1 else 0, world), {})
+                for rank, h in enumerate(group.handles)])
+        return group
+
+    def use(self, *names: str) -> None:
+        """Make these roles resident (offloading colocated ones first)."""
+        self.residency.use(*names)
+
+    def set_threads(self, rl: bool) -> None:
+        """Roles with their own ``torch_threads`` use it during RL steps, when roles may run at
+        once (an async trainer beside generation), and the run's count otherwise, when one role
+        works alone (warm-up, evaluation) and may take every core."""
+        futures = []
+        for name, group in self.groups.items():
+            threads = getattr(getattr(self.config.roles, name, None), "torch_threads", None)
+            if threads is not None:
+                futures += group.call("set_threads", threads if rl else self.config.torch_threads)
+        self.executor.get(futures)
+
+    def record(self, path: Path) -> None:
+        """``placement.json``: the reserved nodes and where every worker landed (pid, node, devices)."""
+        where = {name: self.executor.get(group.call("placement")) for name, group in self.groups.items()}
+        path.write_text(json.dumps({"nodes": self.node_ids, "roles": where}, indent=2))
+
+
+def log_probs(executor, group: WorkerGroup, batch: Batch, temperature: float,
+              distribution: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token log-probs ``[B, R]`` of the responses under ``group``'s model, each worker taking an equal
+    slice, and with ``distribution`` the full log-distributions ``[B, R, V]`` from the same pass."""
+    parts = executor.get(group.map("compute_log_probs", batch.chunk(len(group)),
+                                   temperature=temperature, distribution=distribution))
+    width = batch["responses"].shape[1]
+    pad = (lambda p: (0, 0, 0, width - p.shape[1])) if distribution else (lambda p: (0, width - p.shape[1]))
+    out = torch.cat([torch.nn.functional.pad(p, pad(p)) for p in parts])
+    if not distribution:
+        return out, None
+    return out.gather(-1, batch["responses"][..., None]).squeeze(-1), out
+
+
+class TrainingLoop(Pipeline):
+    """Resume, trackers, evaluation, checkpoints and restarts around an abstract :meth:`step`."""
+
+    step_label = "step"  # what ``phase`` calls a step ("RL step 3 of 10")
+
+    def __init__(self, config, executor):
+        super().__init__(config, executor)
+        self.plugins = get_plugins()
+        self.run_dir = Path(config.output_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", config.trainer.keep_checkpoints)
+        self.roles = RoleGroups(config, executor)
+
+    # -- what a pipeline says -------------------------------------------------------------------
+    @property
+    def max_steps(self) -> int:
+        return self.config.trainer.max_steps
+
+    def prepare(self) -> None:
+        """Once per run, before any worker starts: tokenizer, data, checks that need them."""
+
+    @abstractmethod
+    def build(self) -> None:
+        """Spawn and set up the workers (again after a lost worker)."""
+
+    def begin(self) -> dict[str, float]:
+        """A fresh start, before step 1; returns the metrics logged at step 0."""
+        return {}
+
+    @abstractmethod
+    def step(self, step: int) -> dict[str, float]:
+        """One training step; returns its metrics."""
+
+    def evaluate(self) -> dict[str, float]:
+        return {}
+
+    def before_steps(self) -> None:
+        """After building and resuming or beginning, before the first step of this attempt."""
+
+    def after_steps(self) -> None:
+        """After the last step of the run (not after a lost worker)."""
+
+    @abstractmethod
+    def write_checkpoint(self, tmp: Path) -> dict:
+        """Fill checkpoint directory ``tmp``; returns the driver state that goes into ``state.json``."""
+
+    @abstractmethod
+    def restore(self, path: Path, state: dict) -> None:
+        """Inverse of :meth:`write_checkpoint`."""
+
+    def summary(self, final_step: int, evaluation: dict[str, float]) -> dict:
+        return {"steps": final_step, "evaluation": evaluation}
+
+    # -- the loop --------------------------------------------------------------------------------
+    def model_path(self) -> str:
+        """``model.path``, or the embedded tiny model built into the run directory."""
+        if self.config.model.path == "tiny":
+            return str(build_tiny_model(self.run_dir / "tiny-model", self.config.model.tiny))
+        return self.config.model.path
+
+    def save(self, step: int) -> Path:
+        state = {"seed": self.config.seed, "config": self.config.model_dump(mode="json")}
+        return self.checkpoints.save(step, self.write_checkpoint, state)
+
+    def resume_hint(self) -> str:
+        latest = self.checkpoints.latest()
+        return f"its last checkpoint, {latest}" if latest else "the start (no checkpoint yet)"
+
+    def run(self) -> dict:
+        cfg = self.config
+        latest = self.checkpoints.latest() if cfg.trainer.resume == "auto" else None
+        if latest is not None:  # before anything is written or started
+            check_resume(self.checkpoints.load_state(latest).get("config"), cfg.model_dump(mode="json"), latest)
+        (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+        self.prepare()
+        self.roles.place()
+        trackers = [self.plugins.trackers.get(name)(self.run_dir, cfg) for name in cfg.trackers]
+        restarts = 0
+        try:
+            while True:
+                try:
+                    summary = self._attempt(trackers, resume=restarts > 0 or cfg.trainer.resume == "auto")
+                    break
+                except WorkerLostError as exc:
+                    where = self.resume_hint().replace("its last", "the last")
+                    if restarts >= cfg.runtime.max_restarts:
+                        raise WorkerLostError(f"{exc}. No restarts left (runtime.max_restarts={cfg.runtime.max_restarts}); "
+                                              f"run the same command again to resume from {where}") from exc
+                    restarts += 1
+                    print(f"warning: {exc}. Restarting every worker from {where} "
+                          f"(restart {restarts} of {cfg.runtime.max_restarts})", flush=True)
+                    self.executor.kill_all()
+        finally:
+            for t in trackers:
+                t.close()
+        summary["restarts"] = restarts
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _attempt(self, trackers: list, resume: bool) -> dict:
+        cfg = self.config
+        self.roles.reset()
+        self.build()
+        start = 0
+        latest = self.checkpoints.latest() if resume else None
+        if latest is not None:
+            state = self.checkpoints.load_state(latest)
+            self.restore(latest, state)
+            start = int(state["step"])
+            print(f"resumed from {latest} at step {start}", flush=True)
+        else:
+            first = self.begin()
+            for t in trackers:
+                t.log(first, 0)
+            self.save(0)
+        self.before_steps()
+        last_eval, last_eval_step = {}, None
+        for step in range(start + 1, self.max_steps + 1):
+            self.phase = f"{self.step_label} {step} of {self.max_steps}"
+            metrics = self.step(step)
+            if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0:
+                last_eval, last_eval_step = self.evaluate(), step
+                metrics.update(last_eval)
+            for t in trackers:
+                t.log(metrics, step)
+            if step == self.max_steps or (cfg.trainer.save_every and step % cfg.trainer.save_every == 0):
+                self.save(step)
+        self.after_steps()
+        final_step = max(start, self.max_steps)
+        return self.summary(final_step, last_eval if last_eval_step == final_step else self.evaluate())
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move directory ``src`` to ``dst`` (replacing it) and remove ``src``'s now empty parent."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    src.rename(dst)
+    shutil.rmtree(src.parent, ignore_errors=True)
+
+
+def warn_if_oversubscribed(cfg) -> None:
+    """Generation and training at once (a scheduler that overlaps training) on CPU workers with more
+    intra-op threads than cores between them slow each other down (measured on 2 cores with 2 + 2
+    threads: a step 4x slower with OpenMP's spinning waits, which the Ray executor turns off for such
+    schedulers, and still 1.1x slower without them); say so instead of letting the run look slow."""
+    import os
+
+    if cfg.executor != "ray" or torch.cuda.is_available():
+        return
+    cores = os.cpu_count() or 1
+    train, infer = cfg.roles.actor_train, cfg.roles.actor_infer
+    train_threads, infer_threads = cfg.rl_threads("actor_train"), cfg.rl_threads("actor_infer")
+    busy = train_threads * train.num_workers + infer_threads * infer.num_workers
+    if busy > cores:
+        print(f"warning: async training on CPU runs {train.num_workers} actor_train worker(s) with {train_threads} "
+              f"thread(s) and {infer.num_workers} actor_infer worker(s) with {infer_threads} at once ({busy} threads "
+              f"on {cores} cores); oversubscribed cores make both slower. Set torch_threads={max(1, cores // 2)} "
+              f"or fewer (or per role: roles.<role>.torch_threads).", flush=True)

@@ -1,0 +1,112 @@
+"""``sft``: supervised fine-tuning on the data's demonstrations, and ``rlvr``'s warm-up.
+
+Each step takes ``warmup.batch_size`` rows that carry a ``demonstration`` (in a seeded, resumable
+order), and minimises the cross-entropy of the demonstration (plus EOS) after the prompt, on
+actor_train, data-parallel over its workers. The held-out loss uses each held-out row's
+``demonstration`` as the target, or its ``ground_truth`` when it has none. The settings are the
+``warmup`` section's, so ``rlvr``'s warm-up and a standalone run are the same training.
+
+It is the shortest pipeline on the runtime (:mod:`roll_core.pipelines.runtime`): build one role,
+say what a step and an evaluation are, and what a checkpoint holds. Run it alone::
+
+    roll run pipeline=sft warmup.steps=300 trainer.eval_every=100
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from roll_core.data import Batch, PromptStream
+from roll_core.errors import ConfigError
+from roll_core.pipelines.runtime import SEED_OFFSETS, TrainingLoop, load_tokenizer, log_probs, progress_bar
+from roll_core.pipelines.sources import load_rows
+from roll_core.rollout.sync import tokenize_prompts
+from roll_core.runtime.executor import WorkerGroup
+
+
+def demonstration_batch(tokenizer, rows: list[dict], target: str = "demonstration") -> Batch:
+    """Left-padded prompts and right-padded ``row[target] + EOS`` responses (the supervised targets)."""
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, [r["prompt"] for r in rows])
+    resp = tokenizer([r[target] + tokenizer.eos_token for r in rows], return_tensors="pt",
+                     padding=True, add_special_tokens=False, padding_side="right")
+    return Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
+                  "responses": resp["input_ids"], "response_mask": resp["attention_mask"]})
+
+
+class SupervisedTrainer:
+    """Supervised steps on ``actor`` over the rows that have a demonstration."""
+
+    def __init__(self, executor, actor: WorkerGroup, tokenizer, rows: list[dict], config):
+        demonstrated = [r for r in rows if r.get("demonstration") is not None]
+        if not demonstrated:
+            raise ConfigError("warmup.steps > 0 but no training row has a 'demonstration'; set warmup.steps=0")
+        self.executor, self.actor, self.tokenizer, self.settings = executor, actor, tokenizer, config.warmup
+        self.stream = PromptStream(demonstrated, config.seed + SEED_OFFSETS["warmup_data"])
+
+    def step(self) -> dict[str, float]:
+        batch = demonstration_batch(self.tokenizer, self.stream.next(self.settings.batch_size))
+        parts = self.actor.map("sft_step", batch.chunk(len(self.actor)), lr=self.settings.lr)
+        return {"warmup/loss": self.executor.get(parts)[0]["warmup/loss"]}
+
+    def run(self, steps: int) -> dict[str, float]:
+        """``steps`` steps with a progress bar; the last step's metrics."""
+        progress, task = progress_bar(steps, "warm-up (supervised)")
+        metrics = {"warmup/loss": float("nan")}
+        with progress:
+            for _ in range(steps):
+                metrics = self.step()
+                progress.update(task, advance=1, info=f"loss {metrics['warmup/loss']:.3f}")
+        return metrics
+
+
+def heldout_loss(executor, actor: WorkerGroup, tokenizer, rows: list[dict]) -> float:
+    """Mean cross-entropy per target token of the held-out targets (no gradient)."""
+    rows = [{**r, "target": r.get("demonstration") or r["ground_truth"]} for r in rows]
+    batch = demonstration_batch(tokenizer, rows, target="target")
+    logp, _ = log_probs(executor, actor, batch, temperature=1.0)
+    mask = batch["response_mask"].float()
+    return float(-(logp * mask).sum() / mask.sum())
+
+
+class SFTPipeline(TrainingLoop):
+    @property
+    def max_steps(self) -> int:
+        return self.config.warmup.steps
+
+    def prepare(self) -> None:
+        self.model = self.model_path()
+        self.tokenizer = load_tokenizer(self.model)
+        self.train_rows, self.eval_rows = load_rows(self.config.data, self.plugins)
+
+    def build(self) -> None:
+        role = self.config.roles.actor_train
+        self.actor = self.roles.model_role("actor_train", "train", self.model, role, [self.config.seed] * role.num_workers)
+        self.trainer = SupervisedTrainer(self.executor, self.actor, self.tokenizer, self.train_rows, self.config)
+
+    def evaluate(self) -> dict[str, float]:
+        return {"eval/loss": heldout_loss(self.executor, self.actor, self.tokenizer, self.eval_rows)} if self.eval_rows else {}
+
+    def begin(self) -> dict[str, float]:
+        self.before = self.evaluate()
+        return self.before
+
+    def step(self, step: int) -> dict[str, float]:
+        return self.trainer.step()
+
+    def write_checkpoint(self, tmp: Path) -> dict:
+        self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
+        self.tokenizer.save_pretrained(tmp / "actor_train" / "model")  # a directory transformers loads whole
+        return {"data": self.trainer.stream.state(), "before": self.before}
+
+    def restore(self, path: Path, state: dict) -> None:
+        self.executor.get(self.actor.call("load_checkpoint", str(path / "actor_train")))
+        self.trainer.stream.load_state(state["data"])
+        self.before = state["before"]
+
+    def summary(self, final_step: int, evaluation: dict[str, float]) -> dict:
+        out = {"steps": final_step, "before": self.before, "after": evaluation}
+        if self.before and evaluation:
+            print(f"held-out loss: {self.before['eval/loss']:.3f} -> {evaluation['eval/loss']:.3f} "
+                  f"after {final_step} supervised steps", flush=True)
+        return out
+

@@ -1,0 +1,36 @@
+"""Metrics of a trained batch, the same whichever scheduler produced it (see ``docs/design.md``)."""
+
+from __future__ import annotations
+
+from roll_core.data import Batch
+
+
+def rows_by_domain(batch: Batch) -> dict[str, list[int]]:
+    """Row indices of each domain, domains sorted by name."""
+    out: dict[str, list[int]] = {}
+    for i, d in enumerate(batch["domain"]):
+        out.setdefault(d, []).append(i)
+    return dict(sorted(out.items()))
+
+
+def batch_metrics(batch: Batch, per_domain: bool) -> dict[str, float]:
+    """``reward/mean`` and ``reward/std`` of the samples trained on, response lengths, and with
+    ``per_domain`` each domain's reward, accuracy (share of samples with score >= 1), response
+    length, sample count and the mean of every reward component of a domain scored by several rewards."""
+    scores = batch["scores"]
+    lengths = batch["response_mask"].sum(-1).float()
+    out = {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+           "response_length/mean": float(lengths.mean()),
+           "response_length/clip_ratio": float(batch["truncated"].float().mean()) if "truncated" in batch else 0.0}
+    if not per_domain:
+        return out
+    for d, idx in rows_by_domain(batch).items():
+        out[f"reward/{d}/mean"] = float(scores[idx].mean())
+        out[f"reward/{d}/accuracy"] = float((scores[idx] >= 1.0).float().mean())
+        out[f"response_length/{d}/mean"] = float(lengths[idx].mean())
+        out[f"samples/{d}"] = float(len(idx))
+        parts = [batch["reward_components"][i] for i in idx] if "reward_components" in batch else []
+        if parts and len(parts[0]) > 1:
+            for name in parts[0]:
+                out[f"reward/{d}/{name}"] = sum(p[name] for p in parts) / len(parts)
+    return out

@@ -1,0 +1,135 @@
+"""The core's seams, used by name from a plugin outside the core, and the ``sft`` pipeline on its own.
+
+One in-process plugin registers a scheduler that overlaps training (registration metadata, no
+name check anywhere) and an inference strategy that implements the weight-update protocol; one
+``rlvr`` run uses both and the strategy's record shows begin, load... and end, in order, once per
+update.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+from roll_core import hookimpl
+from roll_core.pipelines.rlvr import RLVRPipeline
+from roll_core.rollout.sync import SyncRolloutScheduler
+from roll_core.runtime import LocalExecutor
+from roll_core.strategies.hf import HFInferStrategy
+
+EVENTS: list[tuple] = []
+
+
+class RecordingEngine(HFInferStrategy):
+    """The ``hf`` engine, recording the weight-update protocol as it is called."""
+
+    def begin_update(self, version):
+        EVENTS.append(("begin", version))
+
+    def load(self, bucket):
+        EVENTS.append(("load", len(bucket)))
+        super().load(bucket)
+
+    def end_update(self):
+        EVENTS.append(("end",))
+
+
+class AheadScheduler(SyncRolloutScheduler):
+    """Registered with ``overlaps_training=True``; records the interface calls it receives."""
+
+    def start(self, stream, reference=None):
+        EVENTS.append(("start",))
+        super().start(stream, reference)
+
+    def next_batch(self):
+        EVENTS.append(("next_batch",))
+        return super().next_batch()
+
+    def wait(self, future):
+        EVENTS.append(("wait",))
+        return super().wait(future)
+
+    def weights_pushed(self):
+        EVENTS.append(("weights_pushed",))
+
+    def stop(self):
+        EVENTS.append(("stop",))
+
+
+def _plugin():
+    def roll_register_strategies(register):
+        register("recording", RecordingEngine, kind="infer")
+
+    def roll_register_schedulers(register):
+        register("ahead", AheadScheduler, overlaps_training=True)
+
+    return types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies),
+                                 roll_register_schedulers=hookimpl(roll_register_schedulers))
+
+
+def _updates(events: list[tuple]) -> list[list[tuple]]:
+    """The protocol events cut into updates (begin ... end)."""
+    updates, current = [], None
+    for e in events:
+        if e[0] == "begin":
+            assert current is None, f"begin inside an update: {events}"
+            current = [e]
+        elif e[0] in ("load", "end"):
+            assert current is not None, f"{e[0]} outside an update: {events}"
+            current.append(e)
+            if e[0] == "end":
+                updates.append(current)
+                current = None
+    assert current is None
+    return updates
+
+
+def test_a_plugin_uses_the_scheduler_and_weight_update_seams_by_name(tiny_config, roll_plugins):
+    roll_plugins(("seams", _plugin()))
+    EVENTS.clear()
+    cfg = tiny_config("rollout.scheduler=ahead", "roles.actor_infer.strategy=recording", "warmup.steps=2",
+                      "trainer.max_steps=3")
+    RLVRPipeline(cfg, LocalExecutor()).run()
+
+    updates = _updates(EVENTS)
+    # one after the warm-up (version 0), one after every RL step (versions 1..3)
+    assert [u[0] for u in updates] == [("begin", 0), ("begin", 1), ("begin", 2), ("begin", 3)]
+    for u in updates:
+        assert u[-1] == ("end",) and all(e[0] == "load" for e in u[1:-1]) and len(u) > 2
+    assert len({sum(e[1] for e in u[1:-1]) for u in updates}) == 1  # every update carries every tensor
+
+    calls = [e[0] for e in EVENTS if e[0] not in ("begin", "load", "end")]
+    assert calls[0] == "start" and calls[-1] == "stop"
+    assert calls[1:-1] == ["next_batch", "wait", "weights_pushed"] * 3
+    metrics = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    # a scheduler that overlaps training reports no inference idle time computed from the rollout alone
+    assert all("time/idle/actor_infer_s" not in m for m in metrics[1:])
+
+
+def test_sft_pipeline_runs_alone_and_lowers_its_heldout_loss(tiny_config):
+    from roll_core.pipelines.sft import SFTPipeline
+
+    cfg = tiny_config("pipeline=sft", "warmup.steps=40", "trainer.eval_every=20", "trainer.save_every=20")
+    summary = SFTPipeline(cfg, LocalExecutor()).run()
+    before, after = summary["before"]["eval/loss"], summary["after"]["eval/loss"]
+    assert after < 0.8 * before, (before, after)
+    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval/loss" in r] == [0, 20, 40]
+    assert all("warmup/loss" in r for r in rows if r["step"] > 0)
+    # a checkpoint holds a model transformers loads, with its tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = Path(cfg.output_dir) / "checkpoints" / "step_000040" / "actor_train" / "model"
+    AutoModelForCausalLM.from_pretrained(model_dir)
+    AutoTokenizer.from_pretrained(model_dir)
+
+
+def test_sft_pipeline_resumes_from_its_checkpoint(tiny_config):
+    from roll_core.pipelines.sft import SFTPipeline
+
+    first = tiny_config("pipeline=sft", "warmup.steps=10", "trainer.save_every=5")
+    straight = SFTPipeline(first, LocalExecutor()).run()
+    again = SFTPipeline(first, LocalExecutor()).run()  # resume=auto: from step 10, nothing left to do
+    assert again["steps"] == straight["steps"] == 10
+    assert again["after"] == straight["after"]
