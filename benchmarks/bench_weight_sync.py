@@ -48,7 +48,6 @@ def main() -> None:
                             intermediate_size=4 * args.hidden)
     model_path = str(build_tiny_model(tempfile.mkdtemp(prefix="roll-bench-") + "/model", shape))
     cfg = load_config(None, ["executor=ray", "torch_threads=1", f"runtime.weight_bucket_mb={args.bucket_mb}"])
-    bucket_bytes = int(args.bucket_mb * 2**20)
     executor = RayExecutor(timeout_s=600)
     try:
         train = executor.spawn("actor_train", RoleWorker, [("actor_train", "train", model_path, cfg.roles.actor_train, cfg, 0)])
@@ -59,7 +58,8 @@ def main() -> None:
                  for name in ("collective", "object_store")}
         for sync in syncs.values():
             sync.setup()
-        nbytes = sum(distributed.bucket_bytes(b) for meta in syncs["collective"].metas for b in meta)
+        buckets = [b for meta in syncs["collective"].metas for b in meta]
+        nbytes = sum(distributed.bucket_bytes(b) for b in buckets)
 
         def collective():
             executor.get(syncs["collective"].push(1))
@@ -87,7 +87,7 @@ def main() -> None:
 
     gb = nbytes / 1e9
     print(f"model: hidden {args.hidden}, {args.layers} layers, {gb * 1e3:.0f} MB of weights in "
-          f"{len(meta)} bucket(s) of <= {args.bucket_mb:g} MB; {args.infer_workers} inference worker(s); "
+          f"{len(buckets)} bucket(s) of <= {args.bucket_mb:g} MB; {args.infer_workers} inference worker(s); "
           f"median of {args.repeats}")
     print(f"{'path':<14}{'seconds':>10}{'GB/s':>10}{'vs memcpy':>12}{'vs object_store':>18}")
     for name, seconds in results.items():
