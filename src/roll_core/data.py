@@ -35,7 +35,7 @@ class Batch:
 
     def __len__(self) -> int:
         for value in (*self.tensors.values(), *self.non_tensors.values()):
-            return len(value)
+            return len(value)  # type: ignore[arg-type]  # tensors and lists both have a length
         return 0
 
     def __getitem__(self, key: str):
@@ -122,7 +122,7 @@ class PromptStream:
         return torch.randperm(len(self.rows), generator=g).tolist()
 
     def next(self, n: int) -> list[dict]:
-        out = []
+        out: list[dict] = []
         while len(out) < n:
             if self.index >= len(self._order):
                 self.epoch, self.index = self.epoch + 1, 0

@@ -17,6 +17,7 @@ the driver as long as they run in the same Python environment.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata as md
 import os
@@ -204,6 +205,10 @@ def _dist_version(name: str) -> str:
         return "unknown"
 
 
+def _same(obj: Any) -> Any:
+    return obj
+
+
 def load_plugins(extra: list[tuple[str, Any]] | None = None, *, entry_points: bool = True) -> RollPlugins:
     """Build a fresh plugin manager: default plugins, installed entry points, then ``extra``.
 
@@ -213,7 +218,7 @@ def load_plugins(extra: list[tuple[str, Any]] | None = None, *, entry_points: bo
     plugins = RollPlugins()
     core_version = _dist_version("roll-core")
     for name, module in DEFAULT_PLUGINS:
-        plugins.add(name, lambda m=module: importlib.import_module(m), module=module,
+        plugins.add(name, functools.partial(importlib.import_module, module), module=module,
                     distribution="roll-core", version=core_version, builtin=True)
     if entry_points:
         for ep in sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
@@ -228,7 +233,7 @@ def load_plugins(extra: list[tuple[str, Any]] | None = None, *, entry_points: bo
                 continue
             plugins.add(ep.name, ep.load, module=ep.value, distribution=dist, version=version)
     for name, obj in extra or []:
-        plugins.add(name, lambda o=obj: o, module=getattr(obj, "__name__", repr(obj)),
+        plugins.add(name, functools.partial(_same, obj), module=getattr(obj, "__name__", repr(obj)),
                     distribution="<in-process>", version="")
     plugins.call_register_hooks()
     return plugins

@@ -27,9 +27,10 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
             return []
         annotation = field.annotation
         candidates = [annotation, *getattr(annotation, "__args__", ())]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if model is None:
+        nested = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if nested is None:
             return []
+        model = nested
     return list(model.model_fields)
 
 
@@ -39,7 +40,7 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
         loc = tuple(p for p in err["loc"])
         key = ".".join(str(p) for p in loc) or "(top level)"
         if err["type"] == "extra_forbidden":
-            hint = did_you_mean(loc[-1], _fields_at(RollConfig, loc[:-1]))
+            hint = did_you_mean(str(loc[-1]), _fields_at(RollConfig, loc[:-1]))
             lines.append(f"unknown key '{key}'.{hint}")
         else:
             lines.append(f"key '{key}': {err['msg']} (got {err.get('input')!r})")
@@ -190,7 +191,7 @@ def _coerce_option_values(key: str, cls: type, options: dict) -> list[str]:
     from pydantic import ConfigDict, TypeAdapter
 
     try:
-        hints = typing.get_type_hints(cls.__init__)
+        hints = typing.get_type_hints(getattr(cls, "__init__"))
     except Exception:  # annotations that do not resolve: nothing to check against
         return []
     problems = []
@@ -198,12 +199,12 @@ def _coerce_option_values(key: str, cls: type, options: dict) -> list[str]:
         annotation = hints.get(name)
         union = typing.get_args(annotation)  # (int, NoneType) for `int | None`; () for a plain type
         members = [m for m in union if m is not type(None)] if union else [annotation]
-        if not members or not all(m in _SCALARS for m in members):
+        if annotation is None or not members or not all(m in _SCALARS for m in members):
             continue
         try:
             options[name] = TypeAdapter(annotation, config=ConfigDict(coerce_numbers_to_str=True)).validate_python(value)
         except ValidationError as exc:
-            expected = " or ".join(m.__name__ for m in members)
+            expected = " or ".join(getattr(m, "__name__", str(m)) for m in members)
             problems.append(f"{key}: option '{name}' must be {expected}, got {value!r} "
                             f"({exc.errors()[0]['msg'].lower()})")
     return problems

@@ -69,7 +69,8 @@ class RLVRPipeline(TrainingLoop):
         split = "actor_infer" not in colocated(cfg).get("actor_train", set())
         self.weights = backend(cfg, self.executor, self.actor, self.infer, colocated=not split)
         self.weights.setup()
-        self.version, self.pending_push = 0, []
+        self.version = 0
+        self.pending_push: list = []  # futures of a weight update queued behind running requests
         self.scheduler = self.plugins.schedulers.get(cfg.rollout.scheduler)(
             cfg, self.executor, self.infer, self.reward, self.tokenizer)
         self.reference = self.critic = None

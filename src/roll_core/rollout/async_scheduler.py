@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import torch
@@ -178,7 +178,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         slower or filtered more keeps more of them in flight, and one that runs ahead waits."""
         first = self.steps_started + 1
         counts = self._domain_counts()
-        target = Counter()
+        target: Counter[str] = Counter()
         for step in range(first, first + self.max_stale + 1):
             target.update(self.quota(step))
 
@@ -311,6 +311,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
 
     def _file(self, group: _Group) -> None:
         index = [j for js, _ in group.pieces for j in js]
+        assert group.version is not None  # set when its first sample was sent
         rows = Batch.concat([piece for _, piece in group.pieces])
         rows = rows.select(sorted(range(len(index)), key=index.__getitem__))  # sample order, whatever finished first
         if bool(self.sampling.keep(rows["scores"], rows["group_index"]).all()):
@@ -393,7 +394,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
                 # As the sync path after max_rounds: train on groups the filter rejected (for GRPO
                 # their advantages are zero) rather than generate forever, and say so.
                 fresh = [(v, g) for v, g in self.rejected if self.staleness(v, step) <= self.max_stale]
-                take = []
+                take: list[tuple[int, Batch]] = []
                 for v, g in fresh:
                     if len(chosen) + len(take) < self.want and self._fits(g, chosen + take, step):
                         take.append((v, g))
@@ -465,7 +466,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         return self.stats["time/idle/actor_infer_s"] / len(self.infer)
 
     def _reset_step_stats(self) -> None:
-        self.stats = Counter({"time/driver_wait_s": 0.0, "time/reward_s": 0.0, "time/idle/actor_infer_s": 0.0,
+        self.stats: dict[str, float] = defaultdict(float, {"time/driver_wait_s": 0.0, "time/reward_s": 0.0, "time/idle/actor_infer_s": 0.0,
                               "rollout/dropped_stale_groups": 0, "rollout/aborted_groups": 0,
                               "rollout/requests": 0, "rollout/aborted_requests": 0})
         self._scores: list[torch.Tensor] = []

@@ -75,6 +75,7 @@ class SyncRolloutScheduler(RolloutScheduler):
             if len(groups):
                 kept.append(batch.select(torch.isin(batch["group_index"], groups)))
                 ds.kept += len(groups)
+        assert batch is not None  # max_rounds >= 1
         if kept:
             batch = Batch.concat(kept)
         else:  # nothing passed within max_rounds: the last round as it is (zero GRPO advantages)

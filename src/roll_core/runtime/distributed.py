@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,10 +37,11 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_data_parallel(address: tuple[str, int], rank: int, world: int, timeout_s: float = 1800) -> None:
+def init_data_parallel(address: tuple[str, int] | None, rank: int, world: int, timeout_s: float = 1800) -> None:
     """Join this role's process group (no-op for one worker)."""
     if world == 1 or dist.is_initialized():
         return
+    assert address is not None, "a group of several workers needs a rendezvous address"
     host, port = address
     dist.init_process_group(default_backend(), init_method=f"tcp://{host}:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
@@ -92,8 +94,9 @@ class CollectiveGroup:
         prefixed = dist.PrefixStore(name, store)
         self._store = store  # the store must outlive the group
         self.rank, self.size, self.backend = rank, size, backend
+        self.pg: Any
         if backend == "nccl":
-            self.pg = dist.ProcessGroupNCCL(prefixed, rank, size)
+            self.pg = dist.ProcessGroupNCCL(prefixed, rank, size)  # type: ignore[call-arg]  # options has a default
         else:
             self.pg = dist.ProcessGroupGloo(prefixed, rank, size, timedelta(seconds=timeout_s))
 

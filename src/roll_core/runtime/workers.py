@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -73,7 +74,7 @@ class RoleWorker(_Worker):
         torch.set_num_threads(run_config.torch_threads)  # a role's own count applies during RL steps only
         self.role, self.kind = role, kind
         self._args = (model_path, role_config, run_config, seed)
-        self.strategy = None
+        self.strategy: Any = None  # built by setup()
         self.weight_groups: dict[int, distributed.CollectiveGroup] = {}
 
     def setup(self, address: tuple[str, int] | None = None, rank: int = 0, world: int = 1) -> None:

@@ -53,11 +53,12 @@ class FSDP2TrainStrategy(HFTrainStrategy):
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, param in self.model.named_parameters():
-            yield name, param.detach().full_tensor().cpu()  # a collective: every rank takes part
+            yield name, param.detach().full_tensor().cpu()  # a DTensor: a collective, every rank takes part
 
     def save_checkpoint(self, path: str) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -66,18 +67,18 @@ class FSDP2TrainStrategy(HFTrainStrategy):
         optim_state = get_optimizer_state_dict(self.model, self.optimizer,
                                                options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank_world()[0] == 0:
-            path = Path(path)
-            self.model.save_pretrained(path / "model", state_dict=model_state, safe_serialization=True)
-            torch.save({"optimizer": optim_state, "generator": self.generator.get_state()}, path / "train_state.pt")
+            root = Path(path)
+            self.model.save_pretrained(root / "model", state_dict=model_state, safe_serialization=True)
+            torch.save({"optimizer": optim_state, "generator": self.generator.get_state()}, root / "train_state.pt")
         dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
 
-        path = Path(path)
+        root = Path(path)
         full = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, _load_model(str(path / "model")).state_dict(), options=full)
-        state = torch.load(path / "train_state.pt", weights_only=False)
+        set_model_state_dict(self.model, _load_model(str(root / "model")).state_dict(), options=full)
+        state = torch.load(root / "train_state.pt", weights_only=False)
         set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"], options=full)
         self.generator.set_state(state["generator"])

@@ -9,7 +9,7 @@ RNG, which is what makes the ``local`` and ``ray`` executors agree sample for sa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -27,7 +27,7 @@ def _device() -> torch.device:
 def _load_model(model_path: str):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     return model.to(_device())
 
 
@@ -135,8 +135,12 @@ class _Optimizing:
     A non-finite gradient norm (a NaN or inf loss) skips the step on every rank and is reported.
     """
 
-    model: torch.nn.Module
+    model: Any  # a transformers model
     optimizer: torch.optim.Optimizer
+    role_config: Any
+    run_config: Any
+    metric_prefix: str  # "train" or "critic"
+    _to: Callable[[torch.Tensor], torch.Tensor]  # to the strategy's device
 
     def micro_loss(self, micro: Batch, tokens: float, seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
@@ -274,18 +278,18 @@ class HFTrainStrategy(_Optimizing, _HFBase, TrainStrategy):
     def save_checkpoint(self, path: str) -> None:
         if rank_world()[0] != 0:  # replicas are identical: rank 0 writes for all
             return
-        path = Path(path)
-        self.model.save_pretrained(path / "model", safe_serialization=True)
+        root = Path(path)
+        self.model.save_pretrained(root / "model", safe_serialization=True)
         torch.save(
             {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()},
-            path / "train_state.pt",
+            root / "train_state.pt",
         )
 
     def load_checkpoint(self, path: str) -> None:
-        path = Path(path)
+        root = Path(path)
         # from_pretrained resolves tied weights and shards the same way it does for any checkpoint.
-        self.model.load_state_dict(_load_model(str(path / "model")).state_dict())
-        state = torch.load(path / "train_state.pt", weights_only=False)
+        self.model.load_state_dict(_load_model(str(root / "model")).state_dict())
+        state = torch.load(root / "train_state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
 
@@ -344,15 +348,15 @@ class HFCriticStrategy(_Optimizing, _Offloading, CriticStrategy):
     def save_checkpoint(self, path: str) -> None:
         if rank_world()[0] != 0:
             return
-        path = Path(path)
-        self.model.save_pretrained(path / "model", safe_serialization=True)
-        torch.save({"optimizer": self.optimizer.state_dict()}, path / "train_state.pt")
+        root = Path(path)
+        self.model.save_pretrained(root / "model", safe_serialization=True)
+        torch.save({"optimizer": self.optimizer.state_dict()}, root / "train_state.pt")
 
     def load_checkpoint(self, path: str) -> None:
         from transformers import AutoModelForTokenClassification
 
-        path = Path(path)
-        loaded = AutoModelForTokenClassification.from_pretrained(path / "model", dtype=torch.float32)
+        root = Path(path)
+        loaded = AutoModelForTokenClassification.from_pretrained(root / "model", dtype=torch.float32)
         self.model.load_state_dict(loaded.state_dict())
-        self.optimizer.load_state_dict(torch.load(path / "train_state.pt", weights_only=False)["optimizer"])
+        self.optimizer.load_state_dict(torch.load(root / "train_state.pt", weights_only=False)["optimizer"])
 
