@@ -84,8 +84,9 @@ def actor_loss(
     plugins = plugins or get_plugins()
     mask = loss_mask_of(micro).to(log_prob.dtype)
     horizon = max_response_length or mask.shape[-1]
-    agg = lambda x: aggregate(x, mask, config.loss_agg_mode, global_tokens=global_tokens,
-                              global_seqs=global_seqs, max_response_length=horizon)
+    def agg(x):
+        return aggregate(x, mask, config.loss_agg_mode, global_tokens=global_tokens,
+                         global_seqs=global_seqs, max_response_length=horizon)
     policy_loss_fn = plugins.policy_losses.get(config.policy_loss)
     pg_mat, metrics = policy_loss_fn(
         PolicyLossInput(log_prob, micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach(),

@@ -33,10 +33,8 @@ from roll_core.pipelines.sft import SupervisedTrainer
 from roll_core.pipelines.sources import check_domains, load_rows
 from roll_core.rollout import overlaps_training
 from roll_core.rollout.metrics import batch_metrics, rows_by_domain
-from roll_core.rollout.rewards import RewardRouter
 from roll_core.runtime import weight_sync
 from roll_core.runtime.placement import colocated
-from roll_core.runtime.workers import RewardWorker
 
 
 class RLVRPipeline(TrainingLoop):
@@ -58,7 +56,7 @@ class RLVRPipeline(TrainingLoop):
         mixed = cfg.data.domain_interleave_probs
         self.stream = DomainMixer(self.train_rows, mixed, seed) if mixed else PromptStream(self.train_rows, seed)
         self.shaper = RewardShaper(cfg.algorithm, self.plugins)
-        self.reward = self._spawn_rewards()  # first: a reward that rejects its options stops before any model loads
+        self.reward = self.roles.rewards()  # first: a reward that rejects its options stops before any model loads
         self.actor = self.roles.model_role("actor_train", "train", self.model, roles.actor_train,
                                            [seed] * roles.actor_train.num_workers)
         engine = self.plugins.infer_strategies.get(roles.actor_infer.strategy)
@@ -74,18 +72,6 @@ class RLVRPipeline(TrainingLoop):
         self.scheduler = self.plugins.schedulers.get(cfg.rollout.scheduler)(
             cfg, self.executor, self.infer, self.reward, self.tokenizer)
         self.reference = self.critic = None
-
-    def _spawn_rewards(self) -> RewardRouter:
-        roles = self.config.roles
-
-        def spawn(name, spec, rewards, key):
-            return self.roles.spawn(name, RewardWorker, [(rewards, self.config, key, spec.failure_policy())] * spec.num_workers, spec)
-        default = spawn("reward", roles.reward, [(roles.reward.name, roles.reward.options, 1.0)], "roles.reward")
-        by_domain = {d: spawn(f"reward/{d}", spec, [(r.name, r.options, r.weight) for r in spec.rewards],
-                              f"roles.domain_rewards.{d}") for d, spec in roles.domain_rewards.items()}
-        router = RewardRouter(self.executor, default, by_domain)
-        router.ready()  # a reward that rejects its options stops the run now, not after the warm-up
-        return router
 
     def _spawn_policy_copies(self, model_path: str) -> None:
         """Roles that start from the policy RL begins with (the warmed-up model): reference, critic.

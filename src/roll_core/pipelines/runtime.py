@@ -39,7 +39,8 @@ from roll_core.pipelines.checkpoint import CheckpointManager
 from roll_core.plugins import get_plugins
 from roll_core.runtime.executor import WorkerGroup
 from roll_core.runtime.placement import Residency, check_cluster, colocated, nodes_needed, worker_slots
-from roll_core.runtime.workers import RoleWorker
+from roll_core.rollout.rewards import RewardRouter
+from roll_core.runtime.workers import RewardWorker, RoleWorker
 
 # Every role's workers, and the warm-up's data order, draw from seeds of their own, offset from the
 # run's ``seed`` (actor_train uses it as is, the training data order too), so that no two share a
@@ -111,6 +112,21 @@ class RoleGroups:
         ex.get([ex.invoke(h, "setup", (address, rank if world > 1 else 0, world), {})
                 for rank, h in enumerate(group.handles)])
         return group
+
+    def rewards(self) -> RewardRouter:
+        """Spawn the default reward role (``roles.reward``) and one per domain (``roles.domain_rewards``);
+        raises at once if a reward rejects its options (before any model loads)."""
+        roles = self.config.roles
+
+        def spawn(name, spec, rewards, key):
+            return self.spawn(name, RewardWorker, [(rewards, self.config, key, spec.failure_policy())] * spec.num_workers,
+                              spec)
+        default = spawn("reward", roles.reward, [(roles.reward.name, roles.reward.options, 1.0)], "roles.reward")
+        by_domain = {d: spawn(f"reward/{d}", spec, [(r.name, r.options, r.weight) for r in spec.rewards],
+                              f"roles.domain_rewards.{d}") for d, spec in roles.domain_rewards.items()}
+        router = RewardRouter(self.executor, default, by_domain)
+        router.ready()
+        return router
 
     def use(self, *names: str) -> None:
         """Make these roles resident (offloading colocated ones first)."""
