@@ -64,11 +64,9 @@ class RLVRPipeline(TrainingLoop):
         self.infer = self.roles.model_role("actor_infer", "infer", self.model, roles.actor_infer,
                                            _seeds("actor_infer", roles.actor_infer, seed), concurrency)
         backend = self.plugins.weight_syncs.get(weight_sync.choose(cfg, self.overlapping))
-        split = "actor_infer" not in colocated(cfg).get("actor_train", set())
-        self.weights = backend(cfg, self.executor, self.actor, self.infer, colocated=not split)
+        shared = "actor_infer" in colocated(cfg).get("actor_train", set())
+        self.weights = backend(cfg, self.executor, self.actor, self.infer, colocated=shared)
         self.weights.setup()
-        self.version = 0
-        self.pending_push: list = []  # futures of a weight update queued behind running requests
         self.scheduler = self.plugins.schedulers.get(cfg.rollout.scheduler)(
             cfg, self.executor, self.infer, self.reward, self.tokenizer)
         self.reference = self.critic = None
@@ -117,7 +115,7 @@ class RLVRPipeline(TrainingLoop):
 
     def after_steps(self) -> None:
         self.scheduler.stop()  # no request outlives the run
-        self.executor.get(self.pending_push)
+        self.weights.finish()
         self.roles.set_threads(rl=False)
 
     # -- one step ---------------------------------------------------------------------------------
@@ -184,13 +182,7 @@ class RLVRPipeline(TrainingLoop):
         """actor_train's weights to every actor_infer worker. After an RL update with a scheduler that
         overlaps training, the update is queued behind the requests already sent and not waited for."""
         self.roles.use("actor_train", "actor_infer")
-        self.version += policy_update
-        futures = self.weights.push(self.version)
-        if not (self.overlapping and policy_update):
-            self.executor.get(futures)
-        else:
-            self.executor.get(self.pending_push)  # the previous update is long done; surfaces its errors
-            self.pending_push = futures
+        self.weights.update(new_version=policy_update, wait=not (self.overlapping and policy_update))
         if policy_update:
             self.scheduler.weights_pushed()
 

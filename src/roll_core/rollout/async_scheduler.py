@@ -466,9 +466,10 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         return self.stats["time/idle/actor_infer_s"] / len(self.infer)
 
     def _reset_step_stats(self) -> None:
-        self.stats: dict[str, float] = defaultdict(float, {"time/driver_wait_s": 0.0, "time/reward_s": 0.0, "time/idle/actor_infer_s": 0.0,
-                              "rollout/dropped_stale_groups": 0, "rollout/aborted_groups": 0,
-                              "rollout/requests": 0, "rollout/aborted_requests": 0})
+        self.stats: dict[str, float] = defaultdict(float, {
+            "time/driver_wait_s": 0.0, "time/reward_s": 0.0, "time/idle/actor_infer_s": 0.0,
+            "rollout/dropped_stale_groups": 0, "rollout/aborted_groups": 0,
+            "rollout/requests": 0, "rollout/aborted_requests": 0})
         self._scores: list[torch.Tensor] = []
 
     def _step_metrics(self, staleness: list[int]) -> dict[str, float]:

@@ -29,7 +29,7 @@ class DynamicSampling:
     """One step's filter decisions and counts. ``cfg`` is ``algorithm.dynamic_sampling``."""
 
     def __init__(self, cfg, prompts_per_step: int):
-        self.cfg, self.want = cfg, prompts_per_step
+        self.cfg = cfg
         self.budget = cfg.max_rounds * prompts_per_step
         self.reset()
 

@@ -19,8 +19,9 @@ buckets; backends are a registered plugin kind (``roll_register_weight_syncs``),
 * ``object_store``: the buckets travel as call arguments (Ray's object store; memory when local).
 
 A backend is constructed as ``cls(config, executor, trainer_group, infer_group, colocated)`` and
-implements :meth:`WeightSync.push`. The update is ordered on each inference worker like any other
-call: requests sent before it finish with the old weights.
+implements :meth:`WeightSync.push`; pipelines call :meth:`WeightSync.update`, which counts versions
+and may leave an update queued. The update is ordered on each inference worker like any other call:
+requests sent before it finish with the old weights.
 """
 
 from __future__ import annotations
@@ -37,6 +38,25 @@ class WeightSync(ABC):
         self.config, self.executor = config, executor
         self.trainer, self.infer, self.colocated = trainer, infer, colocated
         self.bucket_bytes = int(config.runtime.weight_bucket_mb * 2**20)
+        self.version = 0  # policy updates pushed so far
+        self._queued: list = []  # futures of the update left queued behind running requests
+
+    def update(self, *, new_version: bool, wait: bool) -> None:
+        """Push the trainer's weights; ``new_version`` counts them as the next policy version. Without
+        ``wait`` the update stays queued behind the requests already sent (a scheduler that overlaps
+        training goes on meanwhile); the previous queued update is awaited first, long done by then,
+        so its errors surface."""
+        self.version += new_version
+        futures = self.push(self.version)
+        self.executor.get(self._queued)
+        self._queued = [] if wait else futures
+        if wait:
+            self.executor.get(futures)
+
+    def finish(self) -> None:
+        """Wait for an update left queued (end of the run)."""
+        self.executor.get(self._queued)
+        self._queued = []
 
     def setup(self) -> None:
         """Called once after both roles' workers are set up (groups, rendezvous)."""

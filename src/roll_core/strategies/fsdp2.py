@@ -15,7 +15,7 @@ Use it: ``roles.actor_train.strategy=fsdp2 roles.actor_train.num_workers=2``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -50,11 +50,10 @@ class FSDP2TrainStrategy(HFTrainStrategy):
     def reduce_gradients(self) -> None:
         """FSDP2's reduce-scatter already summed the gradient shards during backward."""
 
-    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+    def _full_state_dict(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, param in self.model.named_parameters():
