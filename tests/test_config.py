@@ -66,6 +66,8 @@ def test_cross_field_check():
         ("algorithm.kl_penalty.estimator=k4", "algorithm.kl_penalty.estimator", "Valid names: abs, full, k1, k2, k3"),
         ("roles.critic.strategy=hff", "roles.critic.strategy", "Valid names: hf"),
         ("trackers=[stdout,wandbb]", "trackers[1]", "Valid names: jsonl, stdout, tensorboard"),
+        ("runtime.weight_sync=colective", "runtime.weight_sync", "Did you mean 'collective'? Valid names: collective, object_store"),
+        ("rollout.scheduler=asyncc", "rollout.scheduler", "Did you mean 'async'? Valid names: async, sync"),
     ],
 )
 def test_unknown_registry_names_list_valid_ones(override, key, valid):
