@@ -507,7 +507,7 @@ def test_assembled_actor_loss_signs_of_entropy_bonus_and_kl_term():
     # ratio 1 (log_prob = old), ppo_clip: pg = -A = [-2, 0] -> token-mean -1.0
     # entropy [0.5, 1.5] -> mean 1.0 ; k1 = log_prob - ref = [-1 + 1.5, -1 + 2] = [0.5, 1.0] -> mean 0.75
     # loss = pg - entropy_coef * H + kl_loss_coef * KL = -1.0 - 0.1 * 1.0 + 0.2 * 0.75 = -0.95
-    from roll_core.algorithms.objective import actor_loss
+    from roll_core.algorithms.objective import ActorObjective, actor_loss
     from roll_core.config.schema import AlgorithmConfig
     from roll_core.data import Batch
 
@@ -516,7 +516,8 @@ def test_assembled_actor_loss_signs_of_entropy_bonus_and_kl_term():
     log_prob = torch.tensor([[-1.0, -1.0]], requires_grad=True)
     micro = Batch({"old_log_probs": torch.tensor([[-1.0, -1.0]]), "advantages": torch.tensor([[2.0, 0.0]]),
                    "response_mask": torch.ones(1, 2), "ref_log_probs": torch.tensor([[-1.5, -2.0]])})
-    loss, metrics = actor_loss(log_prob, torch.tensor([[0.5, 1.5]]), micro, config, global_tokens=2, global_seqs=1)
+    loss, metrics = actor_loss(log_prob, torch.tensor([[0.5, 1.5]]), micro, ActorObjective.from_config(config),
+                               global_tokens=2, global_seqs=1)
     assert float(loss.detach()) == pytest.approx(-0.95)
     assert metrics["train/pg_loss"] == pytest.approx(-1.0) and metrics["train/entropy"] == pytest.approx(1.0)
     assert metrics["train/kl"] == pytest.approx(0.75)
@@ -562,3 +563,121 @@ def test_topr_weight_carries_no_gradient():
     assert float(loss.detach()) == pytest.approx(-0.909796, abs=1e-6)
     loss.sum().backward()
     assert float(log_prob.grad) == pytest.approx(0.606531, abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# mutants that survived mutmut (docs/testing.md): each case below fails on at least one of them
+# ------------------------------------------------------------------------------------------------
+def test_full_kl_rejects_token_log_probs_and_reduces_over_the_vocabulary_only():
+    with pytest.raises(ValueError, match=r"needs \[B, R, V\] log-distributions"):
+        full(torch.zeros(2, 3), torch.zeros(2, 3, 4))
+    with pytest.raises(ValueError, match=r"needs \[B, R, V\] log-distributions"):
+        full(torch.zeros(2, 3, 4), torch.zeros(2, 3))
+    uniform = torch.full((2, 3, 4), math.log(0.25))
+    assert full(uniform, uniform).shape == (2, 3)
+
+
+def test_turn_layout_marks_padding_minus_one_and_counts_turns():
+    from roll_core.algorithms.advantages import turn_layout, turn_rewards
+
+    single = AdvantageInput(torch.zeros(1, 2), torch.tensor([[1.0, 0.0]]), torch.tensor([0]))
+    turns, n = turn_layout(single)
+    assert turns.tolist() == [[0, -1]] and n == 1
+    # padding is -1 whatever turn_index says there
+    multi = AdvantageInput(torch.zeros(1, 3), torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([0]),
+                           turn_index=torch.tensor([[0, 1, 0]]))
+    turns, n = turn_layout(multi)
+    assert turns.tolist() == [[0, 1, -1]] and n == 2
+    empty = AdvantageInput(torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([0]))
+    assert turn_layout(empty)[1] == 0
+    rewards, valid, _ = turn_rewards(single)
+    assert rewards.shape == (1, 1) and valid.tolist() == [[True]]
+
+
+def test_gae_skips_an_observation_token_in_the_middle():
+    # mask [1, 0, 1], rewards [0, 0, 1], V [.5, .9, .25], gamma .5, lam 1:
+    # t2: delta = 1 - .25 = .75 -> A2 = .75 ; t1 masked (skipped: t0's successor is t2)
+    # t0: delta = 0 + .5 * .25 - .5 = -.375 -> A0 = -.375 + .5 * .75 = 0
+    # returns = (A + V) * mask = [.5, 0, 1.0] (0, not NaN, on the masked token)
+    batch = AdvantageInput(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[1.0, 0.0, 1.0]]), torch.tensor([0]),
+                           values=torch.tensor([[0.5, 0.9, 0.25]]))
+    adv, returns = gae(batch, cfg(gamma=0.5, lam=1.0))
+    torch.testing.assert_close(adv, torch.tensor([[0.0, 0.0, 0.75]]))
+    torch.testing.assert_close(returns, torch.tensor([[0.5, 0.0, 1.0]]))
+
+
+def test_rloo_group_of_two():
+    # scores 1, 0: n / (n - 1) * (r - mean) = 2 * (+-.5) = +-1 (the other sample is the baseline)
+    adv, _ = rloo(AdvantageInput(outcome([1.0, 0.0]), torch.ones(2, 2), torch.tensor([0, 0])), cfg())
+    torch.testing.assert_close(adv, torch.tensor([[1.0, 1.0], [-1.0, -1.0]]))
+
+
+def test_gigpo_step_groups_are_per_episode_group_and_state():
+    # one turn each, no std normalisation; (group, state, reward):
+    # r0 (0, A, 1) r1 (0, B, 0) r2 (0, B, 1) | r3 (1, A, 0) r4 (1, A, 1) | r5 (2, A, 1) r6 (2, A, 1)
+    # episode: group 0 mean 2/3 -> 1/3, -2/3, 1/3 ; group 1 -> -.5, .5 ; group 2 -> 0, 0
+    # step groups (group, state): {r0} alone -> 0 ; {r1, r2} -> -.5, .5 ; {r3, r4} -> -.5, .5 ; {r5, r6} -> 0, 0
+    # (group 0 state B and group 2 state A are different step groups although both hold "1"s)
+    scores = [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    batch = AdvantageInput(outcome(scores, width=1), torch.ones(7, 1), torch.tensor([0, 0, 0, 1, 1, 2, 2]),
+                           state_hash=torch.tensor([[5], [9], [9], [5], [5], [5], [5]]))
+    adv, _ = gigpo(batch, cfg(norm_adv_by_std=False))
+    expected = [1 / 3, -2 / 3 - 0.5, 1 / 3 + 0.5, -1.0, 1.0, 0.0, 0.0]
+    torch.testing.assert_close(adv[:, 0], torch.tensor(expected), atol=1e-6, rtol=0)
+
+
+def test_opd_needs_both_teacher_and_old_log_probs():
+    mask = torch.ones(1, 2)
+    with pytest.raises(ValueError, match="needs teacher log-probs"):
+        opd(AdvantageInput(torch.zeros(1, 2), mask, torch.tensor([0]), teacher_log_probs=torch.zeros(1, 2)), cfg())
+    with pytest.raises(ValueError, match="needs teacher log-probs"):
+        opd(AdvantageInput(torch.zeros(1, 2), mask, torch.tensor([0]), old_log_probs=torch.zeros(1, 2)), cfg())
+
+
+LOG_HALF = math.log(0.5)
+
+
+def _one_row(log_prob, adv, old=None, infer=None):
+    lp = torch.tensor([log_prob])
+    return PolicyLossInput(lp, torch.zeros_like(lp) if old is None else torch.tensor([old]), torch.tensor([adv]),
+                           torch.ones_like(lp), None if infer is None else torch.tensor([infer]))
+
+
+def test_dual_clip_caps_only_negative_advantages():
+    # t0: A -2, ratio 5: -min(-10, 1.2 * -2) = 10, capped at c |A| = 6 ; t1: A .5, ratio 1: -.5 (never capped)
+    loss, metrics = dual_clip(_one_row([math.log(5.0), 0.0], [-2.0, 0.5]), cfg())
+    torch.testing.assert_close(loss, torch.tensor([[6.0, -0.5]]))
+    assert metrics["dual_clip_frac"] == pytest.approx(0.5)
+
+
+def test_tis_weight_saturates_at_exp_minus_20_and_needs_inference_log_probs():
+    # old - infer = -30 is clamped to -20 before exp: w = e^-20 ; ratio 1, A 1: loss = -w
+    loss, metrics = tis(_one_row([0.0], [1.0], old=[0.0], infer=[30.0]), cfg())
+    assert float(loss[0, 0]) == pytest.approx(-math.exp(-20.0), rel=1e-4)
+    assert metrics["tis_weight_mean"] == pytest.approx(math.exp(-20.0), rel=1e-4)
+    with pytest.raises(ValueError, match="needs the inference log-probs"):
+        tis(_one_row([0.0], [1.0]), cfg())
+
+
+def test_topr_weights_by_the_sign_of_the_advantage():
+    # ratio .5 everywhere; A .5 and 0 take the positive weight 1, A -1 takes clip(.5, 0, 1) = .5
+    # loss = -w A log_prob = [.5 ln2, 0, -.5 ln2] ; negative_weight_mean = (0 + 0 + .5) / 3
+    loss, metrics = topr(_one_row([LOG_HALF] * 3, [0.5, 0.0, -1.0]), cfg())
+    ln2 = math.log(2.0)
+    torch.testing.assert_close(loss, torch.tensor([[0.5 * ln2, 0.0, -0.5 * ln2]]))
+    assert metrics == {"negative_weight_mean": pytest.approx(0.5 / 3)}
+
+
+def test_cispo_clips_the_weight_from_below_too():
+    # ratio .5 -> w = clip(.5, .8, 1.2) = .8 ; loss = -w A log_prob = -.8 * 2 * ln .5 = 1.6 ln2
+    loss, metrics = cispo(_one_row([LOG_HALF], [2.0]), cfg())
+    assert float(loss[0, 0]) == pytest.approx(1.6 * math.log(2.0))
+    assert metrics["approx_kl"] == pytest.approx(math.log(2.0))  # mean(-log ratio)
+
+
+def test_kimi_loss_value_and_approx_kl():
+    # -A log_prob + tau / 2 (log ratio)^2 = 2 ln2 + .05 ln2^2
+    loss, metrics = kimi(_one_row([LOG_HALF], [2.0]), cfg())
+    ln2 = math.log(2.0)
+    assert float(loss[0, 0]) == pytest.approx(2 * ln2 + 0.05 * ln2**2)
+    assert metrics["approx_kl"] == pytest.approx(ln2)

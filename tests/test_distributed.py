@@ -10,8 +10,10 @@ import sys
 import pytest
 import torch
 
+from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_config
 from roll_core.strategies.hf import HFTrainStrategy
+from roll_core.training import UpdateSpec, update
 from test_grad_accumulation import make_batch
 
 pytestmark = pytest.mark.ray
@@ -22,7 +24,7 @@ DP = ["executor=ray", "rollout.prompts_per_step=2", "rollout.num_return_sequence
 
 
 def _params_after_ray_step(model_path, cfg, batch, world):
-    """One train_step on ``world`` Ray workers of a role, through the pipeline's own dispatch."""
+    """One update on ``world`` Ray workers of a role, through the pipeline's own dispatch."""
     import ray
 
     from roll_core.data import dp_shards
@@ -35,7 +37,9 @@ def _params_after_ray_step(model_path, cfg, batch, world):
         group = executor.spawn("actor_train", RoleWorker, [("actor_train", "train", model_path, role, cfg, 0)] * world)
         address = executor.get(group.call("node_address"))[0]
         executor.get([executor.invoke(h, "setup", (address, r, world), {}) for r, h in enumerate(group.handles)])
-        metrics = executor.get(group.map("train_step", dp_shards(batch, world, cfg.algorithm.ppo_mini_batch_size)))
+        loss_fn, spec = ActorObjective.from_config(cfg.algorithm, cfg.rollout), UpdateSpec.from_config(cfg.algorithm, role)
+        metrics = executor.get(group.map("update", dp_shards(batch, world, spec.mini_batch_size),
+                                         loss_fn=loss_fn, spec=spec))
         buckets = executor.get(group.call("weight_bucket_list", 1 << 30))
         log_probs = executor.get(group.call("compute_log_probs", batch, 1.0))
         return metrics, [dict(b for bucket in rank for b in bucket) for rank in buckets], log_probs
@@ -48,10 +52,11 @@ def _params_after_ray_step(model_path, cfg, batch, world):
 def test_two_data_parallel_workers_match_one_worker_on_the_whole_batch(tiny_model_path, strategy):
     cfg = load_config(None, DP + [f"roles.actor_train.strategy={strategy}", "roles.actor_train.num_workers=2"])
     one_cfg = load_config(None, DP)
-    single = HFTrainStrategy(str(tiny_model_path), one_cfg.roles.actor_train, one_cfg, seed=0)
+    single = HFTrainStrategy(str(tiny_model_path), one_cfg.roles.actor_train, seed=0)
     batch = make_batch(single.model.config.vocab_size)
     before = {n: p.detach().clone() for n, p in single.model.named_parameters()}
-    expected_metrics = single.train_step(batch)  # two mini-batches of 4: two optimizer steps
+    expected_metrics = update(single, batch, ActorObjective.from_config(one_cfg.algorithm, one_cfg.rollout),
+                              UpdateSpec.from_config(one_cfg.algorithm, one_cfg.roles.actor_train))  # 2 steps
     expected = {n: p.detach() for n, p in single.model.named_parameters()}
 
     metrics, ranks, log_probs = _params_after_ray_step(str(tiny_model_path), cfg, batch, world=2)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator
 
 import torch
 
@@ -47,7 +47,7 @@ class Colocatable:
 
 
 class InferStrategy(Colocatable, ABC):
-    """Generation and log-probs. Constructed as ``cls(model_path, role_config, run_config, seed)``."""
+    """Generation and log-probs. Constructed as ``cls(model_path, role_config, seed)``."""
 
     #: An engine that batches concurrent requests itself (continuous batching, as vLLM and SGLang
     #: do) sets this: its workers then run up to ``rollout.max_running_requests`` calls at once
@@ -88,35 +88,55 @@ class InferStrategy(Colocatable, ABC):
         pass
 
 
-class TrainStrategy(Colocatable, ABC):
-    """Forward/backward/optimizer. Constructed as ``cls(model_path, role_config, run_config, seed)``.
+class Trainable(Colocatable, ABC):
+    """The engine primitives of a trained model. The update loop (epochs, mini-batches, clipping,
+    skipping non-finite steps, metrics) is the core's (:func:`roll_core.training.update`), the loss
+    a function passed in (:mod:`roll_core.algorithms.objective`), so a strategy only runs its model.
 
-    With ``num_workers > 1`` the strategy is built after its worker joined the role's
-    ``torch.distributed`` group (:mod:`roll_core.runtime.distributed`); every rank gets an equal
-    share of each mini-batch and must sum loss denominators and gradients over the ranks. Every
-    method is called on every rank, so strategies that shard weights may use collectives anywhere."""
+    Constructed as ``cls(model_path, role_config, seed)``: its role's section of the config only.
+    With ``num_workers > 1`` it is built after its worker joined the role's ``torch.distributed``
+    group (:mod:`roll_core.runtime.distributed`); every method is called on every rank, so a
+    strategy that shards weights may use collectives anywhere."""
 
-    @abstractmethod
-    def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
-        """Log-probs ``[B, R]`` of the responses under the current weights (no gradient); with
-        ``distribution`` the full log-softmax ``[B, R, V]``."""
+    def data_parallel(self) -> tuple[int, int]:
+        """``(rank, size)`` of this worker among the role's data-parallel replicas: each gets an equal
+        share of every mini-batch. A strategy with tensor or pipeline parallelism returns its data-
+        parallel coordinates, not its rank in the whole group."""
+        from roll_core.runtime.distributed import rank_world
 
-    @abstractmethod
-    def train_step(self, batch: Batch) -> dict[str, float]:
-        """Policy update on ``batch``: ``algorithm.ppo_epochs`` passes of one optimizer step per
-        ``algorithm.ppo_mini_batch_size`` samples, loss from :func:`roll_core.algorithms.objective.actor_loss`
-        with denominators counted per mini-batch (:func:`~roll_core.algorithms.objective.loss_denominators`)."""
-
-    @abstractmethod
-    def sft_step(self, batch: Batch, lr: float) -> dict[str, float]:
-        """One supervised step: cross-entropy on ``responses`` where ``response_mask`` is 1."""
+        return rank_world()
 
     @abstractmethod
-    def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """The weights this rank owns, full (unsharded) and under Hugging Face names, as buckets of
-        ``(name, tensor)`` of about ``bucket_bytes`` each. Called on every rank at once (gathering
-        collectives are allowed); a rank that owns nothing (a data-parallel replica other than
-        rank 0) yields nothing. Every name must be yielded by exactly one rank."""
+    def forward(self, batch: Batch, outputs: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
+        """A forward pass without gradient: the ``outputs`` asked for, on CPU, zero on padding.
+        Names: ``log_probs`` ``[B, R]`` (of ``responses`` given the prompts, logits divided by
+        ``temperature``), ``entropy`` ``[B, R]``, ``log_dist`` ``[B, R, V]`` (full log-softmax),
+        ``values`` ``[B, R]`` (a value model's ``V(s_t)``)."""
+
+    @abstractmethod
+    def forward_backward(self, mini: Batch, loss_fn: Any, *, micro_batch_size: int,
+                         denominators: tuple[float, float]) -> list[dict[str, float]]:
+        """Accumulate the gradients of ``loss_fn`` over ``mini`` in micro-batches of at most
+        ``micro_batch_size``: for each, run the forward pass for ``loss_fn.outputs`` at
+        ``loss_fn.temperature`` (with gradient), call ``loss_fn(outputs, micro, *denominators)``
+        for ``(loss, metrics)`` and back-propagate. On return the gradients are summed over the
+        data-parallel ranks. Returns each micro-batch's metrics."""
+
+    @abstractmethod
+    def clip_gradients(self, max_norm: float) -> float:
+        """Clip the global gradient norm to ``max_norm``; returns the norm before clipping (the
+        same on every rank; NaN or inf when the loss was)."""
+
+    @abstractmethod
+    def optimizer_step(self, optimizer: str = "default", lr: float | None = None) -> None:
+        """Apply the gradients with optimizer ``optimizer``: ``default`` is the role's (``lr``,
+        ``weight_decay``); another name gets an optimizer of its own, created on first use, so a
+        phase (the supervised warm-up) does not carry its moments into the next. ``lr`` sets its
+        learning rate."""
+
+    @abstractmethod
+    def zero_grad(self) -> None:
+        """Drop the accumulated gradients."""
 
     @abstractmethod
     def save_checkpoint(self, path: str) -> None:
@@ -128,21 +148,26 @@ class TrainStrategy(Colocatable, ABC):
         """Inverse of :meth:`save_checkpoint`."""
 
 
-class CriticStrategy(Colocatable, ABC):
-    """PPO's value model. Constructed as ``cls(model_path, role_config, run_config, seed)``."""
+class TrainStrategy(Trainable):
+    """The trained policy: the engine primitives, plus its weights for the inference engines."""
+
+    def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
+        """Log-probs ``[B, R]`` of the responses under the current weights; with ``distribution``
+        the full log-softmax ``[B, R, V]``."""
+        name = "log_dist" if distribution else "log_probs"
+        return self.forward(batch, (name,), temperature)[name]
 
     @abstractmethod
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The weights this rank owns, full (unsharded) and under Hugging Face names, as buckets of
+        ``(name, tensor)`` of about ``bucket_bytes`` each. Called on every rank at once (gathering
+        collectives are allowed); a rank that owns nothing (a data-parallel replica other than
+        rank 0) yields nothing. Every name must be yielded by exactly one rank."""
+
+
+class CriticStrategy(Trainable):
+    """PPO's value model: the engine primitives with a ``values`` output."""
+
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """``V(s_t)`` ``[B, R]`` for every response token (the state before the token), 0 on padding."""
-
-    @abstractmethod
-    def train_step(self, batch: Batch) -> dict[str, float]:
-        """Regress on ``batch['returns']`` with :func:`roll_core.algorithms.objective.critic_loss`."""
-
-    @abstractmethod
-    def save_checkpoint(self, path: str) -> None:
-        """Model (Hugging Face format) and optimizer state under ``path``."""
-
-    @abstractmethod
-    def load_checkpoint(self, path: str) -> None:
-        """Inverse of :meth:`save_checkpoint`."""
+        return self.forward(batch, ("values",), 1.0)["values"]

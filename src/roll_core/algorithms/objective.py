@@ -1,13 +1,23 @@
-"""The actor objective every training strategy minimises, assembled from registered pieces.
+"""The losses trained roles minimise, assembled once from registered pieces into loss functions.
 
-    loss = agg(policy_loss) - entropy_coef * agg(entropy) + kl_loss_coef * agg(kl(actor, reference))
+    actor:      loss = agg(policy_loss) - entropy_coef * agg(entropy) + kl_loss_coef * agg(kl(actor, reference))
+    critic:     loss = agg(clipped value loss)
+    supervised: loss = -sum(log pi(target) * mask) / tokens
 
-Living in the core (not in a strategy) means ``hf``, ``deepspeed``, ``megatron`` and ``fsdp2`` all
-optimise exactly the same thing; a strategy only supplies log-probs and the backward pass.
+Each is a small frozen object (a *loss function*, :class:`LossFn`) that the driver builds once from
+the config, with every registered callable already looked up (:meth:`ActorObjective.from_config`),
+and sends with each update to the workers; the core updater (:mod:`roll_core.training`) runs it on
+any strategy's engine primitives. So ``hf``, ``fsdp2``, ``deepspeed`` and ``megatron`` optimise
+exactly the same thing, no registry is consulted inside a training loop, and a loss plugin that was
+registered in the driver's process only still reaches Ray workers (the callable travels by value).
+
 Tokens count where ``loss_mask`` is 1 (the response mask with masked samples removed).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -23,12 +33,30 @@ def loss_mask_of(batch: Batch) -> torch.Tensor:
 def loss_denominators(batch: Batch) -> tuple[float, float]:
     """``(tokens, sequences)`` that count in the loss of ``batch`` (a whole mini-batch).
 
-    Strategies compute these once per mini-batch *before* splitting it into micro-batches (and, for
-    data parallelism, sum them over ranks) so each micro-batch's loss is a share of the mini-batch
+    The updater computes these once per mini-batch *before* it is split into micro-batches (and, for
+    data parallelism, sums them over ranks) so each micro-batch's loss is a share of the mini-batch
     loss and gradient accumulation does not change the result.
     """
     mask = loss_mask_of(batch)
     return float(mask.sum()), float(count_sequences(mask))
+
+
+class LossFn(Protocol):
+    """What the updater and a strategy's ``forward_backward`` need from a loss.
+
+    ``outputs`` names what the forward pass must return per micro-batch (``log_probs``, ``entropy``,
+    ``log_dist`` ``[b, R, V]``, ``values``), computed at ``temperature``. ``additive`` names the
+    metrics that are shares of the mini-batch loss (summed over micro-batches and ranks); every
+    other metric is a per-micro-batch mean (averaged)."""
+
+    outputs: frozenset[str]
+    temperature: float
+    additive: frozenset[str]
+
+    def __call__(self, out: dict[str, torch.Tensor], micro: Batch, tokens: float,
+                 seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scalar loss of one micro-batch, scaled by the mini-batch's ``tokens`` and ``seqs``, and metrics."""
+        ...
 
 
 def kl_takes_distribution(name: str, plugins=None) -> bool:
@@ -42,6 +70,13 @@ def kl_takes_distribution(name: str, plugins=None) -> bool:
 def needs_distribution(config, plugins=None) -> bool:
     """Whether the KL loss term needs full log-distributions ``[B, R, V]`` from the strategy."""
     return bool(config.kl_loss_coef) and kl_takes_distribution(config.kl_estimator, plugins)
+
+
+def distributions_needed(config, plugins=None) -> tuple[bool, bool]:
+    """Whether (the KL loss term, the KL reward penalty) use an estimator that takes full
+    log-distributions ``[B, R, V]``: what the reference and old log-prob passes must return."""
+    penalty = bool(config.kl_penalty.coef) and kl_takes_distribution(config.kl_penalty.estimator, plugins)
+    return needs_distribution(config, plugins), penalty
 
 
 def reuses_update_log_probs(config, batch_size: int, plugins=None) -> bool:
@@ -62,37 +97,97 @@ def reuses_update_log_probs(config, batch_size: int, plugins=None) -> bool:
     return not plugins.advantage_estimators.entry(config.advantage_estimator).metadata.get("reads_old_log_probs")
 
 
+def component_options(registry, name: str, options: dict[str, Any]) -> Any:
+    """The validated options object of registered component ``name`` (its registered ``options``
+    pydantic model applied to ``options``), or None for a component registered without one."""
+    model = registry.entry(name).metadata.get("options")
+    if model is None:
+        return None
+    if isinstance(model, str):
+        from roll_core.registry import import_target
+
+        model = import_target(model)
+    return model.model_validate(options)
+
+
+def _bind_options(fn: Callable, options: Any) -> Callable:
+    import functools
+
+    return fn if options is None else functools.partial(fn, options=options)
+
+
+@dataclass(frozen=True)
+class ActorObjective:
+    """The policy's loss: registered policy loss and KL estimator, resolved (see the module docstring)."""
+
+    policy_loss: Callable  # fn(PolicyLossInput, config[, options=...]) -> (loss [B, R], metrics)
+    config: Any  # the AlgorithmConfig the policy loss reads (clip ranges, caps)
+    loss_agg_mode: str
+    max_response_length: int | None
+    temperature: float
+    entropy_coef: float = 0.0
+    kl: Callable | None = None  # fn(log_p, log_q) -> kl [B, R]; None without a reference
+    kl_loss_coef: float = 0.0
+    kl_distribution: bool = False  # the estimator takes [B, R, V] log-distributions
+    additive: frozenset[str] = frozenset({"train/pg_loss", "train/kl", "train/entropy"})
+
+    @classmethod
+    def from_config(cls, algorithm, rollout=None, plugins=None) -> ActorObjective:
+        """Resolve ``algorithm``'s names once (``rollout`` gives the sampling temperature and the
+        response horizon of ``seq-mean-token-sum-norm``)."""
+        from roll_core.plugins import get_plugins
+
+        plugins = plugins or get_plugins()
+        loss = plugins.policy_losses.get(algorithm.policy_loss)
+        options = component_options(plugins.policy_losses, algorithm.policy_loss, algorithm.policy_loss_options)
+        return cls(policy_loss=_bind_options(loss, options), config=algorithm,
+                   loss_agg_mode=algorithm.loss_agg_mode,
+                   max_response_length=rollout.max_new_tokens if rollout is not None else None,
+                   temperature=rollout.temperature if rollout is not None else 1.0,
+                   entropy_coef=algorithm.entropy_coef, kl=plugins.kl_estimators.get(algorithm.kl_estimator),
+                   kl_loss_coef=algorithm.kl_loss_coef,
+                   kl_distribution=kl_takes_distribution(algorithm.kl_estimator, plugins))
+
+    @property
+    def outputs(self) -> frozenset[str]:
+        wanted = {"log_probs", "entropy"}
+        if self.kl_distribution and self.kl_loss_coef:
+            wanted.add("log_dist")
+        return frozenset(wanted)
+
+    def __call__(self, out, micro, tokens, seqs):
+        return actor_loss(out["log_probs"], out.get("entropy"), micro, self, global_tokens=tokens,
+                          global_seqs=seqs, log_dist=out.get("log_dist"))
+
+
 def actor_loss(
     log_prob: torch.Tensor,
     entropy: torch.Tensor | None,
     micro: Batch,
-    config,
+    objective: ActorObjective,
     *,
     global_tokens: float,
     global_seqs: float,
-    max_response_length: int | None = None,
     log_dist: torch.Tensor | None = None,
-    plugins=None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar loss of one micro-batch (scaled for accumulation over the mini-batch) and its metrics.
 
     Shapes: ``log_prob``, ``entropy`` ``[b, R]``; ``log_dist`` ``[b, R, V]`` only when the KL
-    estimator is registered with ``distribution=True``.
+    estimator takes distributions. ``old_log_probs`` missing from ``micro`` means the update's own,
+    detached (:func:`reuses_update_log_probs`).
     """
-    from roll_core.plugins import get_plugins
-
-    plugins = plugins or get_plugins()
     mask = loss_mask_of(micro).to(log_prob.dtype)
-    horizon = max_response_length or mask.shape[-1]
+    horizon = objective.max_response_length or mask.shape[-1]
+
     def agg(x):
-        return aggregate(x, mask, config.loss_agg_mode, global_tokens=global_tokens,
+        return aggregate(x, mask, objective.loss_agg_mode, global_tokens=global_tokens,
                          global_seqs=global_seqs, max_response_length=horizon)
-    policy_loss_fn = plugins.policy_losses.get(config.policy_loss)
-    pg_mat, metrics = policy_loss_fn(
+
+    pg_mat, metrics = objective.policy_loss(
         PolicyLossInput(log_prob, micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach(),
                         micro["advantages"], mask,
                         micro["infer_log_probs"] if "infer_log_probs" in micro else None),
-        config,
+        objective.config,
     )
     pg_loss = agg(pg_mat)
     loss = pg_loss
@@ -101,34 +196,71 @@ def actor_loss(
     if entropy is not None:
         ent = agg(entropy)
         metrics["train/entropy"] = ent.item()
-        if config.entropy_coef:
-            loss = loss - config.entropy_coef * ent
-    if "ref_log_probs" in micro:
-        kl_fn = plugins.kl_estimators.get(config.kl_estimator)
-        if log_dist is not None and "ref_log_dist" in micro:
-            kl_mat = kl_fn(log_dist, micro["ref_log_dist"])
-        elif kl_takes_distribution(config.kl_estimator, plugins):
-            kl_mat = None  # a distribution estimator without distributions: only reported when used
+        if objective.entropy_coef:
+            loss = loss - objective.entropy_coef * ent
+    if "ref_log_probs" in micro and objective.kl is not None:
+        if objective.kl_distribution:
+            # a distribution estimator without distributions: only reported when it is used
+            have = log_dist is not None and "ref_log_dist" in micro
+            kl_mat = objective.kl(log_dist, micro["ref_log_dist"]) if have else None
         else:
-            kl_mat = kl_fn(log_prob, micro["ref_log_probs"])
+            kl_mat = objective.kl(log_prob, micro["ref_log_probs"])
         if kl_mat is not None:
             kl = agg(kl_mat)
             metrics["train/kl"] = kl.item()
-            if config.kl_loss_coef:
-                loss = loss + config.kl_loss_coef * kl
+            if objective.kl_loss_coef:
+                loss = loss + objective.kl_loss_coef * kl
     return loss, metrics
 
 
-def critic_loss(values: torch.Tensor, micro: Batch, config, *, global_tokens: float, global_seqs: float,
-                max_response_length: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar value loss of one micro-batch (clipped, aggregated like the policy loss) and metrics.
+@dataclass(frozen=True)
+class CriticObjective:
+    """The value model's loss: clipped regression on ``returns``, aggregated like the policy loss.
 
-    Reads ``values`` (the critic's values at rollout time) and ``returns`` (the estimator's targets).
-    """
+    Reads ``values`` (the critic's values at rollout time) and ``returns`` (the estimator's targets)."""
+
+    value_clip: float | None
+    loss_agg_mode: str
+    max_response_length: int | None = None
+    outputs: frozenset[str] = frozenset({"values"})
+    temperature: float = 1.0
+    additive: frozenset[str] = frozenset({"critic/value_loss"})
+
+    @classmethod
+    def from_config(cls, algorithm, rollout=None) -> CriticObjective:
+        return cls(algorithm.value_clip, algorithm.loss_agg_mode,
+                   rollout.max_new_tokens if rollout is not None else None)
+
+    def __call__(self, out, micro, tokens, seqs):
+        return critic_loss(out["values"], micro, self, global_tokens=tokens, global_seqs=seqs)
+
+
+def critic_loss(values: torch.Tensor, micro: Batch, objective: CriticObjective, *, global_tokens: float,
+                global_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scalar value loss of one micro-batch (values ``[b, R]``) and metrics."""
     mask = loss_mask_of(micro).to(values.dtype)
-    mat = value_loss(values, micro["values"], micro["returns"], config.value_clip)
-    loss = aggregate(mat, mask, config.loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs,
-                     max_response_length=max_response_length or mask.shape[-1])
+    mat = value_loss(values, micro["values"], micro["returns"], objective.value_clip)
+    loss = aggregate(mat, mask, objective.loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs,
+                     max_response_length=objective.max_response_length or mask.shape[-1])
     err = ((values.detach() - micro["returns"]) * mask)
     return loss, {"critic/value_loss": loss.item(),
                   "critic/abs_error": float(err.abs().sum() / mask.sum().clamp(min=1))}
+
+
+@dataclass(frozen=True)
+class SupervisedObjective:
+    """Cross-entropy of the responses (demonstrations) where ``response_mask`` is 1, averaged over
+    the mini-batch's target tokens:  ``loss = -sum(log pi(y_t | x, y_<t) * mask) / tokens``."""
+
+    metric: str = "warmup/loss"
+    outputs: frozenset[str] = frozenset({"log_probs"})
+    temperature: float = 1.0
+    additive: frozenset[str] = field(default=frozenset())
+
+    def __post_init__(self):
+        object.__setattr__(self, "additive", frozenset({self.metric}))
+
+    def __call__(self, out, micro, tokens, seqs):
+        mask = micro["response_mask"].to(out["log_probs"].dtype)
+        loss = -(out["log_probs"] * mask).sum() / max(tokens, 1.0)
+        return loss, {self.metric: loss.item()}

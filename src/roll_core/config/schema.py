@@ -136,6 +136,9 @@ class DynamicSamplingConfig(Strict):
 class AlgorithmConfig(Strict):
     advantage_estimator: str = "grpo"
     policy_loss: str = "ppo_clip"
+    policy_loss_options: dict[str, Any] = Field(
+        default_factory=dict, description="options of a policy loss registered with an options model "
+        "(validated by that model: names, types and values)")
     kl_estimator: str = Field("k3", description="estimator of the KL loss term (kl_loss_coef)")
     kl_loss_coef: float = Field(0.0, ge=0, description="weight of the KL(actor || reference) loss term")
     entropy_coef: float = 0.0

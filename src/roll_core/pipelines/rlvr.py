@@ -23,18 +23,18 @@ from pathlib import Path
 
 import torch
 
-from roll_core.algorithms.objective import kl_takes_distribution, needs_distribution, reuses_update_log_probs
+from roll_core.algorithms.objective import (ActorObjective, CriticObjective, distributions_needed,
+                                           reuses_update_log_probs)
 from roll_core.algorithms.shaping import RewardShaper
-from roll_core.data import DomainMixer, PromptStream, dp_shards
-from roll_core.errors import ConfigError, RollError
-from roll_core.pipelines.runtime import (SEED_OFFSETS, TrainingLoop, load_tokenizer, log_probs, replace_dir,
-                                         warn_if_oversubscribed)
+from roll_core.data import DomainMixer, PromptStream
+from roll_core.pipelines.runtime import TrainingLoop, load_tokenizer, log_probs, warn_if_oversubscribed
 from roll_core.pipelines.sft import SupervisedTrainer
 from roll_core.pipelines.sources import check_domains, load_rows
 from roll_core.rollout import overlaps_training
-from roll_core.rollout.metrics import batch_metrics, rows_by_domain
+from roll_core.rollout.metrics import batch_metrics, heldout_accuracy
 from roll_core.runtime import weight_sync
 from roll_core.runtime.placement import colocated
+from roll_core.training import UpdateSpec
 
 
 class RLVRPipeline(TrainingLoop):
@@ -52,17 +52,15 @@ class RLVRPipeline(TrainingLoop):
         self.warm_dir = self.run_dir / "warm-model"
 
     def build(self) -> None:
-        cfg, roles, seed = self.config, self.config.roles, self.config.seed
+        cfg, roles = self.config, self.config.roles
         mixed = cfg.data.domain_interleave_probs
-        self.stream = DomainMixer(self.train_rows, mixed, seed) if mixed else PromptStream(self.train_rows, seed)
+        self.stream = DomainMixer(self.train_rows, mixed, cfg.seed) if mixed else PromptStream(self.train_rows, cfg.seed)
         self.shaper = RewardShaper(cfg.algorithm, self.plugins)
         self.reward = self.roles.rewards()  # first: a reward that rejects its options stops before any model loads
-        self.actor = self.roles.model_role("actor_train", "train", self.model, roles.actor_train,
-                                           [seed] * roles.actor_train.num_workers)
+        self.actor = self.roles.model_role("actor_train", "train", self.model, roles.actor_train)
         engine = self.plugins.infer_strategies.get(roles.actor_infer.strategy)
         concurrency = cfg.rollout.max_running_requests if getattr(engine, "concurrent_requests", False) else 1
-        self.infer = self.roles.model_role("actor_infer", "infer", self.model, roles.actor_infer,
-                                           _seeds("actor_infer", roles.actor_infer, seed), concurrency)
+        self.infer = self.roles.model_role("actor_infer", "infer", self.model, roles.actor_infer, concurrency)
         backend = self.plugins.weight_syncs.get(weight_sync.choose(cfg, self.overlapping))
         shared = "actor_infer" in colocated(cfg).get("actor_train", set())
         self.weights = backend(cfg, self.executor, self.actor, self.infer, colocated=shared)
@@ -70,30 +68,31 @@ class RLVRPipeline(TrainingLoop):
         self.scheduler = self.plugins.schedulers.get(cfg.rollout.scheduler)(
             cfg, self.executor, self.infer, self.reward, self.tokenizer)
         self.reference = self.critic = None
+        # the losses, with every registered callable resolved once; they travel with each update
+        self.actor_update = (ActorObjective.from_config(cfg.algorithm, cfg.rollout, self.plugins),
+                             UpdateSpec.from_config(cfg.algorithm, roles.actor_train))
+        if roles.critic is not None:
+            self.critic_update = (CriticObjective.from_config(cfg.algorithm, cfg.rollout),
+                                  UpdateSpec.from_config(cfg.algorithm, roles.critic, prefix="critic"))
 
     def _spawn_policy_copies(self, model_path: str) -> None:
         """Roles that start from the policy RL begins with (the warmed-up model): reference, critic.
         A reference with its own ``model_path`` is a different model (a distillation teacher)."""
-        ref, critic, seed = self.config.roles.reference, self.config.roles.critic, self.config.seed
+        ref, critic = self.config.roles.reference, self.config.roles.critic
         if ref is not None:
-            self.reference = self.roles.model_role("reference", "infer", ref.model_path or model_path, ref,
-                                                   _seeds("reference", ref, seed))
+            self.reference = self.roles.model_role("reference", "infer", ref.model_path or model_path, ref)
         if critic is not None:
-            self.critic = self.roles.model_role("critic", "critic", model_path, critic,
-                                                [seed + SEED_OFFSETS["critic"]] * critic.num_workers)
+            self.critic = self.roles.model_role("critic", "critic", model_path, critic)
 
     def warmup(self) -> dict[str, float]:
         """The ``sft`` pipeline's supervised steps on actor_train; the result becomes ``warm-model/``,
         the policy RL starts from (and the reference's model)."""
         self.phase = "supervised warm-up"
         self.roles.use("actor_train")
-        metrics = SupervisedTrainer(self.executor, self.actor, self.tokenizer, self.train_rows,
-                                    self.config).run(self.config.warmup.steps)
+        trainer = SupervisedTrainer(self.executor, self.actor, self.tokenizer, self.train_rows, self.config)
+        metrics = trainer.run(self.config.warmup.steps)
         self.push_weights()
-        tmp = self.warm_dir.with_name("warm-tmp")
-        self.executor.get(self.actor.call("save_checkpoint", str(tmp)))
-        replace_dir(tmp / "model", self.warm_dir)
-        self.tokenizer.save_pretrained(self.warm_dir)
+        trainer.export(self.warm_dir)
         return metrics
 
     def begin(self) -> dict[str, float]:
@@ -107,7 +106,7 @@ class RLVRPipeline(TrainingLoop):
     def before_steps(self) -> None:
         self.roles.record(self.run_dir / "placement.json")
         streamed = (self.reference is not None and self.overlapping and not self.roles.residency.colocation.get("reference")
-                    and not any(self._kl_needs_distribution()))  # own devices, token log-probs enough
+                    and not any(distributions_needed(self.config.algorithm, self.plugins)))  # own devices, token log-probs enough
         self.scheduler.start(self.stream, reference=self.reference if streamed else None)
         if self.overlapping:
             warn_if_oversubscribed(self.config)
@@ -129,7 +128,7 @@ class RLVRPipeline(TrainingLoop):
         t0 = time.perf_counter()
         batch, metrics = self.collect()
         t_rollout = time.perf_counter() - t0
-        dist_loss, dist_penalty = self._kl_needs_distribution()
+        dist_loss, dist_penalty = distributions_needed(self.config.algorithm, self.plugins)
         temperature = self.config.rollout.temperature
         if self.reference is not None and "ref_log_probs" not in batch:  # unless the scheduler streamed them
             self.roles.use("reference")
@@ -151,8 +150,8 @@ class RLVRPipeline(TrainingLoop):
             batch.tensors.pop("ref_log_dist", None)
         t1 = time.perf_counter()
         self.roles.use(*self._trained_roles())
-        pending_critic = self._train(self.critic, batch) if self.critic is not None else None
-        pending_actor = self._train(self.actor, batch)
+        pending_critic = self._train(self.critic, batch, *self.critic_update) if self.critic is not None else None
+        pending_actor = self._train(self.actor, batch, *self.actor_update)
         metrics.update(self.scheduler.wait(pending_actor[0]))  # a scheduler may generate meanwhile
         self.executor.get(pending_actor[1:])
         if pending_critic is not None:
@@ -170,13 +169,9 @@ class RLVRPipeline(TrainingLoop):
             metrics["time/idle/actor_infer_s"] = max(0.0, metrics["time/step_s"] - metrics["time/generate_s"])
         return metrics
 
-    def _train(self, group, batch) -> list:
-        """Start ``train_step`` on every worker of a trained role, each with its data-parallel share."""
-        world = len(group)
-        if len(batch) % world:
-            raise RollError(f"{group.role}: a batch of {len(batch)} samples does not split over {world} "
-                            f"data-parallel workers")
-        return group.map("train_step", dp_shards(batch, world, self.config.algorithm.ppo_mini_batch_size))
+    def _train(self, group, batch, loss_fn, spec: UpdateSpec) -> list:
+        """Start the update on every worker of a trained role, each with its data-parallel share."""
+        return group.data_parallel("update", batch, mini_batch_size=spec.mini_batch_size, loss_fn=loss_fn, spec=spec)
 
     def push_weights(self, policy_update: bool = False) -> None:
         """actor_train's weights to every actor_infer worker. After an RL update with a scheduler that
@@ -189,26 +184,13 @@ class RLVRPipeline(TrainingLoop):
     def _trained_roles(self) -> tuple[str, ...]:
         return ("actor_train", "critic") if self.critic is not None else ("actor_train",)
 
-    def _kl_needs_distribution(self) -> tuple[bool, bool]:
-        """(loss term, reward penalty) use a KL estimator that takes full distributions."""
-        algo = self.config.algorithm
-        penalty = bool(algo.kl_penalty.coef) and kl_takes_distribution(algo.kl_penalty.estimator, self.plugins)
-        return needs_distribution(algo, self.plugins), penalty
-
     def evaluate(self) -> dict[str, float]:
         """Held-out accuracy with greedy decoding (mean verifiable reward, per domain too)."""
         if not self.eval_rows:
             return {}
         self.roles.use("actor_infer")
         self.phase = "held-out evaluation"
-        batch = self.scheduler.collect(self.eval_rows, num_return_sequences=1, temperature=0.0)
-        metrics = {"eval/accuracy": float(batch["scores"].mean())}
-        # The evaluation's own reward failures, so that they are not counted in the next RL step.
-        metrics.update({f"eval/{k}": v for k, v in self.reward.pop_failures().items() if v})
-        domains = rows_by_domain(batch)
-        if len(domains) > 1:
-            metrics.update({f"eval/accuracy/{d}": float(batch["scores"][idx].mean()) for d, idx in domains.items()})
-        return metrics
+        return heldout_accuracy(self.scheduler, self.eval_rows, self.reward)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def write_checkpoint(self, tmp: Path) -> dict:
@@ -216,15 +198,12 @@ class RLVRPipeline(TrainingLoop):
         self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
         if self.critic is not None:
             self.executor.get(self.critic.call("save_checkpoint", str(tmp / "critic")))
-        torch.save({"actor_infer": self.executor.get(self.infer.call("rng_state"))}, tmp / "infer_rng.pt")
+        self.roles.save_rng("actor_infer", tmp / "infer_rng.pt")
         return {"data": self.stream.state(), "before_rl": self.before_rl, "shaping": self.shaper.state_dict()}
 
     def restore(self, path: Path, state: dict) -> None:
         self.executor.get(self.actor.call("load_checkpoint", str(path / "actor_train")))
-        rng = torch.load(path / "infer_rng.pt", weights_only=False)["actor_infer"]
-        if len(rng) != len(self.infer):
-            raise ConfigError(f"checkpoint {path} has {len(rng)} actor_infer workers, config has {len(self.infer)}")
-        self.executor.get([self.executor.invoke(h, "set_rng_state", (s,), {}) for h, s in zip(self.infer.handles, rng)])
+        self.roles.load_rng("actor_infer", path / "infer_rng.pt")
         self.stream.load_state(state["data"])
         self.before_rl = state["before_rl"]
         self.shaper.load_state_dict(state["shaping"])
@@ -242,7 +221,3 @@ class RLVRPipeline(TrainingLoop):
                   f"({100 * (a - b):+.1f} pp) after {final_step} RL steps", flush=True)
         return summary
 
-
-def _seeds(role: str, role_cfg, seed: int) -> list[int]:
-    """Worker r of an inference role draws from ``seed + offset + r``."""
-    return [seed + SEED_OFFSETS[role] + r for r in range(role_cfg.num_workers)]

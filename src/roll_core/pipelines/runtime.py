@@ -33,7 +33,7 @@ import torch
 from roll_core.config.resume import check_resume
 from roll_core.data import Batch
 from roll_core.embedded.model import build_tiny_model
-from roll_core.errors import WorkerLostError
+from roll_core.errors import ConfigError, WorkerLostError
 from roll_core.pipelines import Pipeline
 from roll_core.pipelines.checkpoint import CheckpointManager
 from roll_core.plugins import get_plugins
@@ -100,17 +100,23 @@ class RoleGroups:
         self.groups[name] = group
         return group
 
-    def model_role(self, name: str, kind: str, model_path: str, role_cfg, seeds: list[int],
-                   concurrency: int = 1) -> WorkerGroup:
-        """Spawn and set up a model role (``kind``: train, infer or critic), one worker per seed.
-        Trained roles with several workers first join one data-parallel group."""
+    def model_role(self, name: str, kind: str, model_path: str, role_cfg, concurrency: int = 1) -> WorkerGroup:
+        """Spawn and set up a model role (``kind``: train, infer or critic), ``role_cfg.num_workers``
+        workers. Trained roles with several workers first join one data-parallel group.
+
+        Seeds: ``seed + SEED_OFFSETS[name]`` (0 for actor_train); replicas of a trained role share it
+        (they hold one model), worker r of an inference role draws from that plus r."""
+        base = self.config.seed + SEED_OFFSETS.get(name, 0)
+        trained = kind in ("train", "critic")
+        seeds = [base if trained else base + r for r in range(role_cfg.num_workers)]
         group = self.spawn(name, RoleWorker, [(name, kind, model_path, role_cfg, self.config, seed) for seed in seeds],
                            role_cfg, concurrency)
-        world = len(group) if kind in ("train", "critic") else 1
+        world = len(group) if trained else 1
         ex = self.executor
         address = ex.get(ex.invoke(group.handles[0], "node_address", (), {})) if world > 1 else None
-        ex.get([ex.invoke(h, "setup", (address, rank if world > 1 else 0, world), {})
-                for rank, h in enumerate(group.handles)])
+        dp_ranks = ex.get([ex.invoke(h, "setup", (address, rank if world > 1 else 0, world), {})
+                           for rank, h in enumerate(group.handles)])
+        group.dp_ranks = dp_ranks if trained else list(range(len(group)))
         return group
 
     def rewards(self) -> RewardRouter:
@@ -142,6 +148,17 @@ class RoleGroups:
             if threads is not None:
                 futures += group.call("set_threads", threads if rl else self.config.torch_threads)
         self.executor.get(futures)
+
+    def save_rng(self, name: str, path: Path) -> None:
+        """The sampling RNG state of every worker of role ``name`` (a resumed run draws the same samples)."""
+        torch.save({name: self.executor.get(self.groups[name].call("rng_state"))}, path)
+
+    def load_rng(self, name: str, path: Path) -> None:
+        """Inverse of :meth:`save_rng`; the role must have as many workers as when it was saved."""
+        states, group = torch.load(path, weights_only=False)[name], self.groups[name]
+        if len(states) != len(group):
+            raise ConfigError(f"checkpoint {path.parent} has {len(states)} {name} workers, config has {len(group)}")
+        self.executor.get([self.executor.invoke(h, "set_rng_state", (s,), {}) for h, s in zip(group.handles, states)])
 
     def record(self, path: Path) -> None:
         """``placement.json``: the reserved nodes and where every worker landed (pid, node, devices)."""

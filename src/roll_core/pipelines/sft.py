@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from roll_core.algorithms.objective import SupervisedObjective
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
-from roll_core.pipelines.runtime import SEED_OFFSETS, TrainingLoop, load_tokenizer, log_probs, progress_bar
+from roll_core.pipelines.runtime import (SEED_OFFSETS, TrainingLoop, load_tokenizer, log_probs, progress_bar,
+                                         replace_dir)
 from roll_core.pipelines.sources import load_rows
 from roll_core.rollout.sync import tokenize_prompts
 from roll_core.runtime.executor import WorkerGroup
+from roll_core.training import UpdateSpec
 
 
 def demonstration_batch(tokenizer, rows: list[dict], target: str = "demonstration") -> Batch:
@@ -42,11 +45,24 @@ class SupervisedTrainer:
             raise ConfigError("warmup.steps > 0 but no training row has a 'demonstration'; set warmup.steps=0")
         self.executor, self.actor, self.tokenizer, self.settings = executor, actor, tokenizer, config.warmup
         self.stream = PromptStream(demonstrated, config.seed + SEED_OFFSETS["warmup_data"])
+        # One optimizer step per batch, with an optimizer of its own: carrying its Adam moments
+        # (sized for cross-entropy gradients) into RL would shrink the first RL updates.
+        self.loss_fn = SupervisedObjective("warmup/loss")
+        self.spec = UpdateSpec(max_grad_norm=config.algorithm.max_grad_norm,
+                               micro_batch_size=config.roles.actor_train.micro_batch_size,
+                               optimizer="warmup", lr=config.warmup.lr, metric_prefix="warmup")
 
     def step(self) -> dict[str, float]:
         batch = demonstration_batch(self.tokenizer, self.stream.next(self.settings.batch_size))
-        parts = self.actor.map("sft_step", batch.chunk(len(self.actor)), lr=self.settings.lr)
-        return {"warmup/loss": self.executor.get(parts)[0]["warmup/loss"]}
+        parts = self.actor.data_parallel("update", batch, loss_fn=self.loss_fn, spec=self.spec)
+        return self.executor.get(parts)[0]
+
+    def export(self, directory: Path) -> None:
+        """The trained model, with its tokenizer, as a Hugging Face directory (replaced atomically)."""
+        tmp = directory.with_name(directory.name + "-tmp")
+        self.executor.get(self.actor.call("save_checkpoint", str(tmp)))
+        replace_dir(tmp / "model", directory)
+        self.tokenizer.save_pretrained(directory)
 
     def run(self, steps: int) -> dict[str, float]:
         """``steps`` steps with a progress bar; the last step's metrics."""
@@ -80,7 +96,7 @@ class SFTPipeline(TrainingLoop):
 
     def build(self) -> None:
         role = self.config.roles.actor_train
-        self.actor = self.roles.model_role("actor_train", "train", self.model, role, [self.config.seed] * role.num_workers)
+        self.actor = self.roles.model_role("actor_train", "train", self.model, role)
         self.trainer = SupervisedTrainer(self.executor, self.actor, self.tokenizer, self.train_rows, self.config)
 
     def evaluate(self) -> dict[str, float]:

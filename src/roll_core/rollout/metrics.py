@@ -34,3 +34,16 @@ def batch_metrics(batch: Batch, per_domain: bool) -> dict[str, float]:
             for name in parts[0]:
                 out[f"reward/{d}/{name}"] = sum(p[name] for p in parts) / len(parts)
     return out
+
+
+def heldout_accuracy(scheduler, rows: list[dict], reward) -> dict[str, float]:
+    """Held-out accuracy with greedy decoding: the mean verifiable reward of one sample per row,
+    per domain too when there are several, and the evaluation's own reward failures (popped, so
+    they are not counted in the next RL step)."""
+    batch = scheduler.collect(rows, num_return_sequences=1, temperature=0.0)
+    metrics = {"eval/accuracy": float(batch["scores"].mean())}
+    metrics.update({f"eval/{k}": v for k, v in reward.pop_failures().items() if v})
+    domains = rows_by_domain(batch)
+    if len(domains) > 1:
+        metrics.update({f"eval/accuracy/{d}": float(batch["scores"][idx].mean()) for d, idx in domains.items()})
+    return metrics

@@ -28,11 +28,17 @@ from roll_core.runtime.placement import MODEL_ROLES
 
 
 class WorkerGroup:
-    """The workers of one role."""
+    """The workers of one role, called in one of three ways: :meth:`call` (the same arguments to
+    every worker), :meth:`map` (one part per worker) and :meth:`data_parallel` (each data-parallel
+    rank its shard of every mini-batch; workers that share a rank under tensor or pipeline
+    parallelism get the same shard)."""
 
     def __init__(self, role: str, handles: list, executor: "Executor", spawned_with: tuple = ()):
         self.role, self.handles, self.executor = role, handles, executor
         self.spawned_with = spawned_with  # (cls, args_per_worker, slots, concurrency), for replace()
+        # each worker's data-parallel rank, from its strategy's layout (set up by the runtime);
+        # until then every worker is a replica of its own
+        self.dp_ranks: list[int] = list(range(len(handles)))
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -46,6 +52,22 @@ class WorkerGroup:
         if len(parts) != len(self.handles):
             raise ValueError(f"{self.role}: {len(parts)} parts for {len(self.handles)} workers")
         return [self.executor.invoke(h, method, (p,), kwargs) for h, p in zip(self.handles, parts)]
+
+    @property
+    def dp_size(self) -> int:
+        return max(self.dp_ranks) + 1
+
+    def data_parallel(self, method: str, batch, /, *, mini_batch_size: int | None = None, **kwargs) -> list:
+        """Call ``method(shard, **kwargs)`` on every worker: data-parallel rank ``r`` gets the ``r``-th
+        of ``dp_size`` equal parts of every mini-batch of ``mini_batch_size`` rows
+        (:func:`roll_core.data.dp_shards`), so its ``k``-th local mini-batch is its part of the global one."""
+        from roll_core.data import dp_shards
+
+        if len(batch) % self.dp_size:
+            raise RollError(f"{self.role}: a batch of {len(batch)} samples does not split over {self.dp_size} "
+                            f"data-parallel ranks")
+        shards = dp_shards(batch, self.dp_size, mini_batch_size)
+        return [self.executor.invoke(h, method, (shards[r],), kwargs) for h, r in zip(self.handles, self.dp_ranks)]
 
 
 class Executor(ABC):

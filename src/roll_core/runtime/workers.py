@@ -77,11 +77,14 @@ class RoleWorker(_Worker):
         self.strategy: Any = None  # built by setup()
         self.weight_groups: dict[int, distributed.CollectiveGroup] = {}
 
-    def setup(self, address: tuple[str, int] | None = None, rank: int = 0, world: int = 1) -> None:
+    def setup(self, address: tuple[str, int] | None = None, rank: int = 0, world: int = 1) -> int:
+        """Join the role's group, build the strategy; returns this worker's data-parallel rank."""
         model_path, role_config, run_config, seed = self._args
         distributed.init_data_parallel(address, rank, world, run_config.runtime.worker_timeout_s)
         cls = get_plugins().registry(f"{self.kind}_strategies").get(role_config.strategy)
-        self.strategy = cls(model_path, role_config, run_config, seed)
+        self.strategy = cls(model_path, role_config, seed)  # its role's section of the config only
+        layout = getattr(self.strategy, "data_parallel", None)
+        return layout()[0] if layout is not None else 0
 
     def node_address(self) -> tuple[str, int]:
         return distributed.node_address()
@@ -106,11 +109,12 @@ class RoleWorker(_Worker):
         self.strategy.set_rng_state(state)
 
     # -- training -------------------------------------------------------------------------------
-    def train_step(self, batch) -> dict:
-        return self.strategy.train_step(batch)
+    def update(self, batch, loss_fn, spec) -> dict:
+        """The core update loop (:func:`roll_core.training.update`) on this rank's share ``batch``,
+        with the loss function and :class:`~roll_core.training.UpdateSpec` the driver resolved."""
+        from roll_core.training import update
 
-    def sft_step(self, batch, lr: float) -> dict:
-        return self.strategy.sft_step(batch, lr)
+        return update(self.strategy, batch, loss_fn, spec)
 
     def save_checkpoint(self, path: str) -> None:
         self.strategy.save_checkpoint(path)

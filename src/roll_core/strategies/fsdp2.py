@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from roll_core.runtime.distributed import default_backend, node_address, rank_world
-from roll_core.strategies.hf import HFTrainStrategy, _load_model
+from roll_core.strategies.hf import HFTrainStrategy
+from roll_core.strategies.models import load_causal_lm
 
 
 class FSDP2TrainStrategy(HFTrainStrategy):
@@ -63,7 +64,7 @@ class FSDP2TrainStrategy(HFTrainStrategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         model_state = self._full_state_dict()
-        optim_state = get_optimizer_state_dict(self.model, self.optimizer,
+        optim_state = get_optimizer_state_dict(self.model, self.optimizers["default"],
                                                options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank_world()[0] == 0:
             root = Path(path)
@@ -77,7 +78,7 @@ class FSDP2TrainStrategy(HFTrainStrategy):
 
         root = Path(path)
         full = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, _load_model(str(root / "model")).state_dict(), options=full)
+        set_model_state_dict(self.model, load_causal_lm(str(root / "model")).state_dict(), options=full)
         state = torch.load(root / "train_state.pt", weights_only=False)
-        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"], options=full)
+        set_optimizer_state_dict(self.model, self.optimizers["default"], optim_state_dict=state["optimizer"], options=full)
         self.generator.set_state(state["generator"])

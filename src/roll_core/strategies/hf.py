@@ -4,75 +4,84 @@ It runs anywhere torch runs (CPU here, one GPU elsewhere) and is the reference t
 (``deepspeed``, ``megatron``, ``fsdp2``) and the fast inference engines (``vllm``, ``sglang``) are
 checked against. Each worker owns its own ``torch.Generator``: sampling never touches the global
 RNG, which is what makes the ``local`` and ``ray`` executors agree sample for sample.
+
+Training implements the engine primitives of :class:`roll_core.strategy.Trainable` only; the
+update loop is the core's (:mod:`roll_core.training`) and the losses are passed in.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 import torch
 
-from roll_core.algorithms.objective import actor_loss, critic_loss, loss_denominators, needs_distribution
 from roll_core.data import Batch
-from roll_core.runtime.distributed import all_reduce_sum, rank_world, sum_gradients
+from roll_core.runtime.distributed import rank_world, sum_gradients
+from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
 from roll_core.strategies.sequences import position_ids_from_mask, response_log_probs, sample_responses
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy, request_cancelled
 
 
-def _device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _load_model(model_path: str):
-    from transformers import AutoModelForCausalLM
-
-    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    return model.to(_device())
-
-
-def _full_sequence(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.cat([batch["prompt_ids"], batch["responses"]], dim=1)
-    mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
-    return ids, mask
-
-
 class _Offloading:
-    """Colocation: on a GPU the model (and the optimizer's moments) go to host memory while another
+    """Colocation: on a GPU the model (and the optimizers' moments) go to host memory while another
     role uses the device. On CPU there is nothing to free."""
 
     device: torch.device
+    model: Any
+    optimizers: dict[str, torch.optim.Optimizer] = {}
 
     def offload(self) -> None:
         if self.device.type != "cpu":
-            _move_states(self, torch.device("cpu"))
+            self._move_states(torch.device("cpu"))
 
     def reload(self) -> None:
         if self.device.type != "cpu":
-            _move_states(self, self.device)
+            self._move_states(self.device)
+
+    def _move_states(self, device: torch.device) -> None:
+        self.model.to(device)
+        for optimizer in self.optimizers.values():
+            for state in optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor):
+                        state[key] = value.to(device)
+        if device.type == "cpu" and torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
-class _HFBase(_Offloading):
-    def __init__(self, model_path: str, role_config, run_config, seed: int):
-        self.model_path, self.role_config, self.run_config = model_path, role_config, run_config
-        self.device = _device()
-        self.model = _load_model(model_path)
-        self.generation_config = self.model.generation_config
+class _Sampling(_Offloading):
+    """A causal LM with its own sampling RNG (inference, reference and the trained policy)."""
+
+    def __init__(self, model_path: str, role_config, seed: int):
+        self.model_path, self.role_config = model_path, role_config
+        self.device = default_device()
+        self.model = load_causal_lm(model_path, self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def _to(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.device)
 
-    @torch.no_grad()
-    def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
-        self.model.eval()
-        ids, mask = _full_sequence(batch)
-        rmask = self._to(batch["response_mask"])
+    def _outputs(self, batch: Batch, wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
+        """The causal LM's outputs for ``batch`` (on the device), unmasked."""
+        ids, mask = full_sequence(batch)
+        extras = "entropy" in wanted or "log_dist" in wanted
         out = response_log_probs(self.model, self._to(ids), self._to(mask), batch["responses"].shape[1],
-                                 temperature, with_distribution=distribution)
-        if distribution:
-            return (out[2] * rmask[..., None]).cpu()
-        return (out * rmask).cpu()
+                                 temperature, with_entropy="entropy" in wanted, with_distribution="log_dist" in wanted)
+        logp, entropy, log_dist = out if extras else (out, None, None)
+        found = {"log_probs": logp, "entropy": entropy, "log_dist": log_dist}
+        return {name: found[name] for name in wanted}
+
+    @torch.no_grad()
+    def forward(self, batch: Batch, outputs: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
+        self.model.eval()
+        rmask = self._to(batch["response_mask"])
+        out = self._outputs(batch, outputs, temperature)
+        return {k: (v * (rmask[..., None] if v.dim() == 3 else rmask)).cpu() for k, v in out.items()}
+
+    def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
+        name = "log_dist" if distribution else "log_probs"
+        return self.forward(batch, (name,), temperature)[name]
 
     def rng_state(self):
         return self.generator.get_state()
@@ -81,18 +90,7 @@ class _HFBase(_Offloading):
         self.generator.set_state(state)
 
 
-def _move_states(strategy, device: torch.device) -> None:
-    strategy.model.to(device)
-    for optimizer in (getattr(strategy, "optimizer", None), getattr(strategy, "warmup_optimizer", None)):
-        for state in (optimizer.state.values() if optimizer is not None else ()):
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor):
-                    state[key] = value.to(device)
-    if device.type == "cpu" and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-class HFInferStrategy(_HFBase, InferStrategy):
+class HFInferStrategy(_Sampling, InferStrategy):
     """Generation with a KV-cached sampling loop; log-probs with one forward pass."""
 
     @torch.no_grad()
@@ -120,141 +118,65 @@ class HFInferStrategy(_HFBase, InferStrategy):
             params[name].data.copy_(tensor.to(self.device))
 
 
-# Metrics that are shares of a mini-batch loss (scaled by global denominators) add up over its
-# micro-batches; every other metric is a per-micro-batch mean and is averaged.
-_ADDITIVE = {"train/pg_loss", "train/kl", "train/entropy", "critic/value_loss"}
+class _Primitives:
+    """The engine primitives on a plain torch model, shared by the policy and the value model.
+    Data-parallel replicas hold the whole model; gradients are summed over them after backward."""
 
-
-class _Optimizing:
-    """The update loop shared by the actor and the critic: epochs x mini-batches x micro-batches.
-
-    Each mini-batch is one optimizer step. Its loss denominators are counted over the whole
-    mini-batch before it is split (and summed over data-parallel ranks, each of which holds an
-    equal share of it), so accumulating micro-batch gradients and summing them over ranks gives the
-    gradient of the mini-batch loss whatever ``micro_batch_size`` and the number of workers are.
-    A non-finite gradient norm (a NaN or inf loss) skips the step on every rank and is reported.
-    """
-
-    model: Any  # a transformers model
-    optimizer: torch.optim.Optimizer
+    model: Any
+    device: torch.device
     role_config: Any
-    run_config: Any
-    metric_prefix: str  # "train" or "critic"
-    _to: Callable[[torch.Tensor], torch.Tensor]  # to the strategy's device
+    optimizers: dict[str, torch.optim.Optimizer]
+    _outputs: Callable[[Batch, Collection[str], float], dict[str, torch.Tensor]]  # the model's outputs
 
-    def micro_loss(self, micro: Batch, tokens: float, seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
-        raise NotImplementedError
+    def _build_optimizers(self) -> None:
+        self.optimizers = {"default": torch.optim.AdamW(self.model.parameters(), lr=self.role_config.lr,
+                                                        weight_decay=self.role_config.weight_decay)}
 
-    def accumulate_gradients(self, mini: Batch) -> dict[str, float]:
-        """Backward passes over the micro-batches of ``mini`` (no optimizer step). Returns metrics."""
-        tokens, seqs = all_reduce_sum(list(loss_denominators(mini)))
-        totals: dict[str, float] = {}
-        n_micro = 0
-        for micro in mini.split(self.role_config.micro_batch_size):
-            micro = Batch({k: self._to(v) for k, v in micro.tensors.items()}, micro.non_tensors)
-            loss, metrics = self.micro_loss(micro, tokens, seqs)
+    def forward_backward(self, mini: Batch, loss_fn, *, micro_batch_size: int,
+                         denominators: tuple[float, float]) -> list[dict[str, float]]:
+        self.model.train()
+        per_micro = []
+        for micro in mini.split(micro_batch_size):
+            micro = Batch({k: v.to(self.device) for k, v in micro.tensors.items()}, micro.non_tensors)
+            loss, metrics = loss_fn(self._outputs(micro, loss_fn.outputs, loss_fn.temperature), micro, *denominators)
             loss.backward()
-            n_micro += 1
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value
+            per_micro.append(metrics)
         self.reduce_gradients()
-        return {k: v if k in _ADDITIVE else v / n_micro for k, v in totals.items()}
+        return per_micro
 
     def reduce_gradients(self) -> None:
         """Sum gradients over data-parallel ranks (replicated model)."""
         sum_gradients(self.model.parameters())
 
-    def optimize(self, batch: Batch) -> dict[str, float]:
-        """``batch`` is this rank's share: ``1 / world`` of every mini-batch, in order."""
-        algo = self.run_config.algorithm
-        self.model.train()
-        world = rank_world()[1]
-        size = algo.ppo_mini_batch_size // world if algo.ppo_mini_batch_size else len(batch)
-        sums: dict[str, float] = {}
-        updates = 0
-        skipped = 0
-        for _ in range(algo.ppo_epochs):
-            for mini in batch.split(size):
-                self.optimizer.zero_grad(set_to_none=True)
-                metrics = self.accumulate_gradients(mini)
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm)
-                if hasattr(grad_norm, "full_tensor"):  # sharded parameters give a DTensor norm
-                    grad_norm = grad_norm.full_tensor()
-                if torch.isfinite(grad_norm):
-                    self.optimizer.step()
-                else:
-                    # A non-finite gradient would poison the weights: skip the update and report it.
-                    self.optimizer.zero_grad(set_to_none=True)
-                    skipped += 1
-                metrics[f"{self.metric_prefix}/grad_norm"] = float(grad_norm)
-                updates += 1
-                for key, value in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + value
-        out = {k: v / updates for k, v in sums.items()}
-        out[f"{self.metric_prefix}/skipped_updates"] = float(skipped)
-        return _reduce_metrics(out, world)
+    def clip_gradients(self, max_norm: float) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(norm, "full_tensor"):  # sharded parameters give a DTensor norm
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def optimizer_step(self, optimizer: str = "default", lr: float | None = None) -> None:
+        if optimizer not in self.optimizers:  # a phase of its own: fresh moments, sized for its loss
+            self.optimizers[optimizer] = torch.optim.AdamW(self.model.parameters(), lr=lr or self.role_config.lr)
+        opt = self.optimizers[optimizer]
+        if lr is not None:
+            for group in opt.param_groups:
+                group["lr"] = lr
+        opt.step()
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad(set_to_none=True)
 
 
-def _reduce_metrics(metrics: dict[str, float], world: int) -> dict[str, float]:
-    """Whole-batch metrics from per-rank ones: loss shares add up, everything else is averaged
-    (values that are equal on every rank, like the gradient norm, stay as they are)."""
-    if world == 1:
-        return metrics
-    keys = sorted(metrics)
-    totals = all_reduce_sum([metrics[k] for k in keys])
-    return {k: t if k in _ADDITIVE else t / world for k, t in zip(keys, totals)}
+class HFTrainStrategy(_Primitives, _Sampling, TrainStrategy):
+    """AdamW on the full model; the policy's log-probs, entropy and log-distributions as outputs."""
 
-
-class HFTrainStrategy(_Optimizing, _HFBase, TrainStrategy):
-    """AdamW on the full model; gradient accumulation over micro-batches with global loss denominators."""
-
-    metric_prefix = "train"
-
-    def __init__(self, model_path: str, role_config, run_config, seed: int):
-        super().__init__(model_path, role_config, run_config, seed)
+    def __init__(self, model_path: str, role_config, seed: int):
+        super().__init__(model_path, role_config, seed)
         self.prepare_model()
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=role_config.lr, weight_decay=role_config.weight_decay
-        )
-        # The supervised warm-up is a separate phase with its own optimizer: carrying its Adam
-        # moments (sized for cross-entropy gradients) into RL would shrink the first RL updates.
-        self.warmup_optimizer: torch.optim.Optimizer | None = None
+        self._build_optimizers()
 
     def prepare_model(self) -> None:
         """Hook for subclasses that wrap or shard the model before the optimizer is built."""
-
-    def micro_loss(self, micro: Batch, tokens: float, seqs: float):
-        algo = self.run_config.algorithm
-        ids, mask = _full_sequence(micro)
-        logp, entropy, log_dist = response_log_probs(
-            self.model, ids, mask, micro["responses"].shape[1], self.run_config.rollout.temperature,
-            with_entropy=True, with_distribution=needs_distribution(algo),
-        )
-        return actor_loss(logp, entropy, micro, algo, global_tokens=tokens, global_seqs=seqs,
-                          max_response_length=self.run_config.rollout.max_new_tokens, log_dist=log_dist)
-
-    def train_step(self, batch: Batch) -> dict[str, float]:
-        return self.optimize(batch)
-
-    def sft_step(self, batch: Batch, lr: float) -> dict[str, float]:
-        if self.warmup_optimizer is None:
-            self.warmup_optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
-        optimizer = self.warmup_optimizer
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        self.model.train()
-        optimizer.zero_grad(set_to_none=True)
-        ids, mask = _full_sequence(batch)
-        logp = response_log_probs(self.model, self._to(ids), self._to(mask), batch["responses"].shape[1], 1.0)
-        rmask = self._to(batch["response_mask"]).float()
-        tokens = all_reduce_sum([float(rmask.sum())])[0]
-        loss = -(logp * rmask).sum() / max(tokens, 1.0)
-        loss.backward()
-        self.reduce_gradients()
-        loss_value = all_reduce_sum([float(loss.detach())])[0]
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.run_config.algorithm.max_grad_norm)
-        optimizer.step()
-        return {"warmup/loss": loss_value}
 
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, full tensor on CPU)`` of every parameter; sharded subclasses gather here."""
@@ -280,83 +202,50 @@ class HFTrainStrategy(_Optimizing, _HFBase, TrainStrategy):
             return
         root = Path(path)
         self.model.save_pretrained(root / "model", safe_serialization=True)
-        torch.save(
-            {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()},
-            root / "train_state.pt",
-        )
+        torch.save({"optimizer": self.optimizers["default"].state_dict(), "generator": self.generator.get_state()},
+                   root / "train_state.pt")
 
     def load_checkpoint(self, path: str) -> None:
         root = Path(path)
         # from_pretrained resolves tied weights and shards the same way it does for any checkpoint.
-        self.model.load_state_dict(_load_model(str(root / "model")).state_dict())
+        self.model.load_state_dict(load_causal_lm(str(root / "model")).state_dict())
         state = torch.load(root / "train_state.pt", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizers["default"].load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
 
 
-class HFCriticStrategy(_Optimizing, _Offloading, CriticStrategy):
-    """PPO's value model: the policy checkpoint loaded as ``AutoModelForTokenClassification`` with one
-    label, so the backbone starts from the policy and a fresh linear head gives ``V(s_t)`` per token.
+class HFCriticStrategy(_Primitives, _Offloading, CriticStrategy):
+    """PPO's value model: the policy checkpoint with a fresh one-label head
+    (:func:`~roll_core.strategies.models.load_value_model`), ``values`` as its output.
     Checkpoints stay plain Hugging Face directories."""
 
-    metric_prefix = "critic"
+    def __init__(self, model_path: str, role_config, seed: int):
+        self.role_config = role_config
+        self.device = default_device()
+        self.model = load_value_model(model_path, self.device, seed)
+        self._build_optimizers()
 
-    def __init__(self, model_path: str, role_config, run_config, seed: int):
-        from transformers import AutoModelForTokenClassification
-
-        self.role_config, self.run_config = role_config, run_config
-        self.device = _device()
-        # The new head is initialised from the global RNG: fork it so the driver's RNG (local
-        # executor) is untouched and the head is the same for a given seed in any executor.
-        from transformers.utils import logging as hf_logging
-
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # the "score head newly initialised" report is expected
-        try:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                self.model = AutoModelForTokenClassification.from_pretrained(
-                    model_path, num_labels=1, dtype=torch.float32).to(self.device)
-        finally:
-            hf_logging.set_verbosity(verbosity)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=role_config.lr,
-                                           weight_decay=role_config.weight_decay)
-
-    def _to(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.device)
-
-    def _values(self, batch: Batch) -> torch.Tensor:
-        ids, mask = _full_sequence(batch)
-        ids, mask = self._to(ids), self._to(mask)
+    def _outputs(self, batch: Batch, wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
+        ids, mask = full_sequence(batch)
+        ids, mask = ids.to(self.device), mask.to(self.device)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
         width = batch["responses"].shape[1]
         # V(s_t) is read where the log-prob of token t is: at the position before it.
-        return out.logits[:, -width - 1 : -1, 0].float() * self._to(batch["response_mask"]).float()
+        return {"values": out.logits[:, -width - 1 : -1, 0].float() * batch["response_mask"].to(self.device).float()}
 
     @torch.no_grad()
-    def compute_values(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch, outputs: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
         self.model.eval()
-        return self._values(batch).cpu()
-
-    def micro_loss(self, micro: Batch, tokens: float, seqs: float):
-        return critic_loss(self._values(micro), micro, self.run_config.algorithm, global_tokens=tokens,
-                           global_seqs=seqs, max_response_length=self.run_config.rollout.max_new_tokens)
-
-    def train_step(self, batch: Batch) -> dict[str, float]:
-        return self.optimize(batch)
+        return {k: v.cpu() for k, v in self._outputs(batch, outputs, temperature).items()}
 
     def save_checkpoint(self, path: str) -> None:
         if rank_world()[0] != 0:
             return
         root = Path(path)
         self.model.save_pretrained(root / "model", safe_serialization=True)
-        torch.save({"optimizer": self.optimizer.state_dict()}, root / "train_state.pt")
+        torch.save({"optimizer": self.optimizers["default"].state_dict()}, root / "train_state.pt")
 
     def load_checkpoint(self, path: str) -> None:
-        from transformers import AutoModelForTokenClassification
-
         root = Path(path)
-        loaded = AutoModelForTokenClassification.from_pretrained(root / "model", dtype=torch.float32)
-        self.model.load_state_dict(loaded.state_dict())
-        self.optimizer.load_state_dict(torch.load(root / "train_state.pt", weights_only=False)["optimizer"])
-
+        self.model.load_state_dict(load_value_model(str(root / "model"), torch.device("cpu"), seed=0).state_dict())
+        self.optimizers["default"].load_state_dict(torch.load(root / "train_state.pt", weights_only=False)["optimizer"])

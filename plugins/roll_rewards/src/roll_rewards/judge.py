@@ -201,15 +201,14 @@ class LLMJudgeReward(Reward):
     def _load_local(self, model_path: str, strategy: str) -> None:
         from transformers import AutoTokenizer
 
-        from roll_core.config.schema import InferRoleConfig, RollConfig
+        from roll_core.config.schema import InferRoleConfig
         from roll_core.plugins import get_plugins
 
         cls = get_plugins().infer_strategies.get(strategy)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        run_config = RollConfig(torch_threads=max(1, min(os.cpu_count() or 1, 4)))
-        self.engine = cls(model_path, InferRoleConfig(strategy=strategy), run_config, 0)
+        self.engine = cls(model_path, InferRoleConfig(strategy=strategy), 0)  # built from its role's config alone
 
     def _chat(self, prompt: str) -> str:
         if getattr(self.tokenizer, "chat_template", None):

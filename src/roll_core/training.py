@@ -1,0 +1,112 @@
+"""The update loop of every trained role, on its strategy's engine primitives.
+
+A training strategy (:class:`roll_core.strategy.TrainStrategy`) only knows how to run its model:
+``forward``, ``forward_backward`` over the micro-batches of a mini-batch with a loss function passed
+in, ``clip_gradients``, ``optimizer_step`` and ``zero_grad``. What an *update* is lives here, once:
+
+    for epoch in range(epochs):
+        for mini-batch in batch (``mini_batch_size`` samples over all data-parallel ranks):
+            denominators = tokens and sequences of the mini-batch, summed over ranks
+            forward_backward(mini-batch, loss)            # gradients of the mini-batch loss
+            norm = clip_gradients(max_grad_norm)
+            optimizer_step() if norm is finite else skip  # a NaN loss never reaches the weights
+
+so PPO's epochs and mini-batches, SFT's single step and a DPO or distillation loss all run on the
+same primitives, and a strategy with its own schedule (Megatron's pipeline-parallel
+``forward_backward_func``) only implements ``forward_backward``. Metrics come back reduced over
+micro-batches, updates and ranks: the loss's ``additive`` metrics (shares of the mini-batch loss)
+add up, every other metric is averaged.
+
+Runs inside the worker that hosts the strategy (``RoleWorker.update``); the local executor runs
+it in the driver. The loss function and :class:`UpdateSpec` come from the driver, resolved once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from roll_core.algorithms.objective import LossFn, loss_denominators
+from roll_core.data import Batch
+from roll_core.runtime.distributed import all_reduce_sum
+
+
+@dataclass(frozen=True)
+class UpdateSpec:
+    """How one call to :func:`update` optimises.
+
+    ``mini_batch_size`` counts samples over all data-parallel ranks (None: the whole batch is one
+    optimizer step); ``micro_batch_size`` is per forward-backward pass on one rank; ``optimizer``
+    names the strategy's optimizer (a phase with its own moments, such as the supervised warm-up,
+    uses its own) and ``lr``, when given, sets its learning rate."""
+
+    max_grad_norm: float
+    micro_batch_size: int
+    epochs: int = 1
+    mini_batch_size: int | None = None
+    optimizer: str = "default"
+    lr: float | None = None
+    metric_prefix: str = "train"
+
+    @classmethod
+    def from_config(cls, algorithm, role, prefix: str = "train") -> UpdateSpec:
+        """PPO's update: ``algorithm.ppo_epochs`` x ``ppo_mini_batch_size`` of the role's micro-batches."""
+        return cls(max_grad_norm=algorithm.max_grad_norm, micro_batch_size=role.micro_batch_size,
+                   epochs=algorithm.ppo_epochs, mini_batch_size=algorithm.ppo_mini_batch_size, metric_prefix=prefix)
+
+
+def _combine(per_micro: list[dict[str, float]], additive: frozenset[str]) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for metrics in per_micro:
+        for key, value in metrics.items():
+            totals[key] = totals.get(key, 0.0) + value
+    return {k: v if k in additive else v / len(per_micro) for k, v in totals.items()}
+
+
+def accumulate_gradients(strategy, mini: Batch, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
+    """Gradients of ``loss_fn`` over the mini-batch ``mini`` (this rank's share), no optimizer step.
+
+    The loss denominators are counted over the whole mini-batch before it is split, and summed over
+    the ranks, so the accumulated and rank-summed gradient is that of the mini-batch loss whatever
+    ``micro_batch_size`` and the number of ranks are."""
+    tokens, seqs = all_reduce_sum(list(loss_denominators(mini)))
+    per_micro = strategy.forward_backward(mini, loss_fn, micro_batch_size=micro_batch_size,
+                                          denominators=(tokens, seqs))
+    return _combine(per_micro, loss_fn.additive)
+
+
+def reduce_over_ranks(metrics: dict[str, float], additive: frozenset[str], world: int) -> dict[str, float]:
+    """Whole-batch metrics from per-rank ones: loss shares add up, everything else is averaged
+    (values that are equal on every rank, like the gradient norm, stay as they are)."""
+    if world == 1:
+        return metrics
+    keys = sorted(metrics)
+    totals = all_reduce_sum([metrics[k] for k in keys])
+    return {k: t if k in additive else t / world for k, t in zip(keys, totals)}
+
+
+def update(strategy, batch: Batch, loss_fn: LossFn, spec: UpdateSpec) -> dict[str, float]:
+    """Optimise ``loss_fn`` on ``batch``, this rank's share (``1 / world`` of every mini-batch, in
+    order: :func:`roll_core.data.dp_shards`). Returns the metrics averaged over optimizer steps,
+    with ``<prefix>/grad_norm`` and ``<prefix>/skipped_updates`` (non-finite gradient norms)."""
+    world = strategy.data_parallel()[1]
+    size = spec.mini_batch_size // world if spec.mini_batch_size else len(batch)
+    sums: dict[str, float] = {}
+    updates = skipped = 0
+    for _ in range(spec.epochs):
+        for mini in batch.split(size):
+            strategy.zero_grad()
+            metrics = accumulate_gradients(strategy, mini, loss_fn, spec.micro_batch_size)
+            grad_norm = strategy.clip_gradients(spec.max_grad_norm)
+            if math.isfinite(grad_norm):
+                strategy.optimizer_step(spec.optimizer, spec.lr)
+            else:  # a non-finite gradient would poison the weights: skip the step and report it
+                strategy.zero_grad()
+                skipped += 1
+            metrics[f"{spec.metric_prefix}/grad_norm"] = grad_norm
+            updates += 1
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
+    out = {k: v / updates for k, v in sums.items()}
+    out[f"{spec.metric_prefix}/skipped_updates"] = float(skipped)
+    return reduce_over_ranks(out, loss_fn.additive, world)
