@@ -1,9 +1,9 @@
 """The core's seams, used by name from a plugin outside the core, and the ``sft`` pipeline on its own.
 
-One in-process plugin registers a scheduler that overlaps training (registration metadata, no
-name check anywhere) and an inference strategy that implements the weight-update protocol; one
-``rlvr`` run uses both and the strategy's record shows begin, load... and end, in order, once per
-update.
+One in-process plugin registers a policy loss with its own options model, a scheduler that
+overlaps training (registration metadata, no name check anywhere) and an inference strategy that
+implements the weight-update protocol; one ``rlvr`` run uses all three, the loss sees its validated
+options, and the strategy's record shows begin, load... and end, in order, once per update.
 """
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ import json
 import types
 from pathlib import Path
 
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
 from roll_core import hookimpl
+from roll_core.algorithms.losses import ppo_clip
 from roll_core.pipelines.rlvr import RLVRPipeline
 from roll_core.rollout.sync import SyncRolloutScheduler
 from roll_core.runtime import LocalExecutor
@@ -57,14 +61,30 @@ class AheadScheduler(SyncRolloutScheduler):
         EVENTS.append(("stop",))
 
 
+class ScaledClipOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    scale: float = Field(1.0, gt=0, description="multiplies the PPO clipped surrogate")
+
+
+def scaled_clip(inputs, config, options: ScaledClipOptions):
+    """PPO's clipped surrogate times ``options.scale``: a loss with a setting the core does not know."""
+    EVENTS.append(("loss", options.scale))
+    loss, metrics = ppo_clip(inputs, config)
+    return options.scale * loss, metrics
+
+
 def _plugin():
+    def roll_register_policy_losses(register):
+        register("scaled_clip", scaled_clip, options=ScaledClipOptions)
+
     def roll_register_strategies(register):
         register("recording", RecordingEngine, kind="infer")
 
     def roll_register_schedulers(register):
         register("ahead", AheadScheduler, overlaps_training=True)
 
-    return types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies),
+    return types.SimpleNamespace(roll_register_policy_losses=hookimpl(roll_register_policy_losses),
+                                 roll_register_strategies=hookimpl(roll_register_strategies),
                                  roll_register_schedulers=hookimpl(roll_register_schedulers))
 
 
@@ -89,8 +109,12 @@ def test_a_plugin_uses_the_scheduler_and_weight_update_seams_by_name(tiny_config
     roll_plugins(("seams", _plugin()))
     EVENTS.clear()
     cfg = tiny_config("rollout.scheduler=ahead", "roles.actor_infer.strategy=recording", "warmup.steps=2",
-                      "trainer.max_steps=3")
+                      "trainer.max_steps=3", "algorithm.policy_loss=scaled_clip",
+                      "algorithm.policy_loss_options.scale=0.5")
     RLVRPipeline(cfg, LocalExecutor()).run()
+    losses = [e for e in EVENTS if e[0] == "loss"]
+    assert losses and set(losses) == {("loss", 0.5)}  # validated options reach the loss in every micro-batch
+    EVENTS[:] = [e for e in EVENTS if e[0] != "loss"]
 
     updates = _updates(EVENTS)
     # one after the warm-up (version 0), one after every RL step (versions 1..3)
@@ -133,3 +157,20 @@ def test_sft_pipeline_resumes_from_its_checkpoint(tiny_config):
     again = SFTPipeline(first, LocalExecutor()).run()  # resume=auto: from step 10, nothing left to do
     assert again["steps"] == straight["steps"] == 10
     assert again["after"] == straight["after"]
+
+
+@pytest.mark.parametrize("option, expected", [
+    ("algorithm.policy_loss_options.scal=0.5", "unknown option 'scal'. Did you mean 'scale'?"),
+    ("algorithm.policy_loss_options.scale=-1", "algorithm.policy_loss_options.scale' for policy loss 'scaled_clip': "
+                                               "Input should be greater than 0"),
+    ("algorithm.policy_loss_options.scale=big", "should be a valid number"),
+])
+def test_roll_validate_checks_a_plugin_loss_options_against_its_model(roll_plugins, capsys, option, expected):
+    from roll_core.cli import main
+
+    roll_plugins(("seams", _plugin()))
+    assert main(["validate", "algorithm.policy_loss=scaled_clip", option]) != 0
+    assert expected in capsys.readouterr().err
+    assert main(["validate", "algorithm.policy_loss=ppo_clip", "algorithm.policy_loss_options.scale=1"]) != 0
+    assert "policy loss 'ppo_clip' takes no options" in capsys.readouterr().err
+    assert main(["validate", "algorithm.policy_loss=scaled_clip", "algorithm.policy_loss_options.scale=2"]) == 0

@@ -78,7 +78,11 @@ def roll_register_policy_losses(register):
         register: ``register(name, target, *, description="")``; ``target`` is a callable
             ``fn(inputs: PolicyLossInput, config: AlgorithmConfig) -> (loss_matrix [B, R], metrics)``
             returning the per-token loss, aggregated later by ``config.loss_agg_mode``
-            (see :mod:`roll_core.algorithms.losses`).
+            (see :mod:`roll_core.algorithms.losses`). Pass ``options=Model`` (a pydantic model,
+            or its ``"pkg.mod:Model"`` target) for a loss with settings of its own: users set them
+            under ``algorithm.policy_loss_options``, ``roll validate`` checks them against the model
+            (a misspelled name gets a did-you-mean), and the loss is called with ``options=`` the
+            validated instance.
 
     Returns: nothing.
     """

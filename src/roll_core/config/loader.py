@@ -154,6 +154,39 @@ def _reward_options(cfg: RollConfig, plugins) -> list[str]:
     return [problem for key, name, options in rewards for problem in _options_fit(key, name, options, plugins)]
 
 
+def _component_options(cfg: RollConfig, plugins) -> list[str]:
+    """``algorithm.policy_loss_options`` against the options model the policy loss was registered
+    with (``register(..., options=Model)``): names with a did-you-mean, then types and values. The
+    validated values replace the raw ones, so a command-line ``x=9`` reaches a ``str`` option as "9"."""
+    from roll_core.algorithms.objective import component_options
+
+    key, name, options = "algorithm.policy_loss_options", cfg.algorithm.policy_loss, cfg.algorithm.policy_loss_options
+    if name not in plugins.policy_losses:
+        return []  # already reported as an unknown name
+    try:
+        validated = component_options(plugins.policy_losses, name, options)
+    except ValidationError as exc:
+        model = plugins.policy_losses.entry(name).metadata["options"]
+        fields = list(getattr(model, "model_fields", {}))
+        problems = []
+        for err in exc.errors():
+            option = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                problems.append(f"key '{key}' for policy loss '{name}': unknown option '{option}'."
+                                f"{did_you_mean(option, fields)} Valid options: {', '.join(fields)}")
+            else:
+                problems.append(f"key '{key}.{option}' for policy loss '{name}': {err['msg']} "
+                                f"(got {err.get('input')!r})")
+        return problems
+    except Exception as exc:  # an options target that does not import
+        return [f"key '{key}': policy loss '{name}' (plugin '{plugins.policy_losses.entry(name).plugin}') "
+                f"registered options that failed to load: {type(exc).__name__}: {exc}"]
+    if validated is None:
+        return [f"key '{key}': policy loss '{name}' takes no options, got {sorted(options)}"] if options else []
+    cfg.algorithm.policy_loss_options = validated.model_dump()
+    return []
+
+
 def _options_fit(key: str, name: str, options: dict, plugins) -> list[str]:
     from roll_core.rewards import Reward
 
@@ -224,6 +257,7 @@ def check_registry_names(cfg: RollConfig, plugins=None) -> None:
             problems.append(f"key '{key}': {exc}")
     problems += _role_requirements(cfg, plugins)
     problems += _reward_options(cfg, plugins)
+    problems += _component_options(cfg, plugins)
     sources = [("data", cfg.data)] + [(f"data.domains.{d}", src) for d, src in cfg.data.domains.items()]
     for prefix, source in sources:
         for key in ("train_file", "eval_file"):
