@@ -1,6 +1,8 @@
 """Reward shaping, sample masks and group filters, against numbers computed by hand."""
 
 
+import math
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from roll_core.algorithms.shaping import (
 )
 from roll_core.config.schema import AlgorithmConfig
 from roll_core.data import Batch
+from roll_core.errors import ConfigError
 from roll_core.plugins import get_plugins
 
 
@@ -186,3 +189,171 @@ def test_advantage_whitening_leaves_masked_samples_out_of_its_statistics():
     s.shape(batch)
     torch.testing.assert_close(batch["advantages"], torch.tensor([[-0.866025, -0.866025], [0.866025, 0.866025],
                                                                   [0.0, 0.0]]), atol=1e-5, rtol=0)
+
+
+def test_shape_hands_every_batch_field_to_the_estimator_and_stores_what_it_returns(roll_plugins):
+    """The estimator sees the batch's values, old and reference log-probs, turns and state hashes;
+    its advantages (masked) and returns land in the batch, with the mean |advantage| per token."""
+    import types
+
+    from roll_core import hookimpl
+
+    seen = {}
+
+    def recording(inputs, config):
+        seen["inputs"] = inputs
+        return torch.tensor([[2.0, -1.0], [3.0, 5.0]]), torch.tensor([[7.0, 8.0], [9.0, 10.0]])
+
+    @hookimpl
+    def roll_register_advantage_estimators(register):
+        register("recording", recording)
+
+    plugins = roll_plugins(("rec", types.SimpleNamespace(roll_register_advantage_estimators=roll_register_advantage_estimators)))
+    fields = {"values": torch.tensor([[0.1, 0.2], [0.3, 0.4]]), "ref_log_probs": torch.tensor([[-1.0, -2.0], [-3.0, -4.0]]),
+              "turn_index": torch.tensor([[0, 1], [0, -1]]), "state_hash": torch.tensor([[11, 12], [13, 14]])}
+    batch = Batch({"scores": torch.tensor([1.0, 2.0]), "group_index": torch.tensor([0, 0]),
+                   "response_mask": torch.tensor([[1, 1], [1, 0]]),
+                   "old_log_probs": torch.tensor([[-0.5, -0.6], [-0.7, -0.8]]), **fields})
+    metrics = RewardShaper(AlgorithmConfig(advantage_estimator="recording"), plugins).shape(batch)
+
+    got = seen["inputs"]
+    for name in ("values", "turn_index", "state_hash"):
+        assert torch.equal(getattr(got, name), fields[name]), name
+    assert torch.equal(got.teacher_log_probs, fields["ref_log_probs"])
+    assert torch.equal(got.old_log_probs, batch["old_log_probs"])
+    # the score sits on the last valid token: row 1 has one token, so index 0
+    assert got.token_level_rewards.tolist() == [[0.0, 1.0], [2.0, 0.0]]
+    assert batch["advantages"].tolist() == [[2.0, -1.0], [3.0, 0.0]]  # masked by the loss mask
+    assert batch["returns"].tolist() == [[7.0, 8.0], [9.0, 10.0]]
+    assert metrics["advantage/abs_mean"] == pytest.approx((2 + 1 + 3) / 3)
+
+
+def test_an_estimator_without_optional_fields_gets_none(roll_plugins):
+    import types
+
+    from roll_core import hookimpl
+
+    seen = {}
+
+    @hookimpl
+    def roll_register_advantage_estimators(register):
+        register("recording", lambda inputs, config: (seen.setdefault("x", inputs), (inputs.token_level_rewards,) * 2)[1])
+
+    plugins = roll_plugins(("rec", types.SimpleNamespace(roll_register_advantage_estimators=roll_register_advantage_estimators)))
+    batch = Batch({"scores": torch.tensor([1.0]), "group_index": torch.tensor([0]), "response_mask": torch.ones(1, 2)})
+    RewardShaper(AlgorithmConfig(advantage_estimator="recording"), plugins).shape(batch)
+    got = seen["x"]
+    assert (got.values, got.old_log_probs, got.teacher_log_probs, got.turn_index, got.state_hash) == (None,) * 5
+
+
+def test_keep_groups_without_a_filter_keeps_every_row_as_a_bool_mask():
+    from roll_core.config.schema import DynamicSamplingConfig
+
+    keep = keep_groups(torch.tensor([0.0, 1.0, 1.0]), torch.tensor([0, 0, 1]), DynamicSamplingConfig(filter="none"))
+    assert keep.dtype == torch.bool and keep.tolist() == [True, True, True]
+
+
+def test_a_fixed_kl_penalty_keeps_its_coefficient():
+    # kl_penalty not adaptive: beta stays at coef step after step, whatever the measured KL
+    s = shaper(advantage_estimator="reinforce", kl_penalty={"coef": 0.1, "estimator": "k1"})
+    for _ in range(2):
+        batch = scored([1, 0], [0, 0], ref_log_probs=torch.full((2, 2), -1.0))
+        assert s.shape(batch)["shaping/kl_coef"] == pytest.approx(0.1)
+
+
+def test_adaptive_kl_coefficient_survives_a_checkpoint_and_old_states_load():
+    kl = {"coef": 0.1, "estimator": "k1", "adaptive": True, "target_kl": 0.01, "horizon": 10}
+    first = shaper(advantage_estimator="reinforce", kl_penalty=kl)
+    first.shape(scored([1, 0], [0, 0], ref_log_probs=torch.full((2, 2), -1.0)))
+    assert first.beta != pytest.approx(0.1)  # the controller moved it
+    resumed = shaper(advantage_estimator="reinforce", kl_penalty=kl)
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.beta == first.beta
+    older = shaper(advantage_estimator="reinforce", kl_penalty=kl)
+    older.load_state_dict({**first.state_dict(), "kl_coef": None})  # a checkpoint without the controller
+    assert older.beta == pytest.approx(0.1)
+    fixed = shaper(advantage_estimator="reinforce")
+    fixed.load_state_dict(first.state_dict())  # a fixed coefficient ignores a saved controller
+    assert fixed.beta == 0.0
+
+
+def test_truncated_rows_train_unless_max_length_mask_is_on():
+    truncated = torch.tensor([True, False])
+    assert shaper().sample_mask(scored([1, 0], [0, 0], truncated=truncated)).tolist() == [1.0, 1.0]
+    assert shaper(max_length_mask=True).sample_mask(scored([1, 0], [0, 0], truncated=truncated)).tolist() == [0.0, 1.0]
+
+
+def test_length_and_difficulty_masks_combine():
+    # group 0 (mean .5) passes the difficulty mask, group 1 (mean 1) does not; row 0 is truncated
+    s = shaper(max_length_mask=True, difficulty_mask={"low": 0.0, "high": 1.0})
+    batch = scored([1, 0, 1, 1], [0, 0, 1, 1], truncated=torch.tensor([True, False, False, False]))
+    assert s.sample_mask(batch).tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_batch_std_of_two_scores_and_of_one():
+    # [1, 3]: unbiased std sqrt(2); no centring -> 1 / 1.414214, 3 / 1.414214
+    out = shaper(reward_norm={"mean": "none", "std": "batch"}).normalize(torch.tensor([1.0, 3.0]), torch.tensor([0, 1]))
+    torch.testing.assert_close(out, torch.tensor([0.707107, 2.121320]), atol=1e-5, rtol=0)
+    # one score has no std: divide by 1 (+ EPS), not NaN
+    one = shaper(reward_norm={"mean": "none", "std": "batch"}).normalize(torch.tensor([3.0]), torch.tensor([0]))
+    assert float(one[0]) == pytest.approx(3.0 / (1.0 + 1e-6), abs=1e-6)
+
+
+def test_kl_penalty_with_a_distribution_estimator_and_padding():
+    # estimator "full" reads old_log_dist / ref_log_dist [B, R, V]. Row 0: both tokens; row 1: one token
+    # (padding masked). KL per token: old = (.5, .5), ref = (.25, .75) -> .5 ln(.5/.25) + .5 ln(.5/.75) = 0.143841
+    # identical distributions give 0. seq KL = mean over rows of row sums = (2 * 0.143841 + 0.143841) / 2
+    old = torch.log(torch.tensor([0.5, 0.5])).expand(2, 2, 2).clone()
+    ref = torch.log(torch.tensor([0.25, 0.75])).expand(2, 2, 2).clone()
+    ref[1, 1] = old[1, 1] + 5.0  # garbage on the padded token of row 1 must not count
+    batch = scored([1, 0], [0, 0], old_log_dist=old, ref_log_dist=ref,
+                   ref_log_probs=torch.zeros(2, 2))
+    batch.tensors["response_mask"] = torch.tensor([[1, 1], [1, 0]])
+    s = shaper(advantage_estimator="reinforce", kl_penalty={"coef": 1.0, "estimator": "full"})
+    metrics = s.shape(batch)
+    per_token = 0.5 * math.log(2.0) + 0.5 * math.log(0.5 / 0.75)
+    assert metrics["shaping/kl_penalty_kl"] == pytest.approx(1.5 * per_token, rel=1e-5)
+    # the penalty is subtracted from every valid token's reward: row 1's only token gets 0 - 1.0 * KL
+    assert float(batch["token_level_rewards"][1, 0]) == pytest.approx(0.0 - per_token, rel=1e-5)
+    assert float(batch["token_level_rewards"][1, 1]) == 0.0
+
+
+def test_an_estimator_with_its_own_options_model(roll_plugins):
+    """``algorithm.advantage_estimator_options`` is checked against the estimator's registered model
+    and reaches it as ``options=``."""
+    import types
+
+    from pydantic import BaseModel, ConfigDict, Field
+
+    from roll_core import hookimpl
+    from roll_core.algorithms.advantages import grpo
+    from roll_core.config import check_registry_names, load_config
+
+    class Scale(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        factor: float = Field(1.0, gt=0)
+
+    def scaled(inputs, config, options: Scale):
+        adv, ret = grpo(inputs, config)
+        return options.factor * adv, ret
+
+    @hookimpl
+    def roll_register_advantage_estimators(register):
+        register("scaled", scaled, options=Scale)
+
+    plugins = roll_plugins(("scale", types.SimpleNamespace(roll_register_advantage_estimators=roll_register_advantage_estimators)))
+    batch = scored([1, 0], [0, 0])
+    RewardShaper(AlgorithmConfig(advantage_estimator="scaled", advantage_estimator_options={"factor": 3}), plugins).shape(batch)
+    # grpo on (1, 0): +-1 / std(sqrt(.5)) = +-0.707107, times 3
+    torch.testing.assert_close(batch["advantages"][:, 0], torch.tensor([2.121320, -2.121320]), atol=1e-5, rtol=0)
+
+    cfg = load_config(None, ["algorithm.advantage_estimator=scaled", "algorithm.advantage_estimator_options.factr=2"])
+    with pytest.raises(ConfigError, match=r"for advantage estimator 'scaled': unknown option 'factr'\. Did you mean 'factor'\?"):
+        check_registry_names(cfg, plugins)
+    cfg = load_config(None, ["algorithm.advantage_estimator=scaled", "algorithm.advantage_estimator_options.factor=0"])
+    with pytest.raises(ConfigError, match=r"advantage_estimator_options.factor' for advantage estimator 'scaled': "
+                                          r"Input should be greater than 0"):
+        check_registry_names(cfg, plugins)
+    cfg = load_config(None, ["algorithm.advantage_estimator=grpo", "algorithm.advantage_estimator_options.factor=2"])
+    with pytest.raises(ConfigError, match="advantage estimator 'grpo' takes no options"):
+        check_registry_names(cfg, plugins)

@@ -110,10 +110,14 @@ def component_options(registry, name: str, options: dict[str, Any]) -> Any:
     return model.model_validate(options)
 
 
-def _bind_options(fn: Callable, options: Any) -> Callable:
+def bind_options(registry, name: str, options: dict[str, Any]) -> Callable:
+    """The callable registered as ``name``, called with ``options=`` its validated options object
+    when it was registered with an options model (:func:`component_options`)."""
     import functools
 
-    return fn if options is None else functools.partial(fn, options=options)
+    fn = registry.get(name)
+    validated = component_options(registry, name, options)
+    return fn if validated is None else functools.partial(fn, options=validated)
 
 
 @dataclass(frozen=True)
@@ -138,9 +142,8 @@ class ActorObjective:
         from roll_core.plugins import get_plugins
 
         plugins = plugins or get_plugins()
-        loss = plugins.policy_losses.get(algorithm.policy_loss)
-        options = component_options(plugins.policy_losses, algorithm.policy_loss, algorithm.policy_loss_options)
-        return cls(policy_loss=_bind_options(loss, options), config=algorithm,
+        loss = bind_options(plugins.policy_losses, algorithm.policy_loss, algorithm.policy_loss_options)
+        return cls(policy_loss=loss, config=algorithm,
                    loss_agg_mode=algorithm.loss_agg_mode,
                    max_response_length=rollout.max_new_tokens if rollout is not None else None,
                    temperature=rollout.temperature if rollout is not None else 1.0,

@@ -118,7 +118,14 @@ class RewardShaper:
     """
 
     def __init__(self, config, plugins):
+        from roll_core.algorithms.objective import bind_options, kl_takes_distribution
+
         self.config, self.plugins = config, plugins
+        # resolved once: no registry lookups per step
+        self.estimator = bind_options(plugins.advantage_estimators, config.advantage_estimator,
+                                      config.advantage_estimator_options)
+        self.kl_estimator = plugins.kl_estimators.get(config.kl_penalty.estimator)
+        self.kl_distribution = kl_takes_distribution(config.kl_penalty.estimator, plugins)
         self.running = RunningMoments()
         kl = config.kl_penalty
         self.kl_coef = AdaptiveKLController(kl.coef, kl.target_kl, kl.horizon) if kl.adaptive else None
@@ -167,14 +174,10 @@ class RewardShaper:
 
     def kl_penalty(self, token_rewards: torch.Tensor, batch, mask: torch.Tensor):
         """Step 5. Returns the penalised rewards and the mean per-sequence KL."""
-        kl_cfg = self.config.kl_penalty
-        from roll_core.algorithms.objective import kl_takes_distribution
-
-        fn = self.plugins.kl_estimators.get(kl_cfg.estimator)
-        if kl_takes_distribution(kl_cfg.estimator, self.plugins):
-            kl = fn(batch["old_log_dist"], batch["ref_log_dist"])
+        if self.kl_distribution:
+            kl = self.kl_estimator(batch["old_log_dist"], batch["ref_log_dist"])
         else:
-            kl = fn(batch["old_log_probs"], batch["ref_log_probs"])
+            kl = self.kl_estimator(batch["old_log_probs"], batch["ref_log_probs"])
         kl = kl * mask
         seq_kl = float(kl.sum(-1).mean())
         beta = self.beta
@@ -200,8 +203,7 @@ class RewardShaper:
         if cfg.whiten_rewards:
             rewards = masked_whiten(rewards, mask, shift_mean=False)
 
-        estimator = self.plugins.advantage_estimators.get(cfg.advantage_estimator)
-        adv, returns = estimator(AdvantageInput(
+        adv, returns = self.estimator(AdvantageInput(
             token_level_rewards=rewards,
             response_mask=mask,
             group_index=batch["group_index"],

@@ -155,36 +155,46 @@ def _reward_options(cfg: RollConfig, plugins) -> list[str]:
 
 
 def _component_options(cfg: RollConfig, plugins) -> list[str]:
-    """``algorithm.policy_loss_options`` against the options model the policy loss was registered
-    with (``register(..., options=Model)``): names with a did-you-mean, then types and values. The
-    validated values replace the raw ones, so a command-line ``x=9`` reaches a ``str`` option as "9"."""
+    """``algorithm.<kind>_options`` against the options model the named policy loss or advantage
+    estimator was registered with (``register(..., options=Model)``): names with a did-you-mean,
+    then types and values. The validated values replace the raw ones, so a command-line ``x=9``
+    reaches a ``str`` option as "9"."""
+    algo = cfg.algorithm
+    problems = []
+    for kind, registry in (("policy_loss", plugins.policy_losses), ("advantage_estimator", plugins.advantage_estimators)):
+        name, key = getattr(algo, kind), f"algorithm.{kind}_options"
+        validated, found = _validated_options(key, kind.replace("_", " "), registry, name, getattr(algo, f"{kind}_options"))
+        problems += found
+        if validated is not None:
+            setattr(algo, f"{kind}_options", validated.model_dump())
+    return problems
+
+
+def _validated_options(key: str, kind: str, registry, name: str, options: dict) -> tuple[Any, list[str]]:
     from roll_core.algorithms.objective import component_options
 
-    key, name, options = "algorithm.policy_loss_options", cfg.algorithm.policy_loss, cfg.algorithm.policy_loss_options
-    if name not in plugins.policy_losses:
-        return []  # already reported as an unknown name
+    if name not in registry:
+        return None, []  # already reported as an unknown name
+    plugin = registry.entry(name).plugin
     try:
-        validated = component_options(plugins.policy_losses, name, options)
+        validated = component_options(registry, name, options)
     except ValidationError as exc:
-        model = plugins.policy_losses.entry(name).metadata["options"]
-        fields = list(getattr(model, "model_fields", {}))
+        fields = list(getattr(registry.entry(name).metadata["options"], "model_fields", {}))
         problems = []
         for err in exc.errors():
             option = ".".join(str(p) for p in err["loc"])
             if err["type"] == "extra_forbidden":
-                problems.append(f"key '{key}' for policy loss '{name}': unknown option '{option}'."
+                problems.append(f"key '{key}' for {kind} '{name}': unknown option '{option}'."
                                 f"{did_you_mean(option, fields)} Valid options: {', '.join(fields)}")
             else:
-                problems.append(f"key '{key}.{option}' for policy loss '{name}': {err['msg']} "
-                                f"(got {err.get('input')!r})")
-        return problems
+                problems.append(f"key '{key}.{option}' for {kind} '{name}': {err['msg']} (got {err.get('input')!r})")
+        return None, problems
     except Exception as exc:  # an options target that does not import
-        return [f"key '{key}': policy loss '{name}' (plugin '{plugins.policy_losses.entry(name).plugin}') "
-                f"registered options that failed to load: {type(exc).__name__}: {exc}"]
-    if validated is None:
-        return [f"key '{key}': policy loss '{name}' takes no options, got {sorted(options)}"] if options else []
-    cfg.algorithm.policy_loss_options = validated.model_dump()
-    return []
+        return None, [f"key '{key}': {kind} '{name}' (plugin '{plugin}') registered options that failed to load: "
+                      f"{type(exc).__name__}: {exc}"]
+    if validated is None and options:
+        return None, [f"key '{key}': {kind} '{name}' takes no options, got {sorted(options)}"]
+    return validated, []
 
 
 def _options_fit(key: str, name: str, options: dict, plugins) -> list[str]:

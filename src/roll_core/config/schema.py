@@ -135,6 +135,8 @@ class DynamicSamplingConfig(Strict):
 
 class AlgorithmConfig(Strict):
     advantage_estimator: str = "grpo"
+    advantage_estimator_options: dict[str, Any] = Field(
+        default_factory=dict, description="options of an advantage estimator registered with an options model")
     policy_loss: str = "ppo_clip"
     policy_loss_options: dict[str, Any] = Field(
         default_factory=dict, description="options of a policy loss registered with an options model "
