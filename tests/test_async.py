@@ -116,7 +116,7 @@ def test_filtered_groups_never_reach_training(tiny_config, roll_plugins):
 
 
 def _assert_nothing_in_flight(scheduler):
-    assert scheduler.requests == [] and scheduler.aborting == [] and scheduler.scoring == []
+    assert scheduler.requests == [] and scheduler.aborting == [] and not scheduler.inflight  # no future of any kind
     assert scheduler.referencing == []
     assert scheduler.ready == [] and scheduler.open == {} and scheduler.pending == []
 

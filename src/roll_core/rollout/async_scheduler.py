@@ -42,6 +42,10 @@ sample multiplies the number of forward passes. Engines with continuous batching
 declare ``concurrent_requests`` and get workers that run ``max_running_requests`` requests at once,
 so a short sample returns while a long one still decodes (``benchmarks/bench_long_tail.py``
 measures this with long-tailed lengths).
+
+The parts: :class:`StalenessBudget` (admission and the staleness bound), :class:`DomainLanes` (each
+domain's quota of a batch), :class:`InFlight` (every future the scheduler waits on, with the
+callback that handles it) and the scheduler, which admits groups, files results and hands out batches.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -92,29 +97,147 @@ class _Group:
     scored: int = 0
 
 
+class InFlight:
+    """The futures the scheduler waits on, each with the callback that handles it.
+
+    One ``wait`` covers every kind of work at once (generation, cancelled requests, reward scoring,
+    reference log-probs, plus futures the caller passes in, such as a training step). Callbacks run
+    by ``phase`` and then in the order their futures were added (a generation result before the
+    scores it leads to, scores before reference log-probs), so the order of events is deterministic."""
+
+    def __init__(self, executor):
+        self.executor = executor
+        self._entries: list[tuple[int, int, object, Callable[[object], None]]] = []  # (phase, seq, future, cb)
+        self._seq = 0
+        self.wait_s = 0.0  # seconds spent blocked in the executor's wait
+
+    def add(self, future, callback: Callable[[object], None], phase: int) -> None:
+        self._entries.append((phase, self._seq, future, callback))
+        self._seq += 1
+
+    def redirect(self, future, callback: Callable[[object], None], phase: int) -> None:
+        """Handle ``future`` with ``callback`` from now on (a request that was cancelled)."""
+        self._entries = [(phase, seq, f, callback) if f is future else (p, seq, f, cb)
+                         for p, seq, f, cb in self._entries]
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def wait(self, extra: list) -> list[int] | None:
+        """Block until at least one future (or one of ``extra``) finishes and run the callbacks of the
+        finished ones. Returns the positions in ``extra`` that finished, or None when nothing was
+        in flight and ``extra`` is empty."""
+        entries = sorted(self._entries, key=lambda e: (e[0], e[1]))
+        waiting = [f for _, _, f, _ in entries] + list(extra)
+        if not waiting:
+            return None
+        t0 = time.perf_counter()
+        ready = set(self.executor.wait(waiting))
+        self.wait_s += time.perf_counter() - t0
+        done = [entries[k] for k in sorted(ready) if k < len(entries)]
+        finished = {id(e[2]) for e in done}
+        self._entries = [e for e in self._entries if id(e[2]) not in finished]
+        for _, _, future, callback in done:
+            callback(future)
+        return [k - len(entries) for k in sorted(ready) if k >= len(entries)]
+
+
+# callback phases of InFlight: what a finished generation frees comes first, references last
+_GENERATED, _SCORED, _REFERENCED = 0, 1, 2
+
+
+@dataclass
+class StalenessBudget:
+    """Which groups may start, and which may still be trained on (see the module docstring).
+
+    ``version`` counts the weight updates sent to the inference workers, ``steps_started`` the
+    batches handed to the trainer; a group generated at version ``v`` and trained at step ``s`` has
+    staleness ``s - 1 - v``, bounded by ``max_stale = ceil(ratio)``."""
+
+    ratio: float
+    want: int  # groups per batch
+    extra: int  # redundant groups allowed in flight
+    version: int = 0
+    steps_started: int = 0
+
+    @property
+    def max_stale(self) -> int:
+        return math.ceil(self.ratio)
+
+    @staticmethod
+    def staleness(version: int, step: int) -> int:
+        """Updates between a group's weights (``version``) and those trained at ``step`` (``step - 1``)."""
+        return step - 1 - version
+
+    def too_stale(self, version: int, step: int) -> bool:
+        return self.staleness(version, step) > self.max_stale
+
+    def admissible(self, outstanding: int) -> int:
+        """How many more groups may start now without breaking the bound.
+
+        A group started now is trained on after everything outstanding, i.e. at step
+        ``steps_started + 1 + outstanding // want``; its staleness is that minus 1 minus ``version``.
+        The bound: at most ``(1 + ratio + version - steps_started) * want`` outstanding groups."""
+        limit = math.floor((1 + self.ratio + self.version - self.steps_started) * self.want + 1e-9)
+        # Redundant prompts only pad a batch that may be generated now, never one further ahead.
+        return max(0, limit + (self.extra if limit > 0 else 0) - outstanding)
+
+
+class DomainLanes:
+    """Per-domain lanes (multi-domain RLVR): every batch holds each domain's share.
+
+    The quota of a step is ``domain_interleave_probs`` dealt over ``prompts_per_step`` slots by
+    deficit round-robin, step after step (as the sync path mixes)."""
+
+    def __init__(self, probs: dict[str, float], want: int):
+        self.probs, self.want = dict(probs), want
+        self._credit = dict.fromkeys(self.probs, 0.0)
+        self._quotas: list[dict[str, int]] = []
+
+    def quota(self, step: int) -> dict[str, int]:
+        """Groups of each domain in the batch of ``step``."""
+        while len(self._quotas) < step:
+            self._quotas.append(deal_slots(self.probs, self._credit, self.want))
+        return self._quotas[step - 1]
+
+    def neediest(self, first_step: int, steps: int, extra: int, outstanding: Counter) -> str:
+        """The domain furthest below what the batches of ``steps`` steps from ``first_step`` need
+        (their quotas, plus its share of the ``extra`` redundant groups), given its ``outstanding``
+        groups. A domain whose groups are slower or filtered more keeps more of them in flight, and
+        one that runs ahead waits."""
+        target: Counter[str] = Counter()
+        for step in range(first_step, first_step + steps):
+            target.update(self.quota(step))
+
+        def deficit(d):
+            return target[d] + math.ceil(extra * self.probs[d]) - outstanding[d], self.probs[d], d
+        return max(self.probs, key=deficit)
+
+    def fits(self, group: Batch, chosen: list, step: int) -> bool:
+        """Whether ``group`` may join the batch of ``step`` (its domain's quota is not full yet)."""
+        domain = group["domain"][0]
+        return sum(b["domain"][0] == domain for _, b in chosen) < self.quota(step).get(domain, 0)
+
+
 class AsyncRolloutScheduler(SyncRolloutScheduler):
     """Registered with ``overlaps_training=True``: it generates while the trainer works."""
 
     def __init__(self, config, executor, infer_group, reward_router, tokenizer):
         super().__init__(config, executor, infer_group, reward_router, tokenizer)
         r = config.rollout
-        self.ratio = r.async_generation_ratio
-        self.max_stale = math.ceil(self.ratio)
+        self.budget = StalenessBudget(r.async_generation_ratio, r.prompts_per_step, r.max_additional_running_prompts)
         self.want = r.prompts_per_step
         self.group_size = r.num_return_sequences
         self.request_size = r.request_size or r.num_return_sequences
         self.max_running = r.max_running_requests
-        self.extra = r.max_additional_running_prompts
-        self.version = 0  # weight updates the inference workers have been sent
-        self.steps_started = 0  # batches handed to the trainer
-        self.lanes = None
+        self.domain_lanes: DomainLanes | None = None  # set by start() for a multi-domain stream
         self.next_group = 0
         self.open: dict[int, _Group] = {}  # admitted groups not complete yet
         self.pending: list[tuple[int, int]] = []  # samples of admitted groups not sent to a worker yet
-        self.requests: list[_Request] = []
+        self.inflight = InFlight(executor)
+        self.requests: list[_Request] = []  # generating
         self.aborting: list[_Request] = []  # cancelled, until their workers are free again
-        self.scoring: list[_Scoring] = []
-        self.referencing: list[tuple[object, list[tuple[int, Batch]]]] = []  # (future, its (version, group)s)
+        self.referencing: list[list[tuple[int, Batch]]] = []  # (version, group)s whose reference call runs
         self._to_reference: list[tuple[int, Batch]] = []
         self.ready: list[tuple[int, Batch]] = []  # (version, one scored, kept group), completion order
         self.chosen: list[tuple[int, Batch]] = []  # the batch being assembled (still outstanding)
@@ -129,24 +252,16 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
     # ------------------------------------------------------------------------------------------
     def outstanding(self) -> int:
         """Groups started and neither trained on nor dropped yet."""
-        return (len(self.open) + sum(len(groups) for _, groups in self.referencing) + len(self.ready)
+        return (len(self.open) + sum(len(groups) for groups in self.referencing) + len(self.ready)
                 + len(self.chosen))
 
     def admissible(self) -> int:
-        """How many more groups may start now without breaking the staleness bound.
-
-        A group started now is trained on after everything outstanding, i.e. at step
-        ``steps_started + 1 + outstanding // want``; its staleness is that minus 1 minus ``version``.
-        The bound: at most ``(1 + ratio + version - steps_started) * want`` outstanding groups."""
-        if not self.accepting:
-            return 0
-        limit = math.floor((1 + self.ratio + self.version - self.steps_started) * self.want + 1e-9)
-        # Redundant prompts only pad a batch that may be generated now, never one further ahead.
-        return max(0, limit + (self.extra if limit > 0 else 0) - self.outstanding())
+        """How many more groups may start now (:meth:`StalenessBudget.admissible`); none once stopping."""
+        return self.budget.admissible(self.outstanding()) if self.accepting else 0
 
     def _admit(self, n: int) -> None:
         """Start ``n`` more groups: each becomes ``group_size`` pending samples."""
-        rows = iter(self.stream.next(n)) if self.lanes is None else None
+        rows = iter(self.stream.next(n)) if self.domain_lanes is None else None
         for _ in range(n):
             # With lanes, one at a time: each choice must see the groups admitted just before it.
             row = next(rows) if rows is not None else self._lane_row()
@@ -158,40 +273,32 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
     # ------------------------------------------------------------------------------------------
     # per-domain lanes (multi-domain RLVR): every batch holds each domain's share
     # ------------------------------------------------------------------------------------------
+    @property
+    def lanes(self) -> dict[str, float] | None:
+        """Each domain's share of a batch, or None for a single-domain stream."""
+        return self.domain_lanes.probs if self.domain_lanes is not None else None
+
     def quota(self, step: int) -> dict[str, int]:
-        """Groups of each domain in the batch of ``step``: ``domain_interleave_probs`` dealt over
-        ``prompts_per_step`` slots by deficit round-robin, step after step (as the sync path mixes)."""
-        while len(self._quotas) < step:
-            self._quotas.append(deal_slots(self.lanes, self._lane_credit, self.want))
-        return self._quotas[step - 1]
+        """Groups of each domain in the batch of ``step`` (:meth:`DomainLanes.quota`)."""
+        assert self.domain_lanes is not None
+        return self.domain_lanes.quota(step)
 
     def _domain_counts(self) -> Counter:
         """Outstanding groups per domain."""
         counts = Counter(g.row.get("domain", "default") for g in self.open.values())
-        counts.update(batch["domain"][0] for _, groups in self.referencing for _, batch in groups)
+        counts.update(batch["domain"][0] for groups in self.referencing for _, batch in groups)
         counts.update(batch["domain"][0] for _, batch in self.ready + self.chosen)
         return counts
 
     def _lane_row(self) -> dict:
-        """A prompt from the domain furthest below what the batches generation may now run ahead
-        for need (their quotas, plus its share of the redundant groups). A domain whose groups are
-        slower or filtered more keeps more of them in flight, and one that runs ahead waits."""
-        first = self.steps_started + 1
-        counts = self._domain_counts()
-        target: Counter[str] = Counter()
-        for step in range(first, first + self.max_stale + 1):
-            target.update(self.quota(step))
-
-        def deficit(d):
-            return target[d] + math.ceil(self.extra * self.lanes[d]) - counts[d], self.lanes[d], d
-        return self.stream.next_from(max(self.lanes, key=deficit), 1)[0]
+        """A prompt from the domain that the batches generation may now run ahead for need most."""
+        assert self.domain_lanes is not None
+        domain = self.domain_lanes.neediest(self.budget.steps_started + 1, self.budget.max_stale + 1,
+                                            self.budget.extra, self._domain_counts())
+        return self.stream.next_from(domain, 1)[0]
 
     def _fits(self, group: Batch, chosen: list, step: int) -> bool:
-        """Whether ``group`` may join the batch of ``step`` (its domain's quota is not full yet)."""
-        if self.lanes is None:
-            return True
-        domain = group["domain"][0]
-        return sum(b["domain"][0] == domain for _, b in chosen) < self.quota(step).get(domain, 0)
+        return self.domain_lanes is None or self.domain_lanes.fits(group, chosen, step)
 
     def _top_up(self) -> None:
         """Send ``request_size`` pending samples to every worker below ``max_running_requests``,
@@ -213,11 +320,14 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
             batch.update(group_index=torch.tensor([g for g, _ in samples]))
             future = self.executor.invoke(self.infer.handles[worker], "generate", (batch,),
                                           self._sampling(self.config.rollout.temperature))
-            self.requests.append(_Request(future, worker, self.version, samples))
+            request = _Request(future, worker, self.budget.version, samples)
+            self.requests.append(request)
+            self.inflight.add(future, lambda _, q=request: self._generated(q), _GENERATED)
             self.stats["rollout/requests"] += 1
+            version = self.budget.version
             for g in {g for g, _ in samples}:
                 group = self.open[g]
-                group.version = self.version if group.version is None else min(group.version, self.version)
+                group.version = version if group.version is None else min(group.version, version)
             self._mark_busy(worker)
             self._cursor = (worker + 1) % len(self.infer)
             running[worker] += 1
@@ -229,46 +339,41 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         """Start what may start, wait for at least one event, handle it. Returns the positions in
         ``extra_futures`` that finished, or None when there was nothing to wait for."""
         self._top_up()
-        gen = [q.future for q in self.requests]
-        aborting = [q.future for q in self.aborting]
-        rew = [(s, k, f) for s in self.scoring for k, f in enumerate(s.futures()) if k not in s.done]
-        refs = [f for f, _ in self.referencing]
-        waiting = gen + aborting + [f for _, _, f in rew] + refs + list(extra_futures)
-        if not waiting:
+        waited = self.inflight.wait_s
+        finished = self.inflight.wait(extra_futures)
+        if finished is None:
             return None
-        t0 = time.perf_counter()
-        ready = set(self.executor.wait(waiting))
-        self.stats["time/driver_wait_s"] += time.perf_counter() - t0
-        finished = [q for k, q in enumerate(self.requests) if k in ready]
-        self.requests = [q for k, q in enumerate(self.requests) if k not in ready]
-        # A cancelled request is never fetched (Ray raises for it); its worker is free again.
-        freed = [q for k, q in enumerate(self.aborting) if len(gen) + k in ready]
-        self.aborting = [q for k, q in enumerate(self.aborting) if len(gen) + k not in ready]
-        for q in freed:
-            self._note_if_idle(q.worker)
-        for q in finished:
-            self._note_if_idle(q.worker)
-            part, samples = self._finish_request(self.executor.get(q.future))
-            self.scoring.append(_Scoring(self.reward.submit(samples), part, q.version, q.samples))
-        offset = len(gen) + len(aborting)
-        for j, (s, k, _) in enumerate(rew):
-            if offset + j in ready:
-                s.done.add(k)
-        for s in [s for s in self.scoring if len(s.done) == len(s.futures())]:
-            self.scoring.remove(s)
-            self._complete(s)
-        offset += len(rew)
-        done = [e for k, e in enumerate(self.referencing) if offset + k in ready]
-        self.referencing = [e for k, e in enumerate(self.referencing) if offset + k not in ready]
-        for future, groups in done:
-            ref, start = self.executor.get(future), 0
-            for version, rows in groups:
-                width = rows["responses"].shape[1]
-                self.ready.append((version, rows.update(ref_log_probs=ref[start:start + len(rows), :width])))
-                start += len(rows)
+        self.stats["time/driver_wait_s"] += self.inflight.wait_s - waited
         self._top_up()
-        offset += len(refs)
-        return [k - offset for k in sorted(ready) if k >= offset]
+        return finished
+
+    # -- what a finished future does (InFlight callbacks) ---------------------------------------
+    def _generated(self, q: _Request) -> None:
+        """A request's samples are in: score them on the reward workers of their domains."""
+        self.requests = [r for r in self.requests if r is not q]  # by identity: results are not comparable
+        self._note_if_idle(q.worker)
+        part, samples = self._finish_request(self.executor.get(q.future))
+        scoring = _Scoring(self.reward.submit(samples), part, q.version, q.samples)
+        for k, future in enumerate(scoring.futures()):
+            self.inflight.add(future, lambda _, s=scoring, k=k: self._scored(s, k), _SCORED)
+
+    def _aborted(self, q: _Request) -> None:
+        """A cancelled request is never fetched (Ray raises for it); its worker is free again."""
+        self.aborting = [r for r in self.aborting if r is not q]
+        self._note_if_idle(q.worker)
+
+    def _scored(self, s: _Scoring, part: int) -> None:
+        s.done.add(part)
+        if len(s.done) == len(s.futures()):
+            self._complete(s)
+
+    def _referenced(self, future, groups: list[tuple[int, Batch]]) -> None:
+        self.referencing = [g for g in self.referencing if g is not groups]
+        ref, start = self.executor.get(future), 0
+        for version, rows in groups:
+            width = rows["responses"].shape[1]
+            self.ready.append((version, rows.update(ref_log_probs=ref[start:start + len(rows), :width])))
+            start += len(rows)
 
     def _note_if_idle(self, worker: int) -> None:
         if not any(r.worker == worker for r in self.requests + self.aborting):
@@ -307,7 +412,8 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         self._ref_cursor += 1
         future = self.executor.invoke(worker, "compute_log_probs", (Batch.concat([b for _, b in groups]),),
                                       {"temperature": self.config.rollout.temperature})
-        self.referencing.append((future, groups))
+        self.referencing.append(groups)
+        self.inflight.add(future, lambda f, groups=groups: self._referenced(f, groups), _REFERENCED)
 
     def _file(self, group: _Group) -> None:
         index = [j for js, _ in group.pieces for j in js]
@@ -327,7 +433,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         cancelled, and results still on the way are discarded. Groups only queued (not yet sent)
         stay: they will be generated with newer weights."""
         def hopeless(version):
-            return version is not None and self.staleness(version, step + 1) > self.max_stale
+            return version is not None and self.budget.too_stale(version, step + 1)
 
         lost = {g for g, group in self.open.items() if hopeless(group.version)}
         if not lost:
@@ -347,6 +453,8 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         gone = {id(q) for q in requests}
         self.requests = [q for q in self.requests if id(q) not in gone]
         self.aborting += requests
+        for q in requests:
+            self.inflight.redirect(q.future, lambda _, q=q: self._aborted(q), _GENERATED)
 
     # ------------------------------------------------------------------------------------------
     # what the pipeline calls
@@ -361,19 +469,13 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         super().start(stream, reference)
         self._ref_cursor = 0
         # A stream of several domains (DomainMixer) gets one lane per domain.
-        self.lanes = dict(stream.probs) if getattr(stream, "probs", None) else None
-        self._lane_credit = dict.fromkeys(self.lanes or {}, 0.0)
-        self._quotas: list[dict[str, int]] = []
-
-    @staticmethod
-    def staleness(version: int, step: int) -> int:
-        """Updates between a group's weights (``version``) and those trained at ``step`` (``step - 1``)."""
-        return step - 1 - version
+        probs = getattr(stream, "probs", None)
+        self.domain_lanes = DomainLanes(probs, self.want) if probs else None
 
     def next_batch(self) -> tuple[Batch, dict[str, float]]:
         """The next ``prompts_per_step`` complete, fresh-enough groups (blocks until there are)."""
         t0 = time.perf_counter()
-        step = self.steps_started + 1
+        step = self.budget.steps_started + 1
         if step == 1:  # idle time is counted from the first request on, not from the warm-up
             self._idle_since = {w: t0 for w in self._idle_since}
             self.stats["time/idle/actor_infer_s"] = 0.0
@@ -383,7 +485,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
             waiting = []  # groups whose domain's quota for this step is full: they wait for the next
             while self.ready and len(chosen) < self.want:
                 version, group = self.ready.pop(0)
-                if self.staleness(version, step) > self.max_stale:
+                if self.budget.too_stale(version, step):
                     self.stats["rollout/dropped_stale_groups"] += 1
                 elif self._fits(group, chosen, step):
                     chosen.append((version, group))
@@ -393,7 +495,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
             if len(chosen) < self.want and self.sampling.exhausted():
                 # As the sync path after max_rounds: train on groups the filter rejected (for GRPO
                 # their advantages are zero) rather than generate forever, and say so.
-                fresh = [(v, g) for v, g in self.rejected if self.staleness(v, step) <= self.max_stale]
+                fresh = [(v, g) for v, g in self.rejected if not self.budget.too_stale(v, step)]
                 take: list[tuple[int, Batch]] = []
                 for v, g in fresh:
                     if len(chosen) + len(take) < self.want and self._fits(g, chosen + take, step):
@@ -405,10 +507,10 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
                 # Nothing in flight and nothing allowed to start: waiting would spin forever.
                 raise RollError(
                     f"async scheduler stalled at step {step}: {len(chosen)} of {self.want} groups, nothing in "
-                    f"flight and nothing admissible (version {self.version}, outstanding {self.outstanding()}, "
-                    f"ratio {self.ratio}); please report this with your rollout config")
-        self.steps_started, self.chosen = step, []
-        staleness = [self.staleness(v, step) for v, _ in chosen]
+                    f"flight and nothing admissible (version {self.budget.version}, outstanding {self.outstanding()}, "
+                    f"ratio {self.budget.ratio}); please report this with your rollout config")
+        self.budget.steps_started, self.chosen = step, []
+        staleness = [self.budget.staleness(v, step) for v, _ in chosen]
         batch = Batch.concat([g for _, g in chosen])
         # Group ids 0..want-1 in batch order, as the estimators expect.
         batch.update(group_index=torch.arange(len(chosen)).repeat_interleave(self.group_size))
@@ -428,21 +530,21 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
 
     def weights_pushed(self) -> None:
         """The pipeline has queued a weight update on every inference worker."""
-        self.version += 1
+        self.budget.version += 1
         self._top_up()
 
     def stop(self) -> None:
         """Abort everything in flight at the end of a run and wait until every inference worker is
         free, so no request outlives it. Discarded groups are counted as aborted."""
         self.stats["rollout/aborted_groups"] += len(self.open) + len(self.ready) + sum(
-            len(groups) for _, groups in self.referencing)
+            len(groups) for groups in self.referencing)
         self.open.clear()
         self.pending.clear()
         self.ready.clear()
         self._cancel(list(self.requests))
         self.accepting = False
         try:
-            while self.requests or self.aborting or self.scoring or self.referencing:
+            while self.inflight:
                 self._pump([])
         finally:
             self.accepting = True
@@ -477,7 +579,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         self.stats["time/idle/actor_infer_s"] = self._idle_metric()
         out = {k: float(v) for k, v in self.stats.items()}
         hist = Counter(staleness)
-        out.update({f"rollout/staleness_{k}": float(hist.get(k, 0)) for k in range(self.max_stale + 1)})
+        out.update({f"rollout/staleness_{k}": float(hist.get(k, 0)) for k in range(self.budget.max_stale + 1)})
         out["rollout/staleness_mean"] = sum(staleness) / len(staleness)
         out["rollout/staleness_max"] = float(max(staleness))
         out["rollout/in_flight_groups"] = float(self.outstanding())
