@@ -193,3 +193,34 @@ def test_reward_option_values_are_checked_and_coerced_to_the_declared_types(roll
     message = str(err.value)
     assert "key 'roles.reward.options' for reward 'typed': option 'threshold' must be float, got 'high'" in message
     assert "option 'rounds' must be int, got 2.5" in message
+
+
+def test_resume_guard_compares_flattened_configs_outside_the_resumable_keys():
+    from roll_core.config.resume import check_resume, flatten, meaningful_changes
+
+    assert flatten({"a": {"b": 1, "c": {}}, "d": 2}) == {"a.b": 1, "a.c": {}, "d": 2}
+    saved = {"output_dir": "runs/x", "trainer": {"max_steps": 10}, "roles": {"actor_train": {"num_workers": 1}},
+             "algorithm": {"policy_loss": "ppo_clip"}, "seed": 0}
+    resumable = {**saved, "trainer": {"max_steps": 20}, "roles": {"actor_train": {"num_workers": 2}}}
+    assert meaningful_changes(saved, resumable) == []
+    check_resume(saved, resumable, "ckpt")  # passes
+    check_resume(None, resumable, "ckpt")  # a checkpoint without a recorded config passes
+    changed = {**saved, "algorithm": {"policy_loss": "gspo"}, "extra": 1}
+    del changed["seed"]
+    assert meaningful_changes(saved, changed) == [("algorithm.policy_loss", "ppo_clip", "gspo"), ("extra", None, 1),
+                                                  ("seed", 0, None)]
+    with pytest.raises(ConfigError, match=r"checkpoint ckpt\): algorithm.policy_loss: 'ppo_clip' -> 'gspo'; "
+                                          r"extra: None -> 1; seed: 0 -> None\. Resuming"):
+        check_resume(saved, changed, "ckpt")
+
+
+def test_resume_guard_shortens_long_values_and_counts_the_rest():
+    from roll_core.config.resume import check_resume
+
+    saved = {"output_dir": "o", **{f"k{i}": i for i in range(10)}, "a_long": "x" * 100}
+    current = {"output_dir": "o", **{f"k{i}": i + 1 for i in range(10)}, "a_long": "y" * 100}
+    with pytest.raises(ConfigError) as err:
+        check_resume(saved, current, "c")
+    text = str(err.value)
+    assert "(and 3 more)" in text  # 11 changes, 8 shown
+    assert "a_long: '" + "x" * 56 + "... -> '" + "y" * 56 + "..." in text

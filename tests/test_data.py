@@ -59,3 +59,34 @@ def test_read_jsonl_errors_name_file_and_line(tmp_path):
     p.write_text(json.dumps({"prompt": "a"}) + "\n")
     with pytest.raises(ConfigError, match="line 1: missing key 'ground_truth'"):
         read_jsonl(p)
+
+
+def test_even_slices_give_the_remainder_to_the_first_slices():
+    from roll_core.data import even_slices
+
+    assert [(s.start, s.stop) for s in even_slices(7, 3)] == [(0, 3), (3, 5), (5, 7)]
+    assert [(s.start, s.stop) for s in even_slices(6, 3)] == [(0, 2), (2, 4), (4, 6)]
+
+
+def test_update_sorts_tensors_from_other_values():
+    b = Batch({"x": torch.zeros(2)}).update(y=torch.ones(2), tags=["a", "b"])
+    assert set(b.tensors) == {"x", "y"} and b.non_tensors == {"tags": ["a", "b"]}
+
+
+def test_concat_pads_2d_to_the_widest_and_joins_1d_and_lists():
+    a = Batch({"r": torch.ones(1, 2), "s": torch.tensor([1.0])}, {"t": ["a"]})
+    b = Batch({"r": torch.ones(2, 3), "s": torch.tensor([2.0, 3.0])}, {"t": ["b", "c"]})
+    out = Batch.concat([a, b])
+    assert out["r"].tolist() == [[1, 1, 0], [1, 1, 1], [1, 1, 1]]
+    assert out["s"].tolist() == [1.0, 2.0, 3.0] and out.non_tensors["t"] == ["a", "b", "c"]
+    single = Batch.concat([a])
+    assert single["r"].tolist() == [[1, 1]] and single.non_tensors["t"] == ["a"]
+
+
+def test_read_jsonl_skips_blank_lines_and_refuses_an_empty_file(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"prompt": "1", "ground_truth": "a"}\n\n{"prompt": "2", "ground_truth": "b"}\n')
+    assert [r["prompt"] for r in read_jsonl(p)] == ["1", "2"]
+    p.write_text("\n")
+    with pytest.raises(ConfigError, match="has no rows"):
+        read_jsonl(p)

@@ -59,3 +59,39 @@ def test_verl_style_function_unchanged(legacy_module):
 def test_bad_import_path_is_explained():
     with pytest.raises(ValueError, match="cannot import reward function 'nope.nothing:f'"):
         TRLRewardFunction(function="nope.nothing:f")
+
+
+SEEN: dict = {}
+
+
+def recording_trl(prompts, completions, **columns):
+    SEEN["trl"] = {"prompts": prompts, "completions": completions, **columns}
+    return [None, 0.5]
+
+
+def recording_verl(data_source, solution_str, ground_truth, extra_info):
+    SEEN["verl"] = (data_source, solution_str, ground_truth, extra_info)
+    return 0.25
+
+
+def test_adapters_pass_every_column_and_argument_through():
+    from roll_rewards.adapters import TRLRewardFunction, VerlComputeScore
+
+    samples = [RewardInput("p1", "c1", "g1", domain="math", extra={"level": 1}),
+               RewardInput("p2", "c2", "g2", domain="code", extra={"lang": "py"})]
+    assert TRLRewardFunction(f"{__name__}:recording_trl").score_batch(samples) == [0.0, 0.5]
+    assert SEEN["trl"] == {"prompts": ["p1", "p2"], "completions": ["c1", "c2"], "ground_truth": ["g1", "g2"],
+                           "domain": ["math", "code"], "level": [1, None], "lang": [None, "py"]}
+    assert VerlComputeScore(f"{__name__}:recording_verl").score(samples[0]) == 0.25  # a plain float
+    assert SEEN["verl"] == ("math", "c1", "g1", {"level": 1})
+
+
+def test_adapters_name_a_bad_function():
+    from roll_rewards.adapters import TRLRewardFunction
+
+    with pytest.raises(ValueError, match=r"cannot import reward function 'nowhere:f': ModuleNotFoundError"):
+        TRLRewardFunction("nowhere:f")
+    with pytest.raises(ValueError, match=r"is not callable"):
+        TRLRewardFunction(f"{__name__}:SEEN")
+    with pytest.raises(ValueError, match="returned 2 values for 1 completions"):
+        TRLRewardFunction(f"{__name__}:recording_trl").score_batch([RewardInput("p", "c", "g")])

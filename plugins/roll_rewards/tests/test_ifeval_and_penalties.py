@@ -69,3 +69,52 @@ def test_shaped_reward_format_and_overlong(roll_plugins):
                RewardInput("", "forty", "42"),   # malformed: -1 and overlong (5 > 4): -1 -> -2
                RewardInput("", "421", "42")]     # well-formed, wrong, length 3: (2 - 3) / 2 = -0.5
     assert reward.score_batch(samples) == [1.0, -2.0, -0.5]
+
+
+# mutants that survived mutmut (the core's docs/testing.md): each case fails on at least one
+@pytest.mark.parametrize("relation, value, expected", [
+    (">=", 3, True), ("<", 3, False), ("<=", 3, True), ("at most", 3, True), ("at most", 4, False),
+    ("<=", 2, True), ("==", 3, True), ("exactly", 2, False),
+])
+def test_symbolic_and_spelled_relations(relation, value, expected):
+    words = " ".join(["w"] * value)
+    assert follows(words, {"id": "length_constraints:number_words", "relation": relation, "num_words": 3}) is expected
+
+
+def test_an_unknown_relation_and_an_unknown_check_are_named():
+    with pytest.raises(ValueError, match="relation must be 'at least', 'less than', 'at most' or 'exactly', got 'about'"):
+        follows("a b", {"id": "length_constraints:number_words", "relation": "about", "num_words": 3})
+    with pytest.raises(ValueError, match=r"unknown instruction id None\..*Known ids: change_case:english_capital, "):
+        follows("a b", {"num_words": 3})
+
+
+def test_a_json_block_fenced_without_a_language_counts():
+    assert follows('```\n{"a": 1}\n```', {"id": "detectable_format:json_format"})
+
+
+def test_ifeval_ground_truth_as_list_or_json_text_and_empty_refused():
+    ins = [{"id": "change_case:english_lowercase"}]
+    assert IFEvalReward().score(RewardInput("p", "low", ins)) == 1.0
+    assert IFEvalReward().score(RewardInput("p", "low", '[{"id": "change_case:english_lowercase"}]')) == 1.0
+    for bad in ([], "[]", {"id": "change_case:english_lowercase"}):
+        with pytest.raises(ValueError, match="ground_truth must be a non-empty list of instructions"):
+            IFEvalReward().score(RewardInput("p", "low", bad))
+
+
+def test_overlong_penalty_boundaries():
+    # max_length 10, buffer 4: free up to 6, then linear to -1 at 10, -factor beyond
+    assert overlong_penalty(6, 10, 4) == 0.0
+    assert overlong_penalty(10, 10, 4) == pytest.approx(-1.0)
+    assert overlong_penalty(11, 10, 4, factor=2.0) == -2.0
+    assert overlong_penalty(3, 10, 10) == pytest.approx(-0.3)  # a buffer as long as the budget is allowed
+    assert overlong_penalty(1, 10, 1) == 0.0  # the smallest buffer
+    for buffer in (0, 11):
+        with pytest.raises(ValueError, match=r"overlong buffer must be in \(0, max_length\]"):
+            overlong_penalty(5, 10, buffer)
+
+
+def test_shaped_reward_defaults_add_nothing_and_bad_overlong_options_fail_at_construction():
+    base = ShapedReward("multiple_choice")
+    assert base.score(RewardInput("p", "B", "B")) == 1.0  # no format penalty, no overlong by default
+    with pytest.raises(ValueError, match="overlong buffer"):
+        ShapedReward("multiple_choice", overlong={"max_length": 4, "buffer": 8})

@@ -32,3 +32,22 @@ def test_registered_and_used_by_name(roll_plugins):
     assert entry.plugin == "rewards"
     reward = plugins.rewards.get("math_verify")(timeout_seconds=2)
     assert reward.score_batch([RewardInput("", r"\boxed{1/4}", "0.25")]) == [1.0]
+
+
+def test_boxed_only_refuses_an_unboxed_answer_that_the_default_accepts():
+    from roll_core.rewards import RewardInput
+    from roll_rewards.math import MathVerifyReward
+
+    for response in ("The answer is 3", "so we get $3$"):
+        assert MathVerifyReward().score(RewardInput("q", response, "3")) == 1.0
+        assert MathVerifyReward(boxed_only=True).score(RewardInput("q", response, "3")) == 0.0
+    assert MathVerifyReward(boxed_only=True).score(RewardInput("q", "\\boxed{3}", "3")) == 1.0
+
+
+def test_float_rounding_decides_close_decimals():
+    from roll_core.rewards import RewardInput
+    from roll_rewards.math import MathVerifyReward
+
+    sample = RewardInput("q", "\\boxed{0.33}", "0.3333")
+    assert MathVerifyReward().score(sample) == 0.0  # 6 digits by default
+    assert MathVerifyReward(float_rounding=2).score(sample) == 1.0
