@@ -569,9 +569,9 @@ def test_topr_weight_carries_no_gradient():
 # mutants that survived mutmut (docs/testing.md): each case below fails on at least one of them
 # ------------------------------------------------------------------------------------------------
 def test_full_kl_rejects_token_log_probs_and_reduces_over_the_vocabulary_only():
-    with pytest.raises(ValueError, match=r"needs \[B, R, V\] log-distributions"):
+    with pytest.raises(ValueError, match=r"^kl estimator 'full' needs \[B, R, V\] log-distributions, got "):
         full(torch.zeros(2, 3), torch.zeros(2, 3, 4))
-    with pytest.raises(ValueError, match=r"needs \[B, R, V\] log-distributions"):
+    with pytest.raises(ValueError, match=r"^kl estimator 'full' needs \[B, R, V\] log-distributions, got "):
         full(torch.zeros(2, 3, 4), torch.zeros(2, 3))
     uniform = torch.full((2, 3, 4), math.log(0.25))
     assert full(uniform, uniform).shape == (2, 3)
@@ -628,9 +628,9 @@ def test_gigpo_step_groups_are_per_episode_group_and_state():
 
 def test_opd_needs_both_teacher_and_old_log_probs():
     mask = torch.ones(1, 2)
-    with pytest.raises(ValueError, match="needs teacher log-probs"):
+    with pytest.raises(ValueError, match=r"^advantage estimator 'opd' needs teacher log-probs \(configure roles.reference\)$"):
         opd(AdvantageInput(torch.zeros(1, 2), mask, torch.tensor([0]), teacher_log_probs=torch.zeros(1, 2)), cfg())
-    with pytest.raises(ValueError, match="needs teacher log-probs"):
+    with pytest.raises(ValueError, match=r"^advantage estimator 'opd' needs teacher log-probs \(configure roles.reference\)$"):
         opd(AdvantageInput(torch.zeros(1, 2), mask, torch.tensor([0]), old_log_probs=torch.zeros(1, 2)), cfg())
 
 
@@ -655,7 +655,7 @@ def test_tis_weight_saturates_at_exp_minus_20_and_needs_inference_log_probs():
     loss, metrics = tis(_one_row([0.0], [1.0], old=[0.0], infer=[30.0]), cfg())
     assert float(loss[0, 0]) == pytest.approx(-math.exp(-20.0), rel=1e-4)
     assert metrics["tis_weight_mean"] == pytest.approx(math.exp(-20.0), rel=1e-4)
-    with pytest.raises(ValueError, match="needs the inference log-probs"):
+    with pytest.raises(ValueError, match=r"^policy loss 'tis' needs the inference log-probs \('infer_log_probs' in the batch\)$"):
         tis(_one_row([0.0], [1.0]), cfg())
 
 
@@ -681,3 +681,141 @@ def test_kimi_loss_value_and_approx_kl():
     ln2 = math.log(2.0)
     assert float(loss[0, 0]) == pytest.approx(2 * ln2 + 0.05 * ln2**2)
     assert metrics["approx_kl"] == pytest.approx(ln2)
+
+
+# ------------------------------------------------------------------------------------------------
+# the loss functions trained roles minimise (algorithms/objective.py)
+# ------------------------------------------------------------------------------------------------
+def _algo(**kw):
+    from roll_core.config.schema import AlgorithmConfig
+
+    return AlgorithmConfig(**kw)
+
+
+def test_which_passes_need_full_distributions():
+    from roll_core.algorithms.objective import distributions_needed
+
+    assert distributions_needed(_algo(kl_estimator="full")) == (False, False)  # no KL loss term
+    assert distributions_needed(_algo(kl_estimator="full", kl_loss_coef=0.1)) == (True, False)
+    assert distributions_needed(_algo(kl_estimator="k3", kl_loss_coef=0.1)) == (False, False)
+    assert distributions_needed(_algo(kl_penalty={"coef": 0.1, "estimator": "full"})) == (False, True)
+    assert distributions_needed(_algo(kl_penalty={"coef": 0.0, "estimator": "full"})) == (False, False)
+    assert distributions_needed(_algo(kl_penalty={"coef": 0.1, "estimator": "k1"})) == (False, False)
+
+
+def test_actor_objective_resolves_names_and_reads_the_rollout():
+    from roll_core.algorithms.kl import k3
+    from roll_core.algorithms.objective import ActorObjective
+    from roll_core.config.schema import RolloutConfig
+
+    obj = ActorObjective.from_config(_algo(kl_estimator="full", kl_loss_coef=0.2, entropy_coef=0.01),
+                                     RolloutConfig(max_new_tokens=7, temperature=0.5))
+    assert (obj.max_response_length, obj.temperature, obj.kl_distribution) == (7, 0.5, True)
+    assert (obj.kl_loss_coef, obj.entropy_coef, obj.loss_agg_mode) == (0.2, 0.01, "token-mean")
+    assert obj.outputs == {"log_probs", "entropy", "log_dist"} and obj.policy_loss is ppo_clip
+    plain = ActorObjective.from_config(_algo())
+    assert (plain.max_response_length, plain.temperature, plain.kl_distribution, plain.kl) == (None, 1.0, False, k3)
+    assert plain.outputs == {"log_probs", "entropy"}
+    assert ActorObjective.from_config(_algo(kl_estimator="full")).outputs == {"log_probs", "entropy"}  # no KL term
+
+
+def test_actor_objective_call_passes_entropy_and_log_dist():
+    from roll_core.algorithms.objective import ActorObjective
+    from roll_core.data import Batch
+
+    # entropy [1, 3] -> mean 2 ; full KL of (.5, .5) against (.25, .75) per token: 0.143841
+    obj = ActorObjective.from_config(_algo(kl_estimator="full", kl_loss_coef=1.0))
+    old = torch.log(torch.tensor([0.5, 0.5])).expand(1, 2, 2)
+    ref = torch.log(torch.tensor([0.25, 0.75])).expand(1, 2, 2)
+    micro = Batch({"advantages": torch.zeros(1, 2), "response_mask": torch.ones(1, 2),
+                   "ref_log_probs": torch.zeros(1, 2), "ref_log_dist": ref})
+    _, metrics = obj({"log_probs": torch.zeros(1, 2), "entropy": torch.tensor([[1.0, 3.0]]), "log_dist": old},
+                     micro, 2.0, 1.0)
+    assert metrics["train/entropy"] == pytest.approx(2.0)
+    assert metrics["train/kl"] == pytest.approx(0.5 * math.log(2.0) + 0.5 * math.log(0.5 / 0.75), rel=1e-5)
+
+
+def test_critic_objective_clips_and_uses_the_configured_horizon():
+    from roll_core.algorithms.objective import CriticObjective
+    from roll_core.config.schema import RolloutConfig
+    from roll_core.data import Batch
+
+    # V 2, V_old 0, G 0, clip .5: unclipped (2 - 0)^2 = 4, clipped (0 + .5 - 0)^2 = .25 -> .5 * max = 2
+    # one token of a 1-token response; seq-mean-token-sum-norm divides by seqs * horizon = 1 * 4
+    obj = CriticObjective.from_config(_algo(value_clip=0.5, loss_agg_mode="seq-mean-token-sum-norm"),
+                                      RolloutConfig(max_new_tokens=4))
+    assert (obj.value_clip, obj.max_response_length, obj.outputs) == (0.5, 4, {"values"})
+    micro = Batch({"values": torch.zeros(1, 1), "returns": torch.zeros(1, 1), "response_mask": torch.ones(1, 1)})
+    loss, metrics = obj({"values": torch.tensor([[2.0]])}, micro, 1.0, 1.0)
+    assert float(loss) == pytest.approx(2.0 / 4) and metrics["critic/abs_error"] == pytest.approx(2.0)
+    unclipped = CriticObjective.from_config(_algo(value_clip=None))  # no horizon: the response width
+    assert unclipped.max_response_length is None
+    loss, _ = unclipped({"values": torch.tensor([[2.0]])}, micro, 1.0, 1.0)
+    assert float(loss) == pytest.approx(2.0)  # 0.5 * 4, token-mean
+
+
+def test_supervised_objective_is_token_mean_cross_entropy_over_the_mini_batch():
+    from roll_core.algorithms.objective import SupervisedObjective
+    from roll_core.data import Batch
+
+    # log-probs [-1, -2, (pad)]: -(-1 - 2) / 4 tokens of the whole mini-batch = 0.75
+    obj = SupervisedObjective("sft/loss")
+    micro = Batch({"response_mask": torch.tensor([[1, 1, 0]])})
+    loss, metrics = obj({"log_probs": torch.tensor([[-1.0, -2.0, -5.0]])}, micro, 4.0, 1.0)
+    assert float(loss) == pytest.approx(0.75) and metrics == {"sft/loss": pytest.approx(0.75)}
+    assert obj.additive == {"sft/loss"} and obj.outputs == {"log_probs"}
+
+
+def test_a_loss_registered_with_options_is_called_with_them(roll_plugins):
+    import types
+
+    from pydantic import BaseModel
+
+    from roll_core import hookimpl
+    from roll_core.algorithms.objective import ActorObjective
+
+    class Opts(BaseModel):
+        scale: float = 1.0
+
+    def scaled(inputs, config, options):
+        return options.scale * inputs.advantages, {}
+
+    plugins = roll_plugins(("o", types.SimpleNamespace(roll_register_policy_losses=hookimpl(
+        lambda register: register("scaled", scaled, options=Opts)))))
+    obj = ActorObjective.from_config(_algo(policy_loss="scaled", policy_loss_options={"scale": 3.0}), plugins=plugins)
+    out, _ = obj.policy_loss(PolicyLossInput(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1)),
+                             None)
+    assert float(out) == 3.0
+
+
+def test_gspo_ratio_is_the_geometric_mean_of_the_token_ratios():
+    # log_prob [-1, -3], old [-2, -2]: mean log-ratio (1 - 1) / 2 = 0 -> s = 1 -> loss = -A per token,
+    # whereas the sum of the two (a wrong sign) would give mean (-3 - 5) / 2 = -4 -> s = e^-4, clipped to .8
+    loss, metrics = gspo(PolicyLossInput(torch.tensor([[-1.0, -3.0]]), torch.tensor([[-2.0, -2.0]]),
+                                         torch.tensor([[1.0, 1.0]]), torch.ones(1, 2)), cfg())
+    torch.testing.assert_close(loss, torch.tensor([[-1.0, -1.0]]))
+    assert metrics["clip_frac"] == 0.0
+
+
+def test_the_log_ratio_is_clamped_to_plus_minus_20():
+    # log_prob - old = +30 with A = -1: -min(r A, clip(r) A) = r = e^20 (not e^30, which would swamp the batch)
+    loss, _ = ppo_clip(PolicyLossInput(torch.tensor([[30.0]]), torch.zeros(1, 1), -torch.ones(1, 1),
+                                       torch.ones(1, 1)), cfg())
+    assert float(loss) == pytest.approx(math.exp(20.0), rel=1e-5)
+    # -30 with A = 1: -min(r, .8) = -e^-20
+    loss, _ = ppo_clip(PolicyLossInput(torch.tensor([[-30.0]]), torch.zeros(1, 1), torch.ones(1, 1),
+                                       torch.ones(1, 1)), cfg())
+    assert float(loss) == pytest.approx(-math.exp(-20.0), rel=1e-4)
+
+
+def test_value_loss_clips_from_below_around_the_old_value():
+    # V -1, V_old 1, G -3, clip .5: V_clip = 1 + clip(-2, -.5, .5) = .5
+    # unclipped (-1 + 3)^2 = 4, clipped (.5 + 3)^2 = 12.25 -> .5 * max = 6.125
+    loss = value_loss(torch.tensor([[-1.0]]), torch.tensor([[1.0]]), torch.tensor([[-3.0]]), 0.5)
+    assert float(loss) == pytest.approx(6.125)
+    assert float(value_loss(torch.tensor([[-1.0]]), torch.tensor([[1.0]]), torch.tensor([[-3.0]]), None)) == 2.0
+
+
+def test_gae_without_a_critic_says_what_to_configure():
+    with pytest.raises(ValueError, match=r"^advantage estimator 'gae' needs critic values \(configure roles.critic\)$"):
+        gae(AdvantageInput(torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([0])), cfg())
