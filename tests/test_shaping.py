@@ -357,3 +357,21 @@ def test_an_estimator_with_its_own_options_model(roll_plugins):
     cfg = load_config(None, ["algorithm.advantage_estimator=grpo", "algorithm.advantage_estimator_options.factor=2"])
     with pytest.raises(ConfigError, match="advantage estimator 'grpo' takes no options"):
         check_registry_names(cfg, plugins)
+
+
+def test_an_options_model_that_does_not_import_is_named_by_validate(roll_plugins):
+    import types
+
+    from roll_core import hookimpl
+    from roll_core.algorithms.advantages import grpo
+    from roll_core.config import check_registry_names, load_config
+
+    @hookimpl
+    def roll_register_advantage_estimators(register):
+        register("broken", grpo, options="no_such_package.options:Model")
+
+    plugins = roll_plugins(("brk", types.SimpleNamespace(roll_register_advantage_estimators=roll_register_advantage_estimators)))
+    cfg = load_config(None, ["algorithm.advantage_estimator=broken"])
+    with pytest.raises(ConfigError, match=r"advantage estimator 'broken' \(plugin 'brk'\) registered options that "
+                                          r"failed to load: ModuleNotFoundError"):
+        check_registry_names(cfg, plugins)

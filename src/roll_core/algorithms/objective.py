@@ -16,7 +16,7 @@ Tokens count where ``loss_mask`` is 1 (the response mask with masked samples rem
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
@@ -258,10 +258,10 @@ class SupervisedObjective:
     metric: str = "warmup/loss"
     outputs: frozenset[str] = frozenset({"log_probs"})
     temperature: float = 1.0
-    additive: frozenset[str] = field(default=frozenset())
 
-    def __post_init__(self):
-        object.__setattr__(self, "additive", frozenset({self.metric}))
+    @property
+    def additive(self) -> frozenset[str]:
+        return frozenset({self.metric})
 
     def __call__(self, out, micro, tokens, seqs):
         mask = micro["response_mask"].to(out["log_probs"].dtype)

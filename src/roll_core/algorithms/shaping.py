@@ -120,7 +120,7 @@ class RewardShaper:
     def __init__(self, config, plugins):
         from roll_core.algorithms.objective import bind_options, kl_takes_distribution
 
-        self.config, self.plugins = config, plugins
+        self.config = config
         # resolved once: no registry lookups per step
         self.estimator = bind_options(plugins.advantage_estimators, config.advantage_estimator,
                                       config.advantage_estimator_options)

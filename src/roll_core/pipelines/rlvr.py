@@ -68,6 +68,8 @@ class RLVRPipeline(TrainingLoop):
         self.scheduler = self.plugins.schedulers.get(cfg.rollout.scheduler)(
             cfg, self.executor, self.infer, self.reward, self.tokenizer)
         self.reference = self.critic = None
+        # whether the reference / old log-prob passes must return full distributions (loss term, penalty)
+        self.dist_loss, self.dist_penalty = distributions_needed(cfg.algorithm, self.plugins)
         # the losses, with every registered callable resolved once; they travel with each update
         self.actor_update = (ActorObjective.from_config(cfg.algorithm, cfg.rollout, self.plugins),
                              UpdateSpec.from_config(cfg.algorithm, roles.actor_train))
@@ -106,7 +108,7 @@ class RLVRPipeline(TrainingLoop):
     def before_steps(self) -> None:
         self.roles.record(self.run_dir / "placement.json")
         streamed = (self.reference is not None and self.overlapping and not self.roles.residency.colocation.get("reference")
-                    and not any(distributions_needed(self.config.algorithm, self.plugins)))  # own devices, token log-probs enough
+                    and not (self.dist_loss or self.dist_penalty))  # own devices, token log-probs enough
         self.scheduler.start(self.stream, reference=self.reference if streamed else None)
         if self.overlapping:
             warn_if_oversubscribed(self.config)
@@ -128,7 +130,7 @@ class RLVRPipeline(TrainingLoop):
         t0 = time.perf_counter()
         batch, metrics = self.collect()
         t_rollout = time.perf_counter() - t0
-        dist_loss, dist_penalty = distributions_needed(self.config.algorithm, self.plugins)
+        dist_loss, dist_penalty = self.dist_loss, self.dist_penalty
         temperature = self.config.rollout.temperature
         if self.reference is not None and "ref_log_probs" not in batch:  # unless the scheduler streamed them
             self.roles.use("reference")

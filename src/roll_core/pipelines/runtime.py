@@ -116,7 +116,8 @@ class RoleGroups:
         address = ex.get(ex.invoke(group.handles[0], "node_address", (), {})) if world > 1 else None
         dp_ranks = ex.get([ex.invoke(h, "setup", (address, rank if world > 1 else 0, world), {})
                            for rank, h in enumerate(group.handles)])
-        group.dp_ranks = dp_ranks if trained else list(range(len(group)))
+        if trained:  # inference workers keep the default: each one a replica of its own
+            group.dp_ranks = dp_ranks
         return group
 
     def rewards(self) -> RewardRouter:

@@ -29,7 +29,6 @@ class _Offloading:
 
     device: torch.device
     model: Any
-    optimizers: dict[str, torch.optim.Optimizer] = {}
 
     def offload(self) -> None:
         if self.device.type != "cpu":
@@ -41,7 +40,7 @@ class _Offloading:
 
     def _move_states(self, device: torch.device) -> None:
         self.model.to(device)
-        for optimizer in self.optimizers.values():
+        for optimizer in getattr(self, "optimizers", {}).values():  # inference strategies have none
             for state in optimizer.state.values():
                 for key, value in state.items():
                     if isinstance(value, torch.Tensor):
