@@ -819,3 +819,73 @@ def test_value_loss_clips_from_below_around_the_old_value():
 def test_gae_without_a_critic_says_what_to_configure():
     with pytest.raises(ValueError, match=r"^advantage estimator 'gae' needs critic values \(configure roles.critic\)$"):
         gae(AdvantageInput(torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([0])), cfg())
+
+
+def _captured_actor_loss(micro, log_prob, **kw):
+    """Run ``actor_loss`` with a policy loss that records what it was given and returns ``-A``."""
+    from roll_core.algorithms.objective import ActorObjective, actor_loss
+
+    seen = {}
+
+    def policy_loss(inputs, config):
+        seen["inputs"] = inputs
+        return -inputs.advantages, {"seen": 1.0}
+
+    fields = dict(policy_loss=policy_loss, config=None, loss_agg_mode="seq-mean-token-sum-norm",
+                  max_response_length=None, temperature=1.0)
+    objective = ActorObjective(**{**fields, **kw})
+    loss, metrics = actor_loss(log_prob, None, micro, objective, global_tokens=2.0, global_seqs=1.0)
+    return float(loss.detach()), metrics, seen["inputs"]
+
+
+def test_actor_loss_hands_the_policy_loss_the_batch_log_probs_and_the_horizon():
+    from roll_core.data import Batch
+
+    log_prob = torch.tensor([[-1.0, -2.0, -3.0, -4.0]], dtype=torch.float64)
+    old, infer = torch.full((1, 4), -0.5), torch.full((1, 4), -0.7)
+    micro = Batch({"advantages": torch.tensor([[2.0, 2.0, 5.0, 5.0]]), "response_mask": torch.ones(1, 4),
+                   "loss_mask": torch.tensor([[1.0, 1.0, 0.0, 0.0]]), "old_log_probs": old, "infer_log_probs": infer})
+    # Dr. GRPO: sum(-A * mask) / (seqs * horizon) = -4 / (1 * 4): the horizon is the response width ...
+    loss, metrics, seen = _captured_actor_loss(micro, log_prob)
+    assert loss == pytest.approx(-1.0) and metrics == {"train/seen": 1.0, "train/pg_loss": pytest.approx(-1.0)}
+    assert seen.old_log_prob is old and seen.infer_log_probs is infer and seen.log_prob is log_prob
+    assert seen.response_mask.tolist() == [[1.0, 1.0, 0.0, 0.0]] and seen.response_mask.dtype == torch.float64
+    # ... or the rollout's max_new_tokens when known: -4 / (1 * 8)
+    assert _captured_actor_loss(micro, log_prob, max_response_length=8)[0] == pytest.approx(-0.5)
+    # without old log-probs (reused from the update) the loss sees its own, detached
+    bare = Batch({"advantages": micro["advantages"], "response_mask": torch.ones(1, 4)})
+    _, _, seen = _captured_actor_loss(bare, log_prob.clone().requires_grad_())
+    assert torch.equal(seen.old_log_prob, seen.log_prob) and not seen.old_log_prob.requires_grad
+    assert seen.infer_log_probs is None
+
+
+def test_actor_loss_reports_kl_only_when_it_can_compute_it():
+    from roll_core.algorithms.kl import full, k1
+    from roll_core.algorithms.objective import ActorObjective, actor_loss
+    from roll_core.data import Batch
+
+    log_prob = torch.zeros(1, 2)
+    base = {"advantages": torch.zeros(1, 2), "response_mask": torch.ones(1, 2)}
+    with_ref = Batch({**base, "ref_log_probs": torch.full((1, 2), -1.0)})
+    # k1 = log_prob - ref = 1 per token; Dr. GRPO over 2 tokens of a 2-wide response: 2 / 2 = 1
+    loss, metrics, _ = _captured_actor_loss(with_ref, log_prob, kl=k1, kl_loss_coef=0.5)
+    assert metrics["train/kl"] == pytest.approx(1.0) and loss == pytest.approx(0.5)
+    assert "train/kl" not in _captured_actor_loss(Batch(base), log_prob, kl=k1, kl_loss_coef=0.5)[1]
+    assert "train/kl" not in _captured_actor_loss(with_ref, log_prob, kl=None)[1]
+    # a distribution estimator needs both distributions; without them the term is left out, not faked
+    p = torch.log(torch.tensor([0.5, 0.5])).expand(1, 2, 2)
+    q = torch.log(torch.tensor([0.25, 0.75])).expand(1, 2, 2)
+    no_dist = _captured_actor_loss(with_ref, log_prob, kl=full, kl_distribution=True, kl_loss_coef=1.0)
+    assert "train/kl" not in no_dist[1] and no_dist[0] == pytest.approx(0.0)
+    objective_kw = dict(kl=full, kl_distribution=True, kl_loss_coef=1.0)
+    only_ref = Batch({**base, "ref_log_probs": torch.zeros(1, 2), "ref_log_dist": q})
+    loss, metrics, _ = _captured_actor_loss(only_ref, log_prob, **objective_kw)  # no log_dist of the actor
+    assert "train/kl" not in metrics
+    obj = ActorObjective(policy_loss=lambda i, c: (-i.advantages, {}), config=None, loss_agg_mode="token-mean",
+                         max_response_length=None, temperature=1.0, **objective_kw)
+    loss, metrics = actor_loss(log_prob, None, only_ref, obj, global_tokens=2.0, global_seqs=1.0, log_dist=p)
+    expected = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    assert metrics["train/kl"] == pytest.approx(expected, rel=1e-5) and float(loss) == pytest.approx(expected, rel=1e-5)
+    missing_ref = Batch({**base, "ref_log_probs": torch.zeros(1, 2)})
+    assert "train/kl" not in actor_loss(log_prob, None, missing_ref, obj, global_tokens=2.0, global_seqs=1.0,
+                                        log_dist=p)[1]

@@ -1,9 +1,10 @@
 import json
+from collections import Counter
 
 import pytest
 import torch
 
-from roll_core.data import Batch, PromptStream, read_jsonl
+from roll_core.data import Batch, DomainMixer, PromptStream, deal_slots, dp_shards, read_jsonl
 from roll_core.errors import ConfigError
 
 
@@ -90,3 +91,107 @@ def test_read_jsonl_skips_blank_lines_and_refuses_an_empty_file(tmp_path):
     p.write_text("\n")
     with pytest.raises(ConfigError, match="has no rows"):
         read_jsonl(p)
+
+
+def _rows(domain, n):
+    return [{"prompt": f"{domain}{i}", "ground_truth": "x", "domain": domain} for i in range(n)]
+
+
+def test_mixer_deals_each_step_in_proportion_and_resumes():
+    rows = _rows("a", 10) + _rows("b", 7) + _rows("c", 5)
+    mixer = DomainMixer(rows, {"a": 0.5, "b": 0.25, "c": 0.25}, seed=0)
+    for _ in range(5):
+        assert Counter(r["domain"] for r in mixer.next(8)) == {"a": 4, "b": 2, "c": 2}
+    # Shares that do not divide the step: each step within one prompt, the long run exact.
+    thirds = DomainMixer(rows, {"a": 2 / 3, "b": 1 / 3, "c": 0.0}, seed=0)
+    total = Counter()
+    for _ in range(6):
+        step = Counter(r["domain"] for r in thirds.next(5))
+        assert abs(step["a"] - 10 / 3) < 1 and "c" not in step
+        total += step
+    assert total == {"a": 20, "b": 10}
+    state = json.loads(json.dumps(thirds.state()))
+    expected = thirds.next(7)
+    again = DomainMixer(rows, {"a": 2 / 3, "b": 1 / 3, "c": 0.0}, seed=0)
+    again.load_state(state)
+    assert again.next(7) == expected
+    # Resuming mid-cycle, where the credits are not zero, needs them: 4 slots in, a has dealt 3
+    # (credit 2/3 * 4 - 3 = -1/3) and b 1 (credit +1/3); the next slot goes to b (credits 1/3 vs
+    # 2/3). From zero credits (not restored) it would go to a (2/3 vs 1/3).
+    mid = DomainMixer(rows, {"a": 2 / 3, "b": 1 / 3, "c": 0.0}, seed=0)
+    mid.next(4)
+    state = json.loads(json.dumps(mid.state()))
+    assert state["credit"] == pytest.approx({"a": -1 / 3, "b": 1 / 3})
+    expected = mid.next(1)
+    resumed = DomainMixer(rows, {"a": 2 / 3, "b": 1 / 3, "c": 0.0}, seed=0)
+    resumed.load_state(state)
+    assert resumed.next(1) == expected and expected[0]["domain"] == "b"
+
+
+def test_mixer_names_domains_missing_from_the_data_or_the_probabilities():
+    rows = _rows("math", 3) + _rows("code", 3)
+    with pytest.raises(ConfigError, match="no training row has domain 'mtah'"):
+        DomainMixer(rows, {"mtah": 0.5, "code": 0.5}, seed=0)
+    with pytest.raises(ConfigError, match="also has domain\\(s\\) 'math'.*0 leaves it out"):
+        DomainMixer(rows, {"code": 1.0}, seed=0)
+
+
+def test_mixer_message_names_both_sides_exactly():
+    rows = _rows("math", 2) + [{"prompt": "p", "ground_truth": "x"}]  # no domain: "default"
+    with pytest.raises(ConfigError) as err:
+        DomainMixer(rows, {"mtah": 0.5, "zz": 0.5, "math": 0, "default": 0}, seed=0)
+    assert str(err.value) == ("key 'data.domain_interleave_probs': no training row has domain 'mtah', 'zz'; "
+                              "the data has default, math")
+    with pytest.raises(ConfigError) as err:
+        DomainMixer(_rows("a", 1) + _rows("b", 1) + _rows("c", 1), {"b": 1.0}, seed=0)
+    assert str(err.value) == ("key 'data.domain_interleave_probs': the data also has domain(s) 'a', 'c'; "
+                              "give each a probability (0 leaves it out)")
+
+
+def test_mixer_streams_each_domain_alone_with_its_own_seed_and_reports_the_slowest_epoch():
+    rows = _rows("a", 4) + _rows("b", 2) + [{"prompt": "p", "ground_truth": "x"}]
+    mixer = DomainMixer(rows, {"b": 0.5, "a": 0.5, "default": 0.0}, seed=5)
+    assert list(mixer.streams) == ["a", "b"] and mixer.credit == {"a": 0.0, "b": 0.0}
+    assert [s.seed for s in mixer.streams.values()] == [5, 5 + 7919]
+    assert {r["prompt"] for r in mixer.next_from("b", 2)} == {"b0", "b1"}
+    assert mixer.epoch == 0  # b has dealt both rows but rolls over lazily; a has not started
+    mixer.next_from("b", 1)
+    assert mixer.streams["b"].epoch == 1 and mixer.epoch == 0
+    mixer.next_from("a", 4)
+    mixer.next_from("a", 1)
+    assert mixer.epoch == 1
+    state = mixer.state()
+    assert state == {"domains": {"a": {"epoch": 1, "index": 1}, "b": {"epoch": 1, "index": 1}},
+                     "credit": {"a": 0.0, "b": 0.0}}
+
+
+def test_deal_slots_is_deficit_round_robin_with_ties_to_the_larger_name():
+    credit = {"a": 0.0, "b": 0.0}
+    # slot 1: credits .5/.5, tie -> "b" pays; slot 2: 1.0/0 -> "a"; slot 3: .5/.5 -> "b".
+    assert deal_slots({"a": 0.5, "b": 0.5}, credit, 3) == {"a": 1, "b": 2}
+    assert credit == pytest.approx({"a": 0.5, "b": -0.5})
+    credit = {"a": 0.0, "b": 0.0, "c": 0.0}
+    # .7/.2/.1 over 4 slots: a, b, a, a (credits after: -.2, -.2, .4: c has waited longest)
+    assert deal_slots({"a": 0.7, "b": 0.2, "c": 0.1}, credit, 4) == {"a": 3, "b": 1, "c": 0}
+    assert credit == pytest.approx({"a": -0.2, "b": -0.2, "c": 0.4})
+    assert deal_slots({"a": 1.0}, {"a": 0.0}, 0) == {"a": 0}
+
+
+def test_dp_shards_give_each_rank_its_part_of_every_mini_batch_in_order():
+    batch = Batch({"x": torch.arange(8)}, {"i": list(range(8))})
+    assert dp_shards(batch, 1, 4) == [batch]
+    ranks = dp_shards(batch, 2, 4)
+    assert [r["x"].tolist() for r in ranks] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [r["i"] for r in ranks] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [r["x"].tolist() for r in dp_shards(batch, 2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [r["x"].tolist() for r in dp_shards(batch, 4, 8)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_len_select_by_slice_and_concat_of_empty_parts():
+    assert len(Batch()) == 0 and len(Batch({}, {"t": ["a", "b"]})) == 2
+    b = make_batch(5)
+    assert b.select(slice(1, 4, 2))["name"] == ["r1", "r3"]
+    assert b.select([4, 0])["x"].tolist() == [[8, 9], [0, 1]]
+    assert len(Batch.concat([Batch(), Batch()])) == 0
+    joined = Batch.concat([b.select([]), b.select([1])])
+    assert joined["name"] == ["r1"] and joined["x"].tolist() == [[2, 3]]

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import types
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from roll_core import hookimpl
 from roll_core.config import load_and_check
-from roll_core.data import DomainMixer
 from roll_core.errors import ConfigError
 from roll_core.rewards import Reward, RewardInput
 from roll_core.rollout.rewards import RewardRouter
@@ -23,45 +21,6 @@ from roll_core.runtime.workers import RewardWorker
 
 def _rows(domain, n):
     return [{"prompt": f"{domain}{i}", "ground_truth": "x", "domain": domain} for i in range(n)]
-
-
-def test_mixer_deals_each_step_in_proportion_and_resumes():
-    rows = _rows("a", 10) + _rows("b", 7) + _rows("c", 5)
-    mixer = DomainMixer(rows, {"a": 0.5, "b": 0.25, "c": 0.25}, seed=0)
-    for _ in range(5):
-        assert Counter(r["domain"] for r in mixer.next(8)) == {"a": 4, "b": 2, "c": 2}
-    # Shares that do not divide the step: each step within one prompt, the long run exact.
-    thirds = DomainMixer(rows, {"a": 2 / 3, "b": 1 / 3, "c": 0.0}, seed=0)
-    total = Counter()
-    for _ in range(6):
-        step = Counter(r["domain"] for r in thirds.next(5))
-        assert abs(step["a"] - 10 / 3) < 1 and "c" not in step
-        total += step
-    assert total == {"a": 20, "b": 10}
-    state = json.loads(json.dumps(thirds.state()))
-    expected = thirds.next(7)
-    again = DomainMixer(rows, {"a": 2 / 3, "b": 1 / 3, "c": 0.0}, seed=0)
-    again.load_state(state)
-    assert again.next(7) == expected
-    # Resuming mid-cycle, where the credits are not zero, needs them: 4 slots in, a has dealt 3
-    # (credit 2/3 * 4 - 3 = -1/3) and b 1 (credit +1/3); the next slot goes to b (credits 1/3 vs
-    # 2/3). From zero credits (not restored) it would go to a (2/3 vs 1/3).
-    mid = DomainMixer(rows, {"a": 2 / 3, "b": 1 / 3, "c": 0.0}, seed=0)
-    mid.next(4)
-    state = json.loads(json.dumps(mid.state()))
-    assert state["credit"] == pytest.approx({"a": -1 / 3, "b": 1 / 3})
-    expected = mid.next(1)
-    resumed = DomainMixer(rows, {"a": 2 / 3, "b": 1 / 3, "c": 0.0}, seed=0)
-    resumed.load_state(state)
-    assert resumed.next(1) == expected and expected[0]["domain"] == "b"
-
-
-def test_mixer_names_domains_missing_from_the_data_or_the_probabilities():
-    rows = _rows("math", 3) + _rows("code", 3)
-    with pytest.raises(ConfigError, match="no training row has domain 'mtah'"):
-        DomainMixer(rows, {"mtah": 0.5, "code": 0.5}, seed=0)
-    with pytest.raises(ConfigError, match="also has domain\\(s\\) 'math'.*0 leaves it out"):
-        DomainMixer(rows, {"code": 1.0}, seed=0)
 
 
 @pytest.mark.parametrize("overrides, message", [

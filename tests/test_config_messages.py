@@ -1,0 +1,183 @@
+"""The loader's messages, whole: a user reads them, so a changed word or a dropped clause is a
+defect these tests catch (substring matches would not)."""
+
+import pytest
+
+from roll_core.config import load_and_check, load_config
+from roll_core.config.loader import apply_overrides, parse_override, registry_references
+from roll_core.errors import ConfigError
+
+
+def error(*args) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_and_check(*args)
+    return str(err.value)
+
+
+def test_every_name_the_config_uses_is_listed_with_its_key_and_registry():
+    cfg = load_config(None, [
+        "trackers=[jsonl, tensorboard]", "runtime.weight_sync=object_store", "roles.critic={}",
+        "data.domains={a: {dataset: carry_addition}, b: {train_file: b.jsonl}}",
+        "data.domain_interleave_probs={a: 0.5, b: 0.5}",
+        "roles.domain_rewards={b: {rewards: [{name: exact_match}, {name: choice, weight: 2}]}}",
+    ])
+    assert registry_references(cfg) == [
+        ("pipeline", "pipelines", "rlvr"),
+        ("rollout.scheduler", "schedulers", "sync"),
+        ("algorithm.advantage_estimator", "advantage_estimators", "grpo"),
+        ("algorithm.policy_loss", "policy_losses", "ppo_clip"),
+        ("algorithm.kl_estimator", "kl_estimators", "k3"),
+        ("algorithm.kl_penalty.estimator", "kl_estimators", "k1"),
+        ("roles.actor_train.strategy", "train_strategies", "hf"),
+        ("roles.actor_infer.strategy", "infer_strategies", "hf"),
+        ("roles.reward.name", "rewards", "exact_match"),
+        ("roles.reference.strategy", "infer_strategies", "hf"),
+        ("roles.critic.strategy", "critic_strategies", "hf"),
+        ("roles.domain_rewards.b.rewards[0].name", "rewards", "exact_match"),
+        ("roles.domain_rewards.b.rewards[1].name", "rewards", "choice"),
+        ("data.domains.a.dataset", "datasets", "carry_addition"),
+        ("runtime.weight_sync", "weight_syncs", "object_store"),
+        ("trackers[0]", "trackers", "jsonl"),
+        ("trackers[1]", "trackers", "tensorboard"),
+    ]
+    plain = registry_references(load_config(None, ["roles.reference=null", "algorithm.kl_penalty.coef=0",
+                                                   "data.train_file=t.jsonl", "trackers=[]"]))
+    assert [key for key, _, _ in plain] == [
+        "pipeline", "rollout.scheduler", "algorithm.advantage_estimator", "algorithm.policy_loss",
+        "algorithm.kl_estimator", "algorithm.kl_penalty.estimator", "roles.actor_train.strategy",
+        "roles.actor_infer.strategy", "roles.reward.name"]
+
+
+def test_unknown_names_and_missing_roles_are_reported_together():
+    assert error(None, ["algorithm.advantage_estimator=gae", "algorithm.policy_loss=nope"]) == (
+        "config error: key 'algorithm.policy_loss': unknown policy loss 'nope'. Valid names: cispo, dual_clip, "
+        "gspo, kimi, ppo_clip, tis, topr, vanilla_pg; key 'algorithm.advantage_estimator': 'gae' needs "
+        "roles.critic, which is not configured")
+    assert error(None, ["algorithm.advantage_estimator=opd", "roles.reference=null",
+                        "algorithm.kl_penalty.coef=0"]) == (
+        "config error: key 'algorithm.advantage_estimator': 'opd' needs roles.reference, which is not configured")
+    load_and_check(None, ["algorithm.advantage_estimator=gae", "roles.critic={}"])
+
+
+def test_missing_files_and_model_directories_are_each_named(tmp_path):
+    (tmp_path / "model").mkdir()
+    assert error(None, ["data.train_file=/nope.jsonl", "data.eval_file=/nope2.jsonl", f"model.path={tmp_path}/model",
+                        "roles.reference.model_path=/ref"]) == (
+        "config error: key 'data.train_file': file '/nope.jsonl' does not exist; key 'data.eval_file': file "
+        f"'/nope2.jsonl' does not exist; key 'model.path': '{tmp_path}/model' is not a Hugging Face model directory "
+        "(no config.json); roll never downloads from a hub at run time, point it at a local checkpoint; key "
+        "'roles.reference.model_path': '/ref' is not a Hugging Face model directory (no config.json); roll never "
+        "downloads from a hub at run time, point it at a local checkpoint")
+    assert "data.domains.a.eval_file" in error(None, [
+        "data.domains={a: {dataset: carry_addition, eval_file: /e.jsonl}}", "data.domain_interleave_probs={a: 1}"])
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "t.jsonl").write_text("")
+    load_and_check(None, [f"model.path={tmp_path}/model", f"data.train_file={tmp_path}/t.jsonl"])
+
+
+def test_options_for_a_component_without_an_options_model_are_refused():
+    assert error(None, ["algorithm.policy_loss_options={clip: 1, alpha: 2}"]) == (
+        "config error: key 'algorithm.policy_loss_options': policy loss 'ppo_clip' takes no options, "
+        "got ['alpha', 'clip']")
+    assert error(None, ["algorithm.advantage_estimator_options={x: 1}"]) == (
+        "config error: key 'algorithm.advantage_estimator_options': advantage estimator 'grpo' takes no options, "
+        "got ['x']")
+
+
+def test_schema_errors_name_each_key_with_the_value_and_a_suggestion(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["rollout.temperature=hot", "rolout.x=1"])
+    assert str(err.value) == (
+        "config error in the default config (with command-line overrides): key 'rollout.temperature': Input should "
+        "be a valid number, unable to parse string as a number (got 'hot'); unknown key 'rolout'. Did you mean "
+        "'rollout'?")
+    path = tmp_path / "c.yaml"
+    path.write_text("roles:\n  reward:\n    nmae: x\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"config error in {path}: unknown key 'roles.reward.nmae'. Did you mean 'name'?"
+    path.write_text("rollout:\n  temperature: [1]\n  unknown: 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"config error in {path}: key 'rollout.temperature': ")
+    assert str(err.value).endswith("(got [1]); unknown key 'rollout.unknown'.")
+
+
+def test_config_files_that_cannot_be_read_are_named(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path / "none.yaml")
+    assert str(err.value) == f"config file '{tmp_path / 'none.yaml'}' does not exist"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert str(err.value).startswith(f"config file '{bad}' is not valid YAML: ")
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert str(err.value) == f"config file '{bad}' must contain a mapping at the top level"
+    bad.write_text("")
+    assert load_config(bad) == load_config(None)
+
+
+def test_overrides_parse_as_yaml_and_build_missing_levels():
+    assert parse_override(" rollout.temperature =0.5") == (["rollout", "temperature"], 0.5)
+    assert parse_override("a.b=") == (["a", "b"], None)
+    assert parse_override("a=x=y") == (["a"], "x=y")
+    for item in ("novalue", "=3", " =3"):
+        with pytest.raises(ConfigError) as err:
+            parse_override(item)
+        assert str(err.value) == f"override '{item}' is not of the form key.sub=value"
+    with pytest.raises(ConfigError) as err:
+        parse_override("a=[1")
+    assert str(err.value).startswith("override 'a=[1': value is not valid YAML (")
+    assert apply_overrides({"a": 3, "b": {"c": 1}}, ["a.x=1", "b.d=2", "e.f.g=[1]"]) == {
+        "a": {"x": 1}, "b": {"c": 1, "d": 2}, "e": {"f": {"g": [1]}}}
+
+
+def test_reward_option_messages_name_the_reward_and_every_problem(roll_plugins):
+    import types
+
+    from roll_core import hookimpl
+    from roll_core.rewards import Reward
+
+    class Graded(Reward):
+        def __init__(self, threshold: float, rounds: int | None = None, *, mode: str = "all"):
+            pass
+
+        def score(self, sample):
+            return 0.0
+
+    class Plain(Reward):
+        def score(self, sample):
+            return 0.0
+
+    class Open(Reward):
+        def __init__(self, **anything):
+            pass
+
+        def score(self, sample):
+            return 0.0
+
+    def register(register):
+        register("graded", Graded)
+        register("plain", Plain)
+        register("open", Open)
+
+    roll_plugins(("t", types.SimpleNamespace(roll_register_rewards=hookimpl(register))))
+    assert error(None, ["roles.reward.name=graded", "roles.reward.options={thresold: 1, rounds: x}"]) == (
+        "config error: key 'roles.reward.options' for reward 'graded': unknown option 'thresold'. Did you mean "
+        "'threshold'? Valid options: threshold, rounds, mode; key 'roles.reward.options' for reward 'graded': "
+        "missing required option(s) threshold; key 'roles.reward.options' for reward 'graded': option 'rounds' "
+        "must be int, got 'x' (input should be a valid integer, unable to parse string as an integer)")
+    assert error(None, ["roles.reward.name=plain", "roles.reward.options={b: 1, a: 2}"]) == (
+        "config error: key 'roles.reward.options' for reward 'plain': it takes no options, got ['a', 'b']")
+    cfg = load_and_check(None, ["roles.reward.name=open", "roles.reward.options={anything: 1}"])
+    assert cfg.roles.reward.options == {"anything": 1}
+    cfg = load_and_check(None, ["roles.reward.name=graded", "roles.reward.options={threshold: 1, mode: 3}"])
+    assert cfg.roles.reward.options == {"threshold": 1.0, "mode": "3"}
+    assert type(cfg.roles.reward.options["threshold"]) is float
+    domain = error(None, ["data.domains={a: {dataset: carry_addition}}", "data.domain_interleave_probs={a: 1}",
+                          "roles.domain_rewards={a: {rewards: [{name: plain}, {name: plain, options: {z: 1}}]}}"])
+    assert domain == ("config error: key 'roles.domain_rewards.a.rewards[1].options' for reward 'plain': it takes "
+                      "no options, got ['z']")
