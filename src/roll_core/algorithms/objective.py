@@ -86,15 +86,25 @@ def reuses_update_log_probs(config, batch_size: int, plugins=None) -> bool:
     every micro-batch's forward pass runs on the weights the batch's old log-probs would be
     computed with: ``log pi_old = log pi.detach()`` exactly, and the trainer saves a forward pass
     over the whole batch (verl skips it the same way). Not when anything reads them before the
-    update: the KL reward penalty, or an estimator registered with ``reads_old_log_probs=True``."""
+    update: the KL reward penalty, or an estimator registered with ``reads_old_log_probs=True``.
+    A pipeline resolves the config's part once (:func:`old_log_probs_reusable`) and checks each
+    batch's size with :func:`single_mini_batch`."""
+    return old_log_probs_reusable(config, plugins) and single_mini_batch(config, batch_size)
+
+
+def old_log_probs_reusable(config, plugins=None) -> bool:
+    """The part of :func:`reuses_update_log_probs` that depends on the config only."""
     from roll_core.plugins import get_plugins
 
     if config.old_log_probs != "auto" or config.ppo_epochs != 1 or config.kl_penalty.coef > 0:
         return False
-    if config.ppo_mini_batch_size is not None and config.ppo_mini_batch_size < batch_size:
-        return False
     plugins = plugins or get_plugins()
     return not plugins.advantage_estimators.entry(config.advantage_estimator).metadata.get("reads_old_log_probs")
+
+
+def single_mini_batch(config, batch_size: int) -> bool:
+    """Whether a batch of ``batch_size`` rows is updated as one mini-batch (one optimizer step per epoch)."""
+    return config.ppo_mini_batch_size is None or config.ppo_mini_batch_size >= batch_size
 
 
 def component_options(registry, name: str, options: dict[str, Any]) -> Any:

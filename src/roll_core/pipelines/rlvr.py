@@ -21,19 +21,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import torch
 
 from roll_core.algorithms.objective import (ActorObjective, CriticObjective, distributions_needed,
-                                           reuses_update_log_probs)
+                                           old_log_probs_reusable, single_mini_batch)
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import DomainMixer, PromptStream
-from roll_core.pipelines.runtime import TrainingLoop, load_tokenizer, log_probs, warn_if_oversubscribed
+from roll_core.pipelines.runtime import (TrainingLoop, load_tokenizer, log_probs, start_update, values,
+                                        warn_if_oversubscribed)
 from roll_core.pipelines.sft import SupervisedTrainer
 from roll_core.pipelines.sources import check_domains, load_rows
 from roll_core.rollout import overlaps_training
-from roll_core.rollout.metrics import batch_metrics, heldout_accuracy
+from roll_core.rollout.metrics import accuracy_summary, batch_metrics, heldout_accuracy, idle_times
 from roll_core.runtime import weight_sync
-from roll_core.runtime.placement import colocated
 from roll_core.training import UpdateSpec
 
 
@@ -58,18 +57,14 @@ class RLVRPipeline(TrainingLoop):
         self.shaper = RewardShaper(cfg.algorithm, self.plugins)
         self.reward = self.roles.rewards()  # first: a reward that rejects its options stops before any model loads
         self.actor = self.roles.model_role("actor_train", "train", self.model, roles.actor_train)
-        engine = self.plugins.infer_strategies.get(roles.actor_infer.strategy)
-        concurrency = cfg.rollout.max_running_requests if getattr(engine, "concurrent_requests", False) else 1
-        self.infer = self.roles.model_role("actor_infer", "infer", self.model, roles.actor_infer, concurrency)
-        backend = self.plugins.weight_syncs.get(weight_sync.choose(cfg, self.overlapping))
-        shared = "actor_infer" in colocated(cfg).get("actor_train", set())
-        self.weights = backend(cfg, self.executor, self.actor, self.infer, colocated=shared)
-        self.weights.setup()
+        self.infer = self.roles.model_role("actor_infer", "infer", self.model, roles.actor_infer)
+        self.weights = weight_sync.connect(cfg, self.executor, self.actor, self.infer, self.overlapping, self.plugins)
         self.scheduler = self.plugins.schedulers.get(cfg.rollout.scheduler)(
             cfg, self.executor, self.infer, self.reward, self.tokenizer)
         self.reference = self.critic = None
         # whether the reference / old log-prob passes must return full distributions (loss term, penalty)
         self.dist_loss, self.dist_penalty = distributions_needed(cfg.algorithm, self.plugins)
+        self.reusable_old = old_log_probs_reusable(cfg.algorithm, self.plugins)
         # the losses, with every registered callable resolved once; they travel with each update
         self.actor_update = (ActorObjective.from_config(cfg.algorithm, cfg.rollout, self.plugins),
                              UpdateSpec.from_config(cfg.algorithm, roles.actor_train))
@@ -137,23 +132,23 @@ class RLVRPipeline(TrainingLoop):
             ref, ref_dist = log_probs(self.executor, self.reference, batch, temperature, dist_loss or dist_penalty)
             batch.update(ref_log_probs=ref, **({"ref_log_dist": ref_dist} if ref_dist is not None else {}))
         t_old = time.perf_counter()
-        if not reuses_update_log_probs(self.config.algorithm, len(batch), self.plugins):
+        if not (self.reusable_old and single_mini_batch(self.config.algorithm, len(batch))):
             self.roles.use("actor_train")
             old, old_dist = log_probs(self.executor, self.actor, batch, temperature, dist_penalty)
             batch.update(old_log_probs=old, **({"old_log_dist": old_dist} if old_dist is not None else {}))
         t_old = time.perf_counter() - t_old
         if self.critic is not None:
             self.roles.use("critic")
-            batch.update(values=torch.cat(self.executor.get(self.critic.map("compute_values", batch.chunk(len(self.critic))))))
+            batch.update(values=values(self.executor, self.critic, batch))
         metrics.update(self.shaper.shape(batch))
         metrics.update(self.reward.pop_failures())
         batch.tensors.pop("old_log_dist", None)
         if not dist_loss:
             batch.tensors.pop("ref_log_dist", None)
         t1 = time.perf_counter()
-        self.roles.use(*self._trained_roles())
-        pending_critic = self._train(self.critic, batch, *self.critic_update) if self.critic is not None else None
-        pending_actor = self._train(self.actor, batch, *self.actor_update)
+        self.roles.use(*self._trained())
+        pending_critic = start_update(self.critic, batch, *self.critic_update) if self.critic is not None else None
+        pending_actor = start_update(self.actor, batch, *self.actor_update)
         metrics.update(self.scheduler.wait(pending_actor[0]))  # a scheduler may generate meanwhile
         self.executor.get(pending_actor[1:])
         if pending_critic is not None:
@@ -164,16 +159,9 @@ class RLVRPipeline(TrainingLoop):
         metrics.update({"data/epoch": self.stream.epoch, "time/rollout_s": t_rollout, "time/train_s": t_train,
                         "time/weight_sync_s": time.perf_counter() - t2, "time/step_s": time.perf_counter() - t0,
                         **self.roles.residency.metrics()})
-        # Idle time of each role in this step: the trainer works on the old log-probs and the
-        # update; generation, with a scheduler that waits for training, only during the rollout.
-        metrics["time/idle/actor_train_s"] = max(0.0, metrics["time/step_s"] - t_train - t_old)
-        if not self.overlapping and "time/generate_s" in metrics:
-            metrics["time/idle/actor_infer_s"] = max(0.0, metrics["time/step_s"] - metrics["time/generate_s"])
+        metrics.update(idle_times(metrics["time/step_s"], t_train, t_old, metrics.get("time/generate_s"),
+                                  self.overlapping))
         return metrics
-
-    def _train(self, group, batch, loss_fn, spec: UpdateSpec) -> list:
-        """Start the update on every worker of a trained role, each with its data-parallel share."""
-        return group.data_parallel("update", batch, mini_batch_size=spec.mini_batch_size, loss_fn=loss_fn, spec=spec)
 
     def push_weights(self, policy_update: bool = False) -> None:
         """actor_train's weights to every actor_infer worker. After an RL update with a scheduler that
@@ -183,8 +171,8 @@ class RLVRPipeline(TrainingLoop):
         if policy_update:
             self.scheduler.weights_pushed()
 
-    def _trained_roles(self) -> tuple[str, ...]:
-        return ("actor_train", "critic") if self.critic is not None else ("actor_train",)
+    def _trained(self) -> dict:
+        return {"actor_train": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
 
     def evaluate(self) -> dict[str, float]:
         """Held-out accuracy with greedy decoding (mean verifiable reward, per domain too)."""
@@ -196,30 +184,21 @@ class RLVRPipeline(TrainingLoop):
 
     # -- checkpoints ------------------------------------------------------------------------------
     def write_checkpoint(self, tmp: Path) -> dict:
-        self.roles.use(*self._trained_roles())
-        self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
-        if self.critic is not None:
-            self.executor.get(self.critic.call("save_checkpoint", str(tmp / "critic")))
+        self.roles.use(*self._trained())
+        self.executor.get([h for name, group in self._trained().items()
+                           for h in group.call("save_checkpoint", str(tmp / name))])
         self.roles.save_rng("actor_infer", tmp / "infer_rng.pt")
         return {"data": self.stream.state(), "before_rl": self.before_rl, "shaping": self.shaper.state_dict()}
 
     def restore(self, path: Path, state: dict) -> None:
-        self.executor.get(self.actor.call("load_checkpoint", str(path / "actor_train")))
+        self._spawn_policy_copies(str(self.warm_dir) if (self.warm_dir / "config.json").exists() else self.model)
+        self.executor.get([h for name, group in self._trained().items()
+                           for h in group.call("load_checkpoint", str(path / name))])
         self.roles.load_rng("actor_infer", path / "infer_rng.pt")
         self.stream.load_state(state["data"])
         self.before_rl = state["before_rl"]
         self.shaper.load_state_dict(state["shaping"])
         self.push_weights()
-        self._spawn_policy_copies(str(self.warm_dir) if (self.warm_dir / "config.json").exists() else self.model)
-        if self.critic is not None:
-            self.executor.get(self.critic.call("load_checkpoint", str(path / "critic")))
 
     def summary(self, final_step: int, after: dict[str, float]) -> dict:
-        summary = {"steps": final_step, "before_rl": self.before_rl, "after_rl": after}
-        if self.before_rl and after:
-            b, a = self.before_rl["eval/accuracy"], after["eval/accuracy"]
-            summary["accuracy_gain_pp"] = round(100 * (a - b), 2)
-            print(f"held-out accuracy (greedy): before RL {b:.1%} -> after RL {a:.1%} "
-                  f"({100 * (a - b):+.1f} pp) after {final_step} RL steps", flush=True)
-        return summary
-
+        return accuracy_summary(self.before_rl, after, final_step)

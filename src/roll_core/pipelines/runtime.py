@@ -70,8 +70,8 @@ def load_tokenizer(model_path: str):
 class RoleGroups:
     """The run's worker groups by role name, where they run and which of them holds the devices."""
 
-    def __init__(self, config, executor):
-        self.config, self.executor = config, executor
+    def __init__(self, config, executor, plugins):
+        self.config, self.executor, self.plugins = config, executor, plugins
         self.groups: dict[str, WorkerGroup] = {}
         self.per_node, self.node_ids = 0, []
         self.residency = Residency(executor, self.groups, colocated(config))
@@ -100,17 +100,20 @@ class RoleGroups:
         self.groups[name] = group
         return group
 
-    def model_role(self, name: str, kind: str, model_path: str, role_cfg, concurrency: int = 1) -> WorkerGroup:
+    def model_role(self, name: str, kind: str, model_path: str, role_cfg) -> WorkerGroup:
         """Spawn and set up a model role (``kind``: train, infer or critic), ``role_cfg.num_workers``
-        workers. Trained roles with several workers first join one data-parallel group.
+        workers. Trained roles with several workers first join one data-parallel group. Workers of an
+        engine that declares ``concurrent_requests`` run ``rollout.max_running_requests`` calls at once.
 
         Seeds: ``seed + SEED_OFFSETS[name]`` (0 for actor_train); replicas of a trained role share it
         (they hold one model), worker r of an inference role draws from that plus r."""
         base = self.config.seed + SEED_OFFSETS.get(name, 0)
         trained = kind in ("train", "critic")
         seeds = [base if trained else base + r for r in range(role_cfg.num_workers)]
+        engine = self.plugins.infer_strategies.get(role_cfg.strategy) if kind == "infer" else None
+        concurrent = getattr(engine, "concurrent_requests", False)
         group = self.spawn(name, RoleWorker, [(name, kind, model_path, role_cfg, self.config, seed) for seed in seeds],
-                           role_cfg, concurrency)
+                           role_cfg, self.config.rollout.max_running_requests if concurrent else 1)
         world = len(group) if trained else 1
         ex = self.executor
         address = ex.get(ex.invoke(group.handles[0], "node_address", (), {})) if world > 1 else None
@@ -181,6 +184,17 @@ def log_probs(executor, group: WorkerGroup, batch: Batch, temperature: float,
     return out.gather(-1, batch["responses"][..., None]).squeeze(-1), out
 
 
+def values(executor, critic: WorkerGroup, batch: Batch) -> torch.Tensor:
+    """The critic's values ``[B, R]`` of the responses, each worker taking an equal slice."""
+    return torch.cat(executor.get(critic.map("compute_values", batch.chunk(len(critic)))))
+
+
+def start_update(group: WorkerGroup, batch: Batch, loss_fn, spec) -> list:
+    """Start one update (:func:`roll_core.training.update`) on every worker of a trained role, each
+    with its data-parallel share of every mini-batch; returns the futures of their metrics."""
+    return group.data_parallel("update", batch, mini_batch_size=spec.mini_batch_size, loss_fn=loss_fn, spec=spec)
+
+
 class TrainingLoop(Pipeline):
     """Resume, trackers, evaluation, checkpoints and restarts around an abstract :meth:`step`."""
 
@@ -192,7 +206,7 @@ class TrainingLoop(Pipeline):
         self.run_dir = Path(config.output_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", config.trainer.keep_checkpoints)
-        self.roles = RoleGroups(config, executor)
+        self.roles = RoleGroups(config, executor, self.plugins)
 
     # -- what a pipeline says -------------------------------------------------------------------
     @property

@@ -20,7 +20,7 @@ from roll_core.algorithms.objective import SupervisedObjective
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
 from roll_core.pipelines.runtime import (SEED_OFFSETS, TrainingLoop, load_tokenizer, log_probs, progress_bar,
-                                         replace_dir)
+                                         replace_dir, start_update)
 from roll_core.pipelines.sources import load_rows
 from roll_core.rollout.sync import tokenize_prompts
 from roll_core.runtime.executor import WorkerGroup
@@ -54,8 +54,7 @@ class SupervisedTrainer:
 
     def step(self) -> dict[str, float]:
         batch = demonstration_batch(self.tokenizer, self.stream.next(self.settings.batch_size))
-        parts = self.actor.data_parallel("update", batch, loss_fn=self.loss_fn, spec=self.spec)
-        return self.executor.get(parts)[0]
+        return self.executor.get(start_update(self.actor, batch, self.loss_fn, self.spec))[0]
 
     def export(self, directory: Path) -> None:
         """The trained model, with its tokenizer, as a Hugging Face directory (replaced atomically)."""

@@ -47,3 +47,26 @@ def heldout_accuracy(scheduler, rows: list[dict], reward) -> dict[str, float]:
     if len(domains) > 1:
         metrics.update({f"eval/accuracy/{d}": float(batch["scores"][idx].mean()) for d, idx in domains.items()})
     return metrics
+
+
+def idle_times(step_s: float, train_s: float, old_log_probs_s: float, generate_s: float | None,
+               overlapping: bool) -> dict[str, float]:
+    """Idle seconds of each role in one RL step: the trainer works on the old log-probs and the
+    update; generation, with a scheduler that waits for training, only while it generates (with
+    one that overlaps training the idle share is not known here, so it is not reported)."""
+    out = {"time/idle/actor_train_s": max(0.0, step_s - train_s - old_log_probs_s)}
+    if not overlapping and generate_s is not None:
+        out["time/idle/actor_infer_s"] = max(0.0, step_s - generate_s)
+    return out
+
+
+def accuracy_summary(before: dict[str, float], after: dict[str, float], steps: int) -> dict:
+    """The run's summary: held-out accuracy before and after RL and the gain in percentage points
+    (also printed), when the run had held-out rows."""
+    summary = {"steps": steps, "before_rl": before, "after_rl": after}
+    if before and after:
+        b, a = before["eval/accuracy"], after["eval/accuracy"]
+        summary["accuracy_gain_pp"] = round(100 * (a - b), 2)
+        print(f"held-out accuracy (greedy): before RL {b:.1%} -> after RL {a:.1%} "
+              f"({100 * (a - b):+.1f} pp) after {steps} RL steps", flush=True)
+    return summary

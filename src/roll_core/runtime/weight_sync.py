@@ -108,3 +108,14 @@ def choose(config, overlaps_training: bool) -> str:
     if mode == "auto":
         return "collective" if config.executor == "ray" and not overlaps_training else "object_store"
     return mode
+
+
+def connect(config, executor: Executor, trainer: WorkerGroup, infer: WorkerGroup, overlaps_training: bool,
+            plugins) -> WeightSync:
+    """The chosen backend between ``trainer`` (actor_train) and ``infer`` (actor_infer), set up."""
+    from roll_core.runtime.placement import colocated
+
+    backend = plugins.weight_syncs.get(choose(config, overlaps_training))
+    sync = backend(config, executor, trainer, infer, colocated=infer.role in colocated(config).get(trainer.role, set()))
+    sync.setup()
+    return sync
