@@ -847,7 +847,9 @@ def test_actor_loss_hands_the_policy_loss_the_batch_log_probs_and_the_horizon():
                    "loss_mask": torch.tensor([[1.0, 1.0, 0.0, 0.0]]), "old_log_probs": old, "infer_log_probs": infer})
     # Dr. GRPO: sum(-A * mask) / (seqs * horizon) = -4 / (1 * 4): the horizon is the response width ...
     loss, metrics, seen = _captured_actor_loss(micro, log_prob)
-    assert loss == pytest.approx(-1.0) and metrics == {"train/seen": 1.0, "train/pg_loss": pytest.approx(-1.0)}
+    # |log pi - log pi_infer| over the loss tokens: (|-1 + .7| + |-2 + .7|) / 2 = 0.8
+    assert loss == pytest.approx(-1.0) and metrics == {"train/seen": 1.0, "train/pg_loss": pytest.approx(-1.0),
+                                                       "train/infer_log_prob_gap": pytest.approx(0.8)}
     assert seen.old_log_prob is old and seen.infer_log_probs is infer and seen.log_prob is log_prob
     assert seen.response_mask.tolist() == [[1.0, 1.0, 0.0, 0.0]] and seen.response_mask.dtype == torch.float64
     # ... or the rollout's max_new_tokens when known: -4 / (1 * 8)
@@ -889,3 +891,24 @@ def test_actor_loss_reports_kl_only_when_it_can_compute_it():
     missing_ref = Batch({**base, "ref_log_probs": torch.zeros(1, 2)})
     assert "train/kl" not in actor_loss(log_prob, None, missing_ref, obj, global_tokens=2.0, global_seqs=1.0,
                                         log_dist=p)[1]
+
+
+def test_old_log_probs_are_only_reused_for_a_single_optimizer_step():
+    from roll_core.algorithms.objective import old_log_probs_reusable, reuses_update_log_probs, single_mini_batch
+    from roll_core.config import load_config
+
+    def reuse(*overrides, batch=256):
+        return reuses_update_log_probs(load_config(None, list(overrides)).algorithm, batch)
+
+    assert reuse()  # the default: one epoch, the whole batch as one mini-batch
+    assert reuse("algorithm.ppo_mini_batch_size=256")
+    assert not reuse("algorithm.ppo_mini_batch_size=128")  # the second mini-batch is off-policy
+    assert not reuse("algorithm.ppo_epochs=2")
+    assert not reuse("algorithm.kl_penalty.coef=0.1")  # the reward penalty reads them first
+    assert not reuse("algorithm.advantage_estimator=opd")  # registered with reads_old_log_probs
+    assert not reuse("algorithm.old_log_probs=recompute")
+    # the two halves a pipeline calls separately: the config's part once, the batch size per batch
+    algo = load_config(None, ["algorithm.ppo_mini_batch_size=64"]).algorithm
+    assert old_log_probs_reusable(algo)
+    assert single_mini_batch(algo, 64) and single_mini_batch(algo, 32) and not single_mini_batch(algo, 65)
+    assert single_mini_batch(load_config(None, []).algorithm, 10_000)  # no mini-batch size: the whole batch

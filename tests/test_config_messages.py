@@ -181,3 +181,29 @@ def test_reward_option_messages_name_the_reward_and_every_problem(roll_plugins):
                           "roles.domain_rewards={a: {rewards: [{name: plain}, {name: plain, options: {z: 1}}]}}"])
     assert domain == ("config error: key 'roles.domain_rewards.a.rewards[1].options' for reward 'plain': it takes "
                       "no options, got ['z']")
+
+
+def test_an_options_model_registered_by_import_path_gets_the_same_checks(roll_plugins):
+    import types
+
+    from roll_core import hookimpl
+
+    def register(register):
+        register("lazy_opts", "roll_core.algorithms.losses:vanilla_pg",
+                 options="roll_core.config.schema:KLPenaltyConfig")  # any pydantic model, named by path
+
+    roll_plugins(("t", types.SimpleNamespace(roll_register_policy_losses=hookimpl(register))))
+    assert error(None, ["algorithm.policy_loss=lazy_opts", "algorithm.policy_loss_options={coeff: 1}"]) == (
+        "config error: key 'algorithm.policy_loss_options' for policy loss 'lazy_opts': unknown option 'coeff'. "
+        "Did you mean 'coef'? Valid options: coef, estimator, adaptive, target_kl, horizon")
+
+
+def test_strategy_options_are_checked_against_the_strategy_and_missing_plugins_are_named():
+    assert error(None, ["roles.actor_infer.strategy_options={x: 1}"]) == (
+        "config error: key 'roles.actor_infer.strategy_options': infer strategy 'hf' takes no options, got ['x']")
+    assert error(None, ["roles.critic={strategy_options: {y: 2}}"]) == (
+        "config error: key 'roles.critic.strategy_options': critic strategy 'hf' takes no options, got ['y']")
+    message = error(None, ["roles.actor_train.strategy=megatron"])
+    assert message == ("config error: key 'roles.actor_train.strategy': unknown train strategy 'megatron'. Valid names: "
+                       "fsdp2, hf. 'megatron' comes with the roll-megatron plugin: install it (plugins/roll_megatron)")
+    assert "comes with" not in error(None, ["roles.actor_train.strategy=nope"])

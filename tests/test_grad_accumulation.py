@@ -115,18 +115,3 @@ def test_the_update_own_log_probs_equal_recomputed_old_log_probs(tiny_model_path
     assert m_new["train/pg_loss"] == pytest.approx(m_old["train/pg_loss"], rel=1e-5, abs=1e-7)
     for name in g_old:
         torch.testing.assert_close(g_new[name], g_old[name], rtol=1e-4, atol=1e-6, msg=name)
-
-
-def test_old_log_probs_are_only_reused_for_a_single_optimizer_step():
-    from roll_core.algorithms.objective import reuses_update_log_probs
-
-    def reuse(*overrides, batch=256):
-        return reuses_update_log_probs(load_config(None, list(overrides)).algorithm, batch)
-
-    assert reuse()  # the default: one epoch, the whole batch as one mini-batch
-    assert reuse("algorithm.ppo_mini_batch_size=256")
-    assert not reuse("algorithm.ppo_mini_batch_size=128")  # the second mini-batch is off-policy
-    assert not reuse("algorithm.ppo_epochs=2")
-    assert not reuse("algorithm.kl_penalty.coef=0.1")  # the reward penalty reads them first
-    assert not reuse("algorithm.advantage_estimator=opd")  # registered with reads_old_log_probs
-    assert not reuse("algorithm.old_log_probs=recompute")

@@ -95,7 +95,9 @@ def test_kill_after_checkpoint_then_resume_continues(tmp_path):
     done = subprocess.run(_run_cli(straight, "trainer.max_steps=4", "trainer.save_every=2"),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    by_step = lambda run: {r["step"]: r for r in metrics_of(run)}
+    def by_step(run):
+        return {r["step"]: r for r in metrics_of(run)}
+
     a, b = by_step(killed), by_step(straight)
     for step in (3, 4):
         for key in ("reward/mean", "train/pg_loss", "train/kl"):

@@ -206,6 +206,9 @@ def actor_loss(
     loss = pg_loss
     metrics = {f"train/{k}": v for k, v in metrics.items()}
     metrics["train/pg_loss"] = pg_loss.item()
+    if "infer_log_probs" in micro:  # how far the engine that sampled is from the trainer (same weights on the first pass)
+        gap = (log_prob.detach() - micro["infer_log_probs"]).abs() * mask
+        metrics["train/infer_log_prob_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
     if entropy is not None:
         ent = agg(entropy)
         metrics["train/entropy"] = ent.item()

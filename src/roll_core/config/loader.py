@@ -170,6 +170,29 @@ def _component_options(cfg: RollConfig, plugins) -> list[str]:
     return problems
 
 
+# Strategies of the project's own plugin packages: a config that names one which is not installed is
+# told which package to install.
+PLUGIN_PACKAGES = {"vllm": "roll-vllm", "sglang": "roll-sglang", "deepspeed": "roll-deepspeed",
+                   "megatron": "roll-megatron"}
+
+
+def _strategy_options(cfg: RollConfig, plugins) -> list[str]:
+    """``roles.<role>.strategy_options`` against the options model of the role's strategy (an
+    engine's arguments), like :func:`_component_options`; the validated values replace the raw ones."""
+    problems = []
+    for role, kind in (("actor_train", "train"), ("actor_infer", "infer"), ("reference", "infer"), ("critic", "critic")):
+        role_cfg = getattr(cfg.roles, role)
+        if role_cfg is None:
+            continue
+        validated, found = _validated_options(f"roles.{role}.strategy_options", f"{kind} strategy",
+                                              plugins.registry(f"{kind}_strategies"), role_cfg.strategy,
+                                              role_cfg.strategy_options)
+        problems += found
+        if validated is not None:
+            role_cfg.strategy_options = validated.model_dump()
+    return problems
+
+
 def _validated_options(key: str, kind: str, registry, name: str, options: dict) -> tuple[Any, list[str]]:
     from roll_core.algorithms.objective import component_options
 
@@ -179,7 +202,12 @@ def _validated_options(key: str, kind: str, registry, name: str, options: dict) 
     try:
         validated = component_options(registry, name, options)
     except ValidationError as exc:
-        fields = list(getattr(registry.entry(name).metadata["options"], "model_fields", {}))
+        model = registry.entry(name).metadata["options"]
+        if isinstance(model, str):  # registered by import path (imported already by component_options)
+            from roll_core.registry import import_target
+
+            model = import_target(model)
+        fields = list(model.model_fields)
         problems = []
         for err in exc.errors():
             option = ".".join(str(p) for p in err["loc"])
@@ -264,10 +292,13 @@ def check_registry_names(cfg: RollConfig, plugins=None) -> None:
         try:
             plugins.registry(registry).get(name)  # imports the target, so a broken path shows now
         except RegistryError as exc:
-            problems.append(f"key '{key}': {exc}")
+            package = PLUGIN_PACKAGES.get(name) if name not in plugins.registry(registry) else None
+            hint = f". '{name}' comes with the {package} plugin: install it (plugins/{package.replace('-', '_')})" if package else ""
+            problems.append(f"key '{key}': {exc}{hint}")
     problems += _role_requirements(cfg, plugins)
     problems += _reward_options(cfg, plugins)
     problems += _component_options(cfg, plugins)
+    problems += _strategy_options(cfg, plugins)
     sources = [("data", cfg.data)] + [(f"data.domains.{d}", src) for d, src in cfg.data.domains.items()]
     for prefix, source in sources:
         for key in ("train_file", "eval_file"):

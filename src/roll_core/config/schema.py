@@ -252,6 +252,9 @@ class TrainRoleConfig(Placed):
     mini-batch and gradients are summed over ``torch.distributed`` (gloo on CPU, nccl on GPU)."""
 
     strategy: str = "hf"
+    strategy_options: dict[str, Any] = Field(
+        default_factory=dict, description="the strategy's own settings (a vllm engine's arguments), checked against "
+        "the options model it registered")
     torch_threads: RoleThreads = None
     lr: float = Field(3e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -260,6 +263,9 @@ class TrainRoleConfig(Placed):
 
 class InferRoleConfig(Placed):
     strategy: str = "hf"
+    strategy_options: dict[str, Any] = Field(
+        default_factory=dict, description="the strategy's own settings (a vllm engine's arguments), checked against "
+        "the options model it registered")
     torch_threads: RoleThreads = None
     model_path: str | None = Field(
         None, description="load this model instead of the policy's (a reference role used as distillation teacher)"
