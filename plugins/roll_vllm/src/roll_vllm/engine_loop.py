@@ -1,0 +1,201 @@
+"""One thread drives the vLLM engine; any number of caller threads submit requests to it.
+
+roll's async scheduler sends sample-level requests to an engine that declares
+``concurrent_requests``: a Ray actor then serves several ``generate`` calls at once, each in its own
+thread. vLLM's offline ``LLM.generate`` is not meant to be called from several threads, and its
+``AsyncLLM`` needs the engine core in a child process. So the strategy keeps vLLM's synchronous
+``LLMEngine`` in the worker's process and gives it to one loop thread, which
+
+* admits the requests callers submit and steps the engine while any is unfinished, so requests from
+  different calls are batched together (continuous batching) and each call returns as soon as its
+  own requests finish;
+* aborts the requests of a call the scheduler cancelled (``engine.abort_request``), freeing their
+  KV-cache blocks at once;
+* runs exclusive work (a weight-update step, a prefix-cache reset) only when no request is running:
+  :meth:`pause` holds new requests back and waits for the running ones, :meth:`resume` admits them.
+
+Everything here is engine-agnostic plumbing over four engine methods (``add_request``, ``step``,
+``abort_request``, ``has_unfinished_requests``), so it is tested with a fake engine as well as vLLM.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import wait as wait_futures
+from typing import Any, Callable, Sequence
+
+
+class EngineLoop:
+    """Serve ``submit``/``call`` from many threads on one engine-owning thread (see the module docstring)."""
+
+    def __init__(self, engine: Any, name: str = "vllm-engine-loop"):
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._incoming: list[tuple[str, Any, Any]] = []  # (request id, prompt, params) not yet added
+        self._aborts: list[str] = []
+        self._calls: list[tuple[Callable[[], Any], Future]] = []
+        self._waiting: dict[str, Future] = {}  # added to the engine, not finished
+        self._paused = False
+        self._stopped = False
+        self._error: BaseException | None = None
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # -- caller side --------------------------------------------------------------------------------
+    def submit(self, prompt: Any, params: Any) -> tuple[str, Future]:
+        """Queue one request; its future resolves to the engine's final output (or is cancelled
+        by :meth:`abort`)."""
+        rid, future = f"roll-{next(self._ids)}", Future()
+        with self._cond:
+            self._check_running()
+            self._incoming.append((rid, prompt, params))
+            self._waiting[rid] = future
+            self._cond.notify()
+        return rid, future
+
+    def run(self, prompts: Sequence[Any], params: Sequence[Any], cancelled: Callable[[], bool] = lambda: False,
+            poll_s: float = 0.05) -> list[Any | None]:
+        """Submit one request per prompt and wait for all of them. When ``cancelled()`` turns true
+        while waiting, the unfinished ones are aborted and come back as None."""
+        submitted = [self.submit(p, sp) for p, sp in zip(prompts, params)]
+        futures = [f for _, f in submitted]
+        while wait_futures(futures, timeout=poll_s).not_done:
+            if cancelled():
+                self.abort([rid for rid, f in submitted if not f.done()])
+                break
+        wait_futures(futures)
+        return [None if f.cancelled() else f.result() for f in futures]
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Abort requests (queued or running); their futures are cancelled."""
+        with self._cond:
+            self._aborts.extend(request_ids)
+            self._cond.notify()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` on the loop thread while no request is running and return its result. Used
+        between :meth:`pause` and :meth:`resume`, where nothing is running anyway."""
+        future: Future = Future()
+        with self._cond:
+            self._check_running()
+            self._calls.append((fn, future))
+            self._cond.notify()
+        return future.result()
+
+    def pause(self) -> None:
+        """Hold new requests back and return once every running request has finished."""
+        with self._cond:
+            self._paused = True
+            self._cond.notify()
+            self._cond.wait_for(lambda: self._stopped or not self._running())
+            self._check_running()
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    # -- loop side ----------------------------------------------------------------------------------
+    def _running(self) -> bool:
+        """Requests admitted to the engine and not finished (caller holds the lock)."""
+        return len(self._waiting) > len(self._incoming)
+
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise RuntimeError("the vLLM engine loop has stopped" + (f": {self._error!r}" if self._error else ""))
+
+    def _has_work(self) -> bool:
+        return bool(self._stopped or self._aborts or self._calls or (self._incoming and not self._paused)
+                    or self._running())
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(self._has_work)
+                    if self._stopped:
+                        break
+                    aborts, self._aborts = self._aborts, []
+                    admitted = [] if self._paused else self._incoming
+                    if admitted:
+                        self._incoming = []
+                    idle = not self._running() and not admitted
+                    calls, self._calls = (self._calls, []) if idle else ([], self._calls)
+                self._abort(aborts)
+                for rid, prompt, params in admitted:
+                    self._add(rid, prompt, params)
+                for fn, future in calls:
+                    try:
+                        future.set_result(fn())
+                    except BaseException as exc:  # handed to the caller, the loop goes on
+                        future.set_exception(exc)
+                if self.engine.has_unfinished_requests():
+                    self._deliver(self.engine.step())
+        except BaseException as exc:  # the engine failed: every caller learns why
+            self._error = exc
+            with self._cond:
+                self._stopped = True
+                pending = list(self._waiting.values()) + [f for _, f in self._calls]
+                self._waiting.clear()
+                self._calls.clear()
+                self._cond.notify_all()
+            for future in pending:
+                if not future.done():
+                    future.set_exception(RuntimeError(f"the vLLM engine failed: {exc!r}"))
+        finally:
+            with self._cond:
+                self._stopped = True
+                self._cond.notify_all()
+
+    def _add(self, rid: str, prompt: Any, params: Any) -> None:
+        """Add one request; one the engine rejects (a prompt too long, bad parameters) fails its own
+        caller and no other."""
+        try:
+            self.engine.add_request(rid, prompt, params)
+        except Exception as exc:
+            with self._cond:
+                future = self._waiting.pop(rid, None)
+                self._cond.notify_all()
+            if future is not None:
+                future.set_exception(exc)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        if not request_ids:
+            return
+        with self._cond:
+            queued = {rid for rid, _, _ in self._incoming} & set(request_ids)
+            self._incoming = [r for r in self._incoming if r[0] not in queued]
+            futures = [self._waiting.pop(rid) for rid in request_ids if rid in self._waiting]
+        running = [rid for rid in request_ids if rid not in queued]
+        if running:
+            self.engine.abort_request(running)
+        for future in futures:
+            future.cancel()
+            future.set_running_or_notify_cancel()  # wakes concurrent.futures.wait(), which cancel() alone does not
+        self._notify_idle()
+
+    def _deliver(self, outputs: list[Any]) -> None:
+        finished = []
+        with self._cond:
+            for out in outputs:
+                if out.finished and out.request_id in self._waiting:
+                    finished.append((self._waiting.pop(out.request_id), out))
+            self._cond.notify_all()  # a pause may be waiting for these
+        for future, out in finished:
+            future.set_result(out)
+
+    def _notify_idle(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+
+__all__ = ["EngineLoop", "CancelledError"]

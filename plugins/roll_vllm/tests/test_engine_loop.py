@@ -1,0 +1,125 @@
+"""The engine loop that lets several threads share one vLLM engine, on a fake engine with vLLM's four
+methods (add_request, step, abort_request, has_unfinished_requests): requests from different calls
+run together, a cancelled call is aborted in the engine, a pause waits for running requests and
+holds new ones back, and errors reach the caller they belong to. No vLLM needed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from roll_vllm.engine_loop import EngineLoop
+
+
+class FakeEngine:
+    """A request's params is the number of steps it takes; a prompt "bad" is rejected."""
+
+    def __init__(self, step_s: float = 0.01):
+        self.left: dict[str, int] = {}
+        self.step_s = step_s
+        self.max_together = 0
+        self.aborted: list[str] = []
+        self.log: list[str] = []
+
+    def add_request(self, rid, prompt, steps):
+        if prompt == "bad":
+            raise ValueError("prompt too long")
+        self.left[rid] = steps
+        self.log.append(f"add {prompt}")
+
+    def has_unfinished_requests(self):
+        return bool(self.left)
+
+    def step(self):
+        time.sleep(self.step_s)
+        self.max_together = max(self.max_together, len(self.left))
+        done = []
+        for rid in list(self.left):
+            self.left[rid] -= 1
+            if self.left[rid] <= 0:
+                del self.left[rid]
+                done.append(SimpleNamespace(request_id=rid, finished=True, value=rid))
+        return done
+
+    def abort_request(self, rids):
+        self.aborted += rids
+        for rid in rids:
+            self.left.pop(rid, None)
+
+
+@pytest.fixture
+def engine():
+    return FakeEngine()
+
+
+@pytest.fixture
+def loop(engine):
+    loop = EngineLoop(engine)
+    yield loop
+    loop.close()
+
+
+def in_thread(fn):
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("value", fn()))
+    thread.start()
+    return thread, result
+
+
+def test_requests_from_different_calls_run_together_and_a_short_one_returns_first(loop, engine):
+    finished = []
+    long_call, _ = in_thread(lambda: finished.append(("long", loop.run(["a"], [40]))))
+    time.sleep(0.05)
+    short_call, _ = in_thread(lambda: finished.append(("short", loop.run(["b", "c"], [3, 3]))))
+    short_call.join(5)
+    long_call.join(5)
+    assert [name for name, _ in finished] == ["short", "long"]
+    assert engine.max_together == 3  # batched in the same steps, not one call after the other
+    assert all(out is not None and out.finished for _, outs in finished for out in outs)
+
+
+def test_a_cancelled_call_is_aborted_in_the_engine(loop, engine):
+    polls = iter([False, False, True])
+    outs = loop.run(["a", "b"], [1, 10_000], cancelled=lambda: next(polls, True))
+    assert outs[0] is not None and outs[0].finished  # finished before the cancel
+    assert outs[1] is None  # aborted
+    assert len(engine.aborted) == 1 and not engine.has_unfinished_requests()
+
+
+def test_pause_waits_for_running_requests_and_holds_new_ones_until_resume(loop, engine):
+    first, _ = in_thread(lambda: loop.run(["running"], [20]))
+    time.sleep(0.05)
+    loop.pause()  # returns only once "running" is done
+    assert not engine.has_unfinished_requests()
+    first.join(5)
+    held, result = in_thread(lambda: loop.run(["held"], [1]))
+    time.sleep(0.1)
+    assert held.is_alive() and "add held" not in engine.log
+    assert loop.call(lambda: "weights loaded") == "weights loaded"  # runs while nothing runs
+    engine.log.append("update")
+    loop.resume()
+    held.join(5)
+    assert result["value"][0].finished
+    assert engine.log.index("update") < engine.log.index("add held")
+
+
+def test_a_rejected_request_fails_its_own_call_only(loop):
+    ok, result = in_thread(lambda: loop.run(["fine"], [5]))
+    with pytest.raises(ValueError, match="prompt too long"):
+        loop.run(["bad"], [1])
+    ok.join(5)
+    assert result["value"][0].finished
+
+
+def test_an_engine_failure_reaches_every_caller_and_later_calls(engine):
+    def broken_step():
+        raise RuntimeError("out of KV cache")
+    engine.step = broken_step
+    loop = EngineLoop(engine)
+    with pytest.raises(RuntimeError, match="out of KV cache"):
+        loop.run(["a"], [1])
+    with pytest.raises(RuntimeError, match="stopped.*out of KV cache"):
+        loop.submit("b", 1)
