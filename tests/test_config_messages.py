@@ -207,3 +207,18 @@ def test_strategy_options_are_checked_against_the_strategy_and_missing_plugins_a
     assert message == ("config error: key 'roles.actor_train.strategy': unknown train strategy 'megatron'. Valid names: "
                        "fsdp2, hf. 'megatron' comes with the roll-megatron plugin: install it (plugins/roll_megatron)")
     assert "comes with" not in error(None, ["roles.actor_train.strategy=nope"])
+
+
+def test_a_strategy_whose_engine_is_not_installed_is_rejected_with_its_install_hint(roll_plugins):
+    import types
+
+    from roll_core import hookimpl
+
+    def register(register):
+        register("warp", "roll_core.strategies.hf:HFInferStrategy", kind="infer",
+                 requires={"roll_no_such_engine": "pip install 'roll-warp[engine]'", "torch": "never shown"})
+
+    roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(register))))
+    assert error(None, ["roles.actor_infer.strategy=warp"]) == (
+        "config error: key 'roles.actor_infer.strategy': infer strategy 'warp' needs the 'roll_no_such_engine' "
+        "package, which is not installed: pip install 'roll-warp[engine]'")

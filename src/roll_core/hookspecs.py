@@ -38,7 +38,11 @@ def roll_register_strategies(register):
             (a :class:`roll_core.strategy.TrainStrategy`: forward/backward/optimizer, log-probs),
             ``"infer"`` (a :class:`roll_core.strategy.InferStrategy`: generation and log-probs) or
             ``"critic"`` (a :class:`roll_core.strategy.CriticStrategy`: PPO's value model).
-            The same name may be registered once per kind.
+            The same name may be registered once per kind. ``options=Model`` (a pydantic model or
+            its import path) validates ``roles.<role>.strategy_options``, the engine's arguments;
+            ``requires={"module": "how to install it"}`` names the engine packages the strategy
+            imports when it starts: a config naming the strategy where one is missing is rejected
+            by ``roll validate`` with that hint (registration itself imports nothing).
 
     Returns: nothing.
     """

@@ -4,6 +4,9 @@
   ``(name, object)`` pairs, installed as the process-wide one for the duration of the test.
 * ``tiny_model_path``: the embedded tiny model, built once per test session.
 * ``tiny_config(**overrides)``: a validated quickstart config shrunk to a few fast steps.
+* ``left_padded_prompts(...)``: a batch of prompts in roll's layout, for inference-engine tests.
+* ``assert_engine_matches_trainer(engine, trainer, temperature, atol)``: the contract of an
+  inference strategy's log-probs, for engine plugins' tests.
 """
 
 from __future__ import annotations
@@ -45,3 +48,41 @@ def tiny_config(tmp_path):
         return load_config(None, base + list(overrides))
 
     return make
+
+
+def left_padded_prompts(rows: int = 6, width: int = 5, seed: int = 0):
+    """A :class:`~roll_core.data.Batch` of ``rows`` left-padded prompts ``[rows, width]`` of three
+    different lengths, BOS (id 1) first, random tokens of the tiny model's vocabulary after it."""
+    import torch
+
+    from roll_core.data import Batch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    mask = torch.zeros(rows, width, dtype=torch.long)
+    for i in range(rows):
+        n = width - (i % 3)
+        ids[i, width - n:] = torch.cat([torch.tensor([1]), torch.randint(5, 90, (n - 1,), generator=g)])
+        mask[i, width - n:] = 1
+    return Batch({"prompt_ids": ids, "prompt_mask": mask})
+
+
+def assert_engine_matches_trainer(engine, trainer, temperature: float, atol: float, max_new_tokens: int = 6):
+    """An inference strategy's sampled-token log-probs, its ``compute_log_probs`` and its full
+    distributions equal the training strategy's for the same weights (within ``atol``), on
+    :func:`left_padded_prompts`. The sampled tokens' log-probs are those of the distribution they
+    were drawn from (after temperature), as the trainer computes them."""
+    import torch
+
+    batch = engine.generate(left_padded_prompts(), max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_p=1.0)
+    mask = batch["response_mask"]
+    assert batch["responses"].shape == mask.shape == batch["infer_log_probs"].shape and mask.sum() > 0
+    expected = trainer.forward(batch, ("log_probs",), temperature)["log_probs"]
+    torch.testing.assert_close(batch["infer_log_probs"] * mask, expected * mask, atol=atol, rtol=0)
+    torch.testing.assert_close(engine.compute_log_probs(batch, temperature) * mask, expected * mask, atol=atol, rtol=0)
+    small = batch.select(slice(0, 2))  # full distributions [2, R, V]
+    dist_mask = small["response_mask"][..., None]
+    expected_dist = trainer.forward(small, ("log_dist",), temperature)["log_dist"]
+    got = engine.compute_log_probs(small, temperature, distribution=True)
+    torch.testing.assert_close(got * dist_mask, expected_dist * dist_mask, atol=atol, rtol=0)

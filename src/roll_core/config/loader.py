@@ -190,7 +190,21 @@ def _strategy_options(cfg: RollConfig, plugins) -> list[str]:
         problems += found
         if validated is not None:
             role_cfg.strategy_options = validated.model_dump()
+        problems += _missing_engines(f"roles.{role}.strategy", f"{kind} strategy",
+                                     plugins.registry(f"{kind}_strategies"), role_cfg.strategy)
     return problems
+
+
+def _missing_engines(key: str, kind: str, registry, name: str) -> list[str]:
+    """The engine packages a strategy registered as ``requires`` that are not installed here
+    (found without importing them: an engine import can take seconds)."""
+    import importlib.util
+
+    if name not in registry:
+        return []
+    return [f"key '{key}': {kind} '{name}' needs the '{module}' package, which is not installed: {hint}"
+            for module, hint in registry.entry(name).metadata.get("requires", {}).items()
+            if importlib.util.find_spec(module) is None]
 
 
 def _validated_options(key: str, kind: str, registry, name: str, options: dict) -> tuple[Any, list[str]]:

@@ -136,3 +136,36 @@ def response_log_probs(
         return logp
     entropy = -(log_softmax.exp() * log_softmax).sum(-1) if with_entropy else None
     return logp, entropy, (log_softmax if with_distribution else None)
+
+
+# -- for engines that take and return token lists (vLLM, SGLang) ------------------------------------
+def prompt_token_lists(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[int]]:
+    """The left-padded prompts ``[B, P]`` as one token list per row, padding dropped."""
+    return [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+
+
+def right_pad(rows: list[list[float]] | list[list[int]], value, dtype: torch.dtype) -> torch.Tensor:
+    """Rows of different lengths as one right-padded ``[B, max length]`` tensor."""
+    width = max((len(r) for r in rows), default=0)
+    return torch.tensor([list(r) + [value] * (width - len(r)) for r in rows], dtype=dtype).reshape(len(rows), width)
+
+
+def packed_responses(tokens: list[list[int]], log_probs: list[list[float]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """An engine's sampled tokens and their log-probs as ``responses``, ``response_mask`` and
+    ``infer_log_probs`` ``[B, R]`` (right-padded; an empty row is an aborted request)."""
+    return {"responses": right_pad(tokens, pad_token_id, torch.long),
+            "response_mask": right_pad([[1] * len(t) for t in tokens], 0, torch.long),
+            "infer_log_probs": right_pad(log_probs, 0.0, torch.float32)}
+
+
+def rescaled_log_probs(raw: torch.Tensor, targets: list[int], temperature: float,
+                       distribution: bool) -> torch.Tensor:
+    """Log-probs at ``temperature`` from an engine's full-vocabulary log-probs at temperature 1.
+
+    ``raw`` ``[n, V]`` is ``log_softmax(logits)``, so ``log_softmax(raw / T) = log_softmax(logits / T)``
+    (the log-normaliser is a constant per row). Returns the full ``[n, V]`` with ``distribution``,
+    else the ``targets``' ``[n]``."""
+    log_dist = torch.log_softmax(raw / (temperature or 1.0), -1)
+    if distribution:
+        return log_dist
+    return log_dist.gather(-1, torch.tensor(targets, dtype=torch.long)[:, None]).squeeze(-1)

@@ -33,17 +33,11 @@ class VLLMOptions(BaseModel):
             return value
         import dataclasses
 
-        from roll_core.errors import did_you_mean
+        from roll_core.errors import check_engine_args
 
         try:
             from vllm.engine.arg_utils import EngineArgs
         except ImportError:  # checked again when the engine starts; roll validate reports the missing engine
             return value
-        known = {f.name for f in dataclasses.fields(EngineArgs)}
-        ours = set(cls.model_fields) - {"engine_args"}
-        for key in value:
-            if key in ours:
-                raise ValueError(f"'{key}' is an option of its own: set strategy_options.{key}, not engine_args.{key}")
-            if key not in known:
-                raise ValueError(f"unknown vLLM engine argument '{key}'.{did_you_mean(key, sorted(known))}")
-        return value
+        return check_engine_args(value, {f.name for f in dataclasses.fields(EngineArgs)},
+                                 set(cls.model_fields) - {"engine_args"}, "vLLM engine")

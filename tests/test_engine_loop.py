@@ -1,7 +1,7 @@
-"""The engine loop that lets several threads share one vLLM engine, on a fake engine with vLLM's four
+"""The engine loop that lets several threads share one inference engine, on a fake engine with vLLM's four
 methods (add_request, step, abort_request, has_unfinished_requests): requests from different calls
 run together, a cancelled call is aborted in the engine, a pause waits for running requests and
-holds new ones back, and errors reach the caller they belong to. No vLLM needed."""
+holds new ones back, and errors reach the caller they belong to."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from roll_vllm.engine_loop import EngineLoop
+from roll_core.strategies.engine_loop import EngineLoop
 
 
 class FakeEngine:

@@ -1,10 +1,10 @@
-"""One thread drives the vLLM engine; any number of caller threads submit requests to it.
+"""One thread drives an inference engine; any number of caller threads submit requests to it.
 
 roll's async scheduler sends sample-level requests to an engine that declares
 ``concurrent_requests``: a Ray actor then serves several ``generate`` calls at once, each in its own
-thread. vLLM's offline ``LLM.generate`` is not meant to be called from several threads, and its
-``AsyncLLM`` needs the engine core in a child process. So the strategy keeps vLLM's synchronous
-``LLMEngine`` in the worker's process and gives it to one loop thread, which
+thread. Engines' offline entry points are not meant for concurrent callers (vLLM's ``LLM.generate``,
+SGLang's ``Engine.generate``, which runs its own event loop), so an inference strategy hands its
+engine to one loop thread (the strategies of roll-vllm and roll-sglang both do), which
 
 * admits the requests callers submit and steps the engine while any is unfinished, so requests from
   different calls are batched together (continuous batching) and each call returns as soon as its
@@ -14,8 +14,10 @@ thread. vLLM's offline ``LLM.generate`` is not meant to be called from several t
 * runs exclusive work (a weight-update step, a prefix-cache reset) only when no request is running:
   :meth:`pause` holds new requests back and waits for the running ones, :meth:`resume` admits them.
 
-Everything here is engine-agnostic plumbing over four engine methods (``add_request``, ``step``,
-``abort_request``, ``has_unfinished_requests``), so it is tested with a fake engine as well as vLLM.
+The engine is anything with vLLM's ``LLMEngine`` step interface: ``add_request(id, prompt, params)``,
+``step()`` (the outputs of this step; those with ``finished`` set are final), ``abort_request(ids)``
+and ``has_unfinished_requests()``. An engine without steps is adapted to it (roll-sglang). Tested
+with a fake engine in ``tests/test_engine_loop.py`` and on vLLM in roll-vllm's tests.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any, Callable, Sequence
 class EngineLoop:
     """Serve ``submit``/``call`` from many threads on one engine-owning thread (see the module docstring)."""
 
-    def __init__(self, engine: Any, name: str = "vllm-engine-loop"):
+    def __init__(self, engine: Any, name: str = "engine-loop"):
         self.engine = engine
         self._cond = threading.Condition()
         self._incoming: list[tuple[str, Any, Any]] = []  # (request id, prompt, params) not yet added
@@ -48,7 +50,8 @@ class EngineLoop:
     def submit(self, prompt: Any, params: Any) -> tuple[str, Future]:
         """Queue one request; its future resolves to the engine's final output (or is cancelled
         by :meth:`abort`)."""
-        rid, future = f"roll-{next(self._ids)}", Future()
+        rid = f"roll-{next(self._ids)}"
+        future: Future = Future()
         with self._cond:
             self._check_running()
             self._incoming.append((rid, prompt, params))
@@ -111,7 +114,7 @@ class EngineLoop:
 
     def _check_running(self) -> None:
         if self._stopped:
-            raise RuntimeError("the vLLM engine loop has stopped" + (f": {self._error!r}" if self._error else ""))
+            raise RuntimeError("the engine loop has stopped" + (f": {self._error!r}" if self._error else ""))
 
     def _has_work(self) -> bool:
         return bool(self._stopped or self._aborts or self._calls or (self._incoming and not self._paused)
@@ -150,7 +153,7 @@ class EngineLoop:
                 self._cond.notify_all()
             for future in pending:
                 if not future.done():
-                    future.set_exception(RuntimeError(f"the vLLM engine failed: {exc!r}"))
+                    future.set_exception(RuntimeError(f"the inference engine failed: {exc!r}"))
         finally:
             with self._cond:
                 self._stopped = True
