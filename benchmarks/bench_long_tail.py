@@ -24,6 +24,13 @@ Settings (one seed, ``--steps`` RL steps each, throughput over the steps after t
   ends instead of when the longest sample of its group does.
 
     python benchmarks/bench_long_tail.py [--steps 12] [--ms-per-token 40] [--median 6] [--sigma 1.0]
+
+With ``--engine vllm`` the same settings run on the real vLLM engine (roll-vllm) instead of the
+simulation: response lengths are then the tiny model's own (no warm-up, so it stops at EOS after a
+long-tailed number of tokens), decoding costs real CPU time shared with the trainer, and one engine
+worker holds the capacity (128 samples in flight), since two engines on 2 cores only contend:
+
+    python benchmarks/bench_long_tail.py --engine vllm [--steps 12]
 """
 
 from __future__ import annotations
@@ -111,24 +118,35 @@ def main() -> None:
     ap.add_argument("--median", type=float, default=6)
     ap.add_argument("--sigma", type=float, default=1.0)
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--engine", choices=["sim", "vllm"], default="sim")
     args = ap.parse_args()
     site = plugin_dir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
            "SIM_MEDIAN": str(args.median), "SIM_SIGMA": str(args.sigma), "SIM_MS_PER_TOKEN": str(args.ms_per_token)}
-    common = ["roles.actor_infer.strategy=sim_engine", "roles.actor_infer.num_workers=2", "roles.reward.num_workers=2",
+    if args.engine == "vllm":
+        engine = ["roles.actor_infer.strategy=vllm", "roles.actor_infer.num_workers=1",
+                  "roles.actor_infer.strategy_options.max_model_len=64"]
+        async_capacity = ["rollout.request_size=8", "rollout.max_running_requests=16"]
+        per_sample_capacity = ["rollout.max_running_requests=128"]
+    else:
+        engine = ["roles.actor_infer.strategy=sim_engine", "roles.actor_infer.num_workers=2"]
+        async_capacity = ["rollout.request_size=8", "rollout.max_running_requests=8"]
+        per_sample_capacity = []
+    common = [*engine, "roles.reward.num_workers=2",
               "rollout.prompts_per_step=16", "rollout.num_return_sequences=8",
               f"rollout.max_new_tokens={args.max_new_tokens}", "warmup.steps=0", "data.options.num_eval=1",
               "trainer.eval_every=0", "trainer.save_every=0", "trackers=[jsonl]", "torch_threads=1",
               f"trainer.max_steps={args.steps}"]
-    # Same engine capacity everywhere: 64 samples in flight per worker (one 64-sample request for
-    # sync, eight 8-sample group requests for async).
-    async_capacity = ["rollout.request_size=8", "rollout.max_running_requests=8"]
+    # Same engine capacity everywhere: with sim, 64 samples in flight per worker (one 64-sample
+    # request for sync, eight 8-sample group requests for async); with vllm, 128 on its one worker.
     rows = {}
     with tempfile.TemporaryDirectory() as out:
         for name, overrides in SETTINGS.items():
             run_dir = Path(out) / re.sub(r"\W", "", name.replace(" ", "_"))
             extra = async_capacity if "async" in name else []
-            cmd = [sys.executable, "-m", "roll_core.cli", "run", f"output_dir={run_dir}", *common, *extra, *overrides]
+            late = per_sample_capacity if "per sample" in name else []  # after the setting's own 64
+            cmd = [sys.executable, "-m", "roll_core.cli", "run", f"output_dir={run_dir}",
+                   *common, *extra, *overrides, *late]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if done.returncode:
                 sys.exit(f"{name} failed:\n{done.stderr[-3000:]}")
@@ -146,9 +164,13 @@ def main() -> None:
             }
             print(f"  {name}: done", flush=True)
     base = rows["sync"]["samples_per_s"]
-    print(f"log-normal lengths (median {args.median:g}, sigma {args.sigma:g}, cap {args.max_new_tokens}), "
-          f"{args.ms_per_token:g} ms/token, 2 engine workers x 64 samples in flight, 128 samples/step, "
-          f"steps 3..{args.steps}")
+    if args.engine == "vllm":
+        print(f"vLLM engine, the tiny model's own lengths (cap {args.max_new_tokens}), 1 engine worker x 128 "
+              f"samples in flight, 128 samples/step, steps 3..{args.steps}")
+    else:
+        print(f"log-normal lengths (median {args.median:g}, sigma {args.sigma:g}, cap {args.max_new_tokens}), "
+              f"{args.ms_per_token:g} ms/token, 2 engine workers x 64 samples in flight, 128 samples/step, "
+              f"steps 3..{args.steps}")
     print(f"{'setting':<36}{'samples/s':>10}{'speed-up':>10}{'step s':>9}{'rollout s':>11}{'train s':>9}"
           f"{'mean len':>10}{'staleness':>11}")
     for name, r in rows.items():

@@ -140,7 +140,8 @@ class VLLMInferStrategy(InferStrategy):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        return SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **kwargs)
+        # roll works on token ids: no detokenising of outputs (about 10% of generation time on small models)
+        return SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False, **kwargs)
 
     def _run(self, sequences: list[list[int]], params) -> list:
         """The engine's final outputs, one per token sequence (None for a request aborted because
