@@ -123,3 +123,21 @@ def test_an_engine_failure_reaches_every_caller_and_later_calls(engine):
         loop.run(["a"], [1])
     with pytest.raises(RuntimeError, match="stopped.*out of KV cache"):
         loop.submit("b", 1)
+
+
+def test_freeze_stops_stepping_at_once_and_running_requests_continue_after_resume(loop, engine):
+    running, result = in_thread(lambda: loop.run(["long"], [30]))
+    time.sleep(0.05)
+    loop.freeze()
+    time.sleep(0.03)  # the step under way, if any, finishes
+    left = dict(engine.left)
+    time.sleep(0.1)
+    assert engine.left == left and left  # unfinished, and not stepped while frozen
+    assert loop.call(lambda: "weights loaded") == "weights loaded"  # runs although a request is running
+    held, _ = in_thread(lambda: loop.run(["new"], [1]))
+    time.sleep(0.05)
+    assert "add new" not in engine.log  # new requests wait too
+    loop.resume()
+    running.join(5)
+    held.join(5)
+    assert result["value"][0].finished and "add new" in engine.log

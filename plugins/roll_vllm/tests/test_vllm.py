@@ -157,3 +157,55 @@ def test_a_cancelled_generate_is_aborted_in_the_engine_on_ray(tiny_model_path):
         assert executor.get(executor.invoke(worker, "generate", (4, 4), {}))[1] == 4  # the worker serves again
     finally:
         executor.shutdown()
+
+
+def test_partial_rollout_continues_running_requests_on_the_new_weights(tiny_model_path):
+    """With ``partial_rollout`` a weight update interrupts the requests that are decoding: each
+    response is a prefix sampled by the old weights and a continuation sampled by the new ones,
+    and every token's ``infer_log_probs`` are those of the weights that sampled it."""
+    import threading
+    import time
+
+    from roll_core.config import load_config
+    from roll_core.strategies.hf import HFTrainStrategy
+    from roll_vllm.strategy import VLLMInferStrategy
+
+    options = {"max_model_len": 64, "partial_rollout": True}
+    engine = VLLMInferStrategy(str(tiny_model_path), types.SimpleNamespace(strategy_options=options), seed=0)
+    trainer = HFTrainStrategy(str(tiny_model_path), load_config(None).roles.actor_train, seed=0)
+    old_weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    batch = prompts(rows=512, seed=3)
+    engine.generate(batch, max_new_tokens=48, temperature=1.0, top_p=1.0)  # warm-up
+    start = time.perf_counter()
+    engine.generate(batch, max_new_tokens=48, temperature=1.0, top_p=1.0)  # how long a call takes
+    duration = time.perf_counter() - start
+
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(
+        out=engine.generate(batch, max_new_tokens=48, temperature=1.0, top_p=1.0)))
+    worker.start()
+    time.sleep(duration / 4)  # the requests are decoding
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    engine.begin_update(1)
+    for bucket in trainer.weight_buckets(bucket_bytes=2**20):
+        engine.load(bucket)
+    engine.end_update()
+    worker.join(120)
+    out = result["out"]
+    mask = out["response_mask"].bool()
+    new = hf_log_probs(trainer, out, 1.0)
+    trainer.model.load_state_dict(old_weights)
+    old = hf_log_probs(trainer, out, 1.0)
+    got = out["infer_log_probs"]
+    by_old, by_new = (got - old).abs() < 1e-3, (got - new).abs() < 1e-3
+    assert bool((by_old | by_new | ~mask).all())  # every token was sampled by one of the two
+    only_old, only_new = by_old & ~by_new & mask, by_new & ~by_old & mask
+    positions = torch.arange(mask.shape[1]).expand_as(mask)
+    last_old = torch.where(only_old, positions, -1).max(-1).values
+    first_new = torch.where(only_new, positions, mask.shape[1]).min(-1).values
+    assert bool((last_old < first_new).all())  # old weights first, then new, never back
+    mixed = (only_old.any(-1) & only_new.any(-1)).sum()
+    assert mixed > 0, "no response was interrupted by the update"
+    engine.loop.close()

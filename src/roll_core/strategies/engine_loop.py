@@ -12,7 +12,11 @@ engine to one loop thread (the strategies of roll-vllm and roll-sglang both do),
 * aborts the requests of a call the scheduler cancelled (``engine.abort_request``), freeing their
   KV-cache blocks at once;
 * runs exclusive work (a weight-update step, a prefix-cache reset) only when no request is running:
-  :meth:`pause` holds new requests back and waits for the running ones, :meth:`resume` admits them.
+  :meth:`pause` holds new requests back and waits for the running ones, :meth:`resume` admits them;
+* or, for partial rollouts, :meth:`freeze` stops stepping at once: running requests keep what they
+  generated and continue after :meth:`resume` (on the new weights, if the exclusive work loaded
+  some and the engine re-computes their KV cache, as vLLM does when its prefix cache is reset with
+  its running requests).
 
 The engine is anything with vLLM's ``LLMEngine`` step interface: ``add_request(id, prompt, params)``,
 ``step()`` (the outputs of this step; those with ``finished`` set are final), ``abort_request(ids)``
@@ -40,6 +44,7 @@ class EngineLoop:
         self._calls: list[tuple[Callable[[], Any], Future]] = []
         self._waiting: dict[str, Future] = {}  # added to the engine, not finished
         self._paused = False
+        self._frozen = False  # no stepping either: running requests wait where they are
         self._stopped = False
         self._error: BaseException | None = None
         self._ids = itertools.count()
@@ -96,9 +101,17 @@ class EngineLoop:
             self._cond.wait_for(lambda: self._stopped or not self._running())
             self._check_running()
 
-    def resume(self) -> None:
+    def freeze(self) -> None:
+        """Hold new requests back and stop stepping the engine after the current step; running
+        requests stay in the engine, unfinished, until :meth:`resume`. :meth:`call` runs at once."""
         with self._cond:
-            self._paused = False
+            self._paused = self._frozen = True
+            self._cond.notify()
+
+    def resume(self) -> None:
+        """End a :meth:`pause` or a :meth:`freeze`."""
+        with self._cond:
+            self._paused = self._frozen = False
             self._cond.notify()
 
     def close(self) -> None:
@@ -118,7 +131,7 @@ class EngineLoop:
 
     def _has_work(self) -> bool:
         return bool(self._stopped or self._aborts or self._calls or (self._incoming and not self._paused)
-                    or self._running())
+                    or (self._running() and not self._frozen))
 
     def _run(self) -> None:
         try:
@@ -131,7 +144,8 @@ class EngineLoop:
                     admitted = [] if self._paused else self._incoming
                     if admitted:
                         self._incoming = []
-                    idle = not self._running() and not admitted
+                    frozen = self._frozen
+                    idle = (frozen or not self._running()) and not admitted
                     calls, self._calls = (self._calls, []) if idle else ([], self._calls)
                 self._abort(aborts)
                 for rid, prompt, params in admitted:
@@ -141,7 +155,7 @@ class EngineLoop:
                         future.set_result(fn())
                     except BaseException as exc:  # handed to the caller, the loop goes on
                         future.set_exception(exc)
-                if self.engine.has_unfinished_requests():
+                if not frozen and self.engine.has_unfinished_requests():
                     self._deliver(self.engine.step())
         except BaseException as exc:  # the engine failed: every caller learns why
             self._error = exc

@@ -24,6 +24,9 @@ class VLLMOptions(BaseModel):
     cpu_kv_cache_gib: int = Field(1, ge=1, description="KV cache size on the CPU build (VLLM_CPU_KVCACHE_SPACE)")
     max_num_seqs: int = Field(256, ge=1, description="sequences decoded together (continuous batching)")
     tensor_parallel_size: int = Field(1, ge=1)
+    partial_rollout: bool = Field(
+        False, description="a weight update interrupts running requests instead of waiting for them; they "
+        "continue on the new weights (KV re-computed), keeping the tokens already sampled")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="any other vllm.EngineArgs field")
 
     @field_validator("engine_args")

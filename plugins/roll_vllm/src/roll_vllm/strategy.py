@@ -13,6 +13,12 @@
   disk): ``begin_update`` starts vLLM's layer-wise reload, ``load`` hands each bucket of Hugging
   Face-named tensors to the model's own ``load_weights`` (which fuses q/k/v and gate/up and repacks
   for the CPU kernels), ``end_update`` finishes the reload and resets the prefix cache.
+* Partial rollout (``strategy_options.partial_rollout``): ``begin_update`` freezes the engine
+  where it is instead of waiting for the running requests; ``end_update`` resets the prefix cache
+  *with* the running requests (vLLM preempts them and re-computes their prompt and sampled tokens
+  on the new weights), so they continue under the new policy and keep what they generated. Each
+  token's ``infer_log_probs`` are those of the weights that sampled it, which is what the
+  off-policy corrections need.
 
 The engine runs inside the worker's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): no child
 process, so no ``__main__`` guard is needed in a Ray actor, and the weight buckets reach the model
@@ -152,6 +158,11 @@ class VLLMInferStrategy(InferStrategy):
     def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
         prompts = prompt_token_lists(batch["prompt_ids"], batch["prompt_mask"])
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=self.generator).tolist()
+        if self.options.partial_rollout:
+            # A seeded request that vLLM preempts and re-computes rewinds its generator, which
+            # vLLM's CPU build cannot do ("CPU Generator does not use offset"): sample from the
+            # engine's own generator (seeded with the worker's seed) instead.
+            seeds = [None] * len(prompts)
         params = [self._sampling(n=1, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
                                  max_tokens=max_new_tokens, logprobs=0, seed=s) for s in seeds]
         tokens, logps = [], []
@@ -191,7 +202,10 @@ class VLLMInferStrategy(InferStrategy):
     # -- the weight-update protocol --------------------------------------------------------------
     def begin_update(self, version: int) -> None:
         self.version = version
-        self.loop.pause()  # running requests finish on the old weights; new ones wait for end_update
+        if self.options.partial_rollout:
+            self.loop.freeze()  # running requests stop where they are and continue on the new weights
+        else:
+            self.loop.pause()  # running requests finish on the old weights; new ones wait for end_update
         self.loop.call(lambda: self.llm.collective_rpc(_begin_reload))
 
     def load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
@@ -200,7 +214,9 @@ class VLLMInferStrategy(InferStrategy):
     def end_update(self) -> None:
         def finish():
             self.llm.collective_rpc(_finish_reload)
-            self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+            # cached prefixes were computed with the old weights; with partial rollout so were the
+            # running requests' KV caches: vLLM preempts them, to re-compute on the new weights
+            self.llm.llm_engine.reset_prefix_cache(reset_running_requests=self.options.partial_rollout)
         self.loop.call(finish)
         self.loop.resume()
 
