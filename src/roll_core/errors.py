@@ -34,17 +34,5 @@ def did_you_mean(name: str, candidates) -> str:
     return f" Did you mean '{match[0]}'?" if match else ""
 
 
-def check_engine_args(args: dict, known, own_options, engine: str) -> dict:
-    """Validate ``strategy_options.engine_args`` (an engine's arguments that roll does not model)
-    against the argument names the installed engine declares: ``own_options`` must be set as
-    options of their own, an unknown name gets a did-you-mean. Returns ``args``."""
-    for key in args:
-        if key in own_options:
-            raise ValueError(f"'{key}' is an option of its own: set strategy_options.{key}, not engine_args.{key}")
-        if key not in known:
-            raise ValueError(f"unknown {engine} argument '{key}'.{did_you_mean(key, sorted(known))}")
-    return args
-
-
 class WorkerLostError(RollError):
     """A worker process died or stopped answering; the pipeline may restart from a checkpoint."""

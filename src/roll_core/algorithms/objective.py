@@ -107,17 +107,22 @@ def single_mini_batch(config, batch_size: int) -> bool:
     return config.ppo_mini_batch_size is None or config.ppo_mini_batch_size >= batch_size
 
 
-def component_options(registry, name: str, options: dict[str, Any]) -> Any:
-    """The validated options object of registered component ``name`` (its registered ``options``
-    pydantic model applied to ``options``), or None for a component registered without one."""
+def options_model(registry, name: str) -> Any:
+    """The pydantic model registered as ``options`` of component ``name`` (imported when it was
+    registered by import path), or None for a component registered without one."""
     model = registry.entry(name).metadata.get("options")
-    if model is None:
-        return None
     if isinstance(model, str):
         from roll_core.registry import import_target
 
         model = import_target(model)
-    return model.model_validate(options)
+    return model
+
+
+def component_options(registry, name: str, options: dict[str, Any]) -> Any:
+    """The validated options object of registered component ``name`` (its registered ``options``
+    pydantic model applied to ``options``), or None for a component registered without one."""
+    model = options_model(registry, name)
+    return None if model is None else model.model_validate(options)
 
 
 def bind_options(registry, name: str, options: dict[str, Any]) -> Callable:

@@ -184,14 +184,13 @@ def _strategy_options(cfg: RollConfig, plugins) -> list[str]:
         role_cfg = getattr(cfg.roles, role)
         if role_cfg is None:
             continue
-        validated, found = _validated_options(f"roles.{role}.strategy_options", f"{kind} strategy",
-                                              plugins.registry(f"{kind}_strategies"), role_cfg.strategy,
-                                              role_cfg.strategy_options)
+        registry = plugins.registry(f"{kind}_strategies")
+        validated, found = _validated_options(f"roles.{role}.strategy_options", f"{kind} strategy", registry,
+                                              role_cfg.strategy, role_cfg.strategy_options)
         problems += found
         if validated is not None:
             role_cfg.strategy_options = validated.model_dump()
-        problems += _missing_engines(f"roles.{role}.strategy", f"{kind} strategy",
-                                     plugins.registry(f"{kind}_strategies"), role_cfg.strategy)
+        problems += _missing_engines(f"roles.{role}.strategy", f"{kind} strategy", registry, role_cfg.strategy)
     return problems
 
 
@@ -208,7 +207,7 @@ def _missing_engines(key: str, kind: str, registry, name: str) -> list[str]:
 
 
 def _validated_options(key: str, kind: str, registry, name: str, options: dict) -> tuple[Any, list[str]]:
-    from roll_core.algorithms.objective import component_options
+    from roll_core.algorithms.objective import component_options, options_model
 
     if name not in registry:
         return None, []  # already reported as an unknown name
@@ -216,12 +215,7 @@ def _validated_options(key: str, kind: str, registry, name: str, options: dict) 
     try:
         validated = component_options(registry, name, options)
     except ValidationError as exc:
-        model = registry.entry(name).metadata["options"]
-        if isinstance(model, str):  # registered by import path (imported already by component_options)
-            from roll_core.registry import import_target
-
-            model = import_target(model)
-        fields = list(model.model_fields)
+        fields = list(options_model(registry, name).model_fields)
         problems = []
         for err in exc.errors():
             option = ".".join(str(p) for p in err["loc"])

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from typing import Any, Callable, Sequence
 
@@ -58,7 +58,7 @@ class EngineLoop:
         rid = f"roll-{next(self._ids)}"
         future: Future = Future()
         with self._cond:
-            self._check_running()
+            self._check_alive()
             self._incoming.append((rid, prompt, params))
             self._waiting[rid] = future
             self._cond.notify()
@@ -88,7 +88,7 @@ class EngineLoop:
         between :meth:`pause` and :meth:`resume`, where nothing is running anyway."""
         future: Future = Future()
         with self._cond:
-            self._check_running()
+            self._check_alive()
             self._calls.append((fn, future))
             self._cond.notify()
         return future.result()
@@ -99,7 +99,7 @@ class EngineLoop:
             self._paused = True
             self._cond.notify()
             self._cond.wait_for(lambda: self._stopped or not self._running())
-            self._check_running()
+            self._check_alive()
 
     def freeze(self) -> None:
         """Hold new requests back and stop stepping the engine after the current step; running
@@ -125,7 +125,7 @@ class EngineLoop:
         """Requests admitted to the engine and not finished (caller holds the lock)."""
         return len(self._waiting) > len(self._incoming)
 
-    def _check_running(self) -> None:
+    def _check_alive(self) -> None:
         if self._stopped:
             raise RuntimeError("the engine loop has stopped" + (f": {self._error!r}" if self._error else ""))
 
@@ -192,13 +192,13 @@ class EngineLoop:
             queued = {rid for rid, _, _ in self._incoming} & set(request_ids)
             self._incoming = [r for r in self._incoming if r[0] not in queued]
             futures = [self._waiting.pop(rid) for rid in request_ids if rid in self._waiting]
+            self._cond.notify_all()  # a pause may be waiting for these
         running = [rid for rid in request_ids if rid not in queued]
         if running:
             self.engine.abort_request(running)
         for future in futures:
             future.cancel()
             future.set_running_or_notify_cancel()  # wakes concurrent.futures.wait(), which cancel() alone does not
-        self._notify_idle()
 
     def _deliver(self, outputs: list[Any]) -> None:
         finished = []
@@ -209,10 +209,3 @@ class EngineLoop:
             self._cond.notify_all()  # a pause may be waiting for these
         for future, out in finished:
             future.set_result(out)
-
-    def _notify_idle(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
-
-__all__ = ["EngineLoop", "CancelledError"]

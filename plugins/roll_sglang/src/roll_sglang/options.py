@@ -32,7 +32,7 @@ class SGLangOptions(BaseModel):
             return value
         import dataclasses
 
-        from roll_core.errors import check_engine_args
+        from roll_core.strategies.engines import check_engine_args
 
         try:
             from sglang.srt.server_args import ServerArgs

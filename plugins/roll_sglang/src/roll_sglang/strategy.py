@@ -31,7 +31,6 @@ fake engine with SGLang's API (``tests/fake_sglang.py``) and run the real engine
 from __future__ import annotations
 
 import asyncio
-import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -39,6 +38,7 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.strategies.engine_loop import EngineLoop
+from roll_core.strategies.engines import check_engine_version, import_engine
 from roll_core.strategies.sequences import packed_responses, prompt_token_lists, rescaled_log_probs
 from roll_core.strategy import InferStrategy, request_cancelled
 from roll_sglang import SUPPORTED_SGLANG
@@ -46,27 +46,6 @@ from roll_sglang.options import SGLangOptions
 
 INSTALL_HINT = ("the sglang strategy needs the SGLang engine (CUDA only): pip install 'roll-sglang[engine]'; "
                 "see plugins/roll_sglang/README.md")
-
-
-def import_sglang():
-    """The ``sglang`` module, with an actionable error when it is missing."""
-    try:
-        import sglang
-    except ModuleNotFoundError as exc:
-        if exc.name == "sglang":
-            raise ImportError(INSTALL_HINT) from None
-        raise
-    return sglang
-
-
-def check_version(version: str) -> None:
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    spec = SpecifierSet(",".join(SUPPORTED_SGLANG))
-    if Version(".".join(map(str, Version(version).release))) not in spec:
-        warnings.warn(f"roll-sglang is written against sglang{spec}; sglang {version} is installed and may not work",
-                      stacklevel=2)
 
 
 class SGLangSteps:
@@ -116,8 +95,8 @@ class SGLangInferStrategy(InferStrategy):
         from transformers import AutoConfig
 
         self.options = SGLangOptions.model_validate(getattr(role_config, "strategy_options", {}) or {})
-        sglang = import_sglang()
-        check_version(getattr(sglang, "__version__", "0"))
+        sglang = import_engine("sglang", INSTALL_HINT)
+        check_engine_version("sglang", sglang.__version__, SUPPORTED_SGLANG, "roll-sglang")
         self.engine = sglang.Engine(**self.options.engine_kwargs(model_path, seed))
         self.loop = EngineLoop(SGLangSteps(self.engine), name="sglang-engine-loop")
         hf_config = AutoConfig.from_pretrained(model_path)

@@ -36,7 +36,7 @@ class VLLMOptions(BaseModel):
             return value
         import dataclasses
 
-        from roll_core.errors import check_engine_args
+        from roll_core.strategies.engines import check_engine_args
 
         try:
             from vllm.engine.arg_utils import EngineArgs

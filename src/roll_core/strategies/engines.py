@@ -1,0 +1,52 @@
+"""What inference-engine plugins (roll-vllm, roll-sglang) share about the engine package they wrap:
+importing it with an actionable error, warning when its version is outside the tested range, and
+checking the engine arguments a user passes through ``strategy_options.engine_args``.
+
+The engine itself is driven by :mod:`roll_core.strategies.engine_loop`; token lists in and out are
+in :mod:`roll_core.strategies.sequences`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from types import ModuleType
+from typing import Iterable
+
+from roll_core.errors import did_you_mean
+
+
+def import_engine(module: str, install_hint: str) -> ModuleType:
+    """``import module``; when the module itself is missing, an :class:`ImportError` with
+    ``install_hint`` (a missing dependency *of* the engine keeps its own error)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            raise ImportError(install_hint) from None
+        raise
+
+
+def check_engine_version(engine: str, version: str, supported: Iterable[str], plugin: str) -> None:
+    """Warn when ``version`` of ``engine`` (local suffixes such as ``+cpu`` ignored) is outside the
+    ``supported`` specifiers that ``plugin`` is tested with."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    spec = SpecifierSet(",".join(supported))
+    if Version(".".join(map(str, Version(version).release))) not in spec:
+        warnings.warn(f"{plugin} is tested with {engine}{spec}; {engine} {version} is installed and may not work "
+                      "(pin a supported version if generation or weight updates fail)", stacklevel=3)
+
+
+def check_engine_args(args: dict, known: Iterable[str], own_options: Iterable[str], engine: str) -> dict:
+    """Validate ``strategy_options.engine_args`` (an engine's arguments that roll does not model)
+    against the argument names the installed engine declares: ``own_options`` must be set as
+    options of their own, an unknown name gets a did-you-mean. Returns ``args``."""
+    known, own_options = set(known), set(own_options)
+    for key in args:
+        if key in own_options:
+            raise ValueError(f"'{key}' is an option of its own: set strategy_options.{key}, not engine_args.{key}")
+        if key not in known:
+            raise ValueError(f"unknown {engine} argument '{key}'.{did_you_mean(key, sorted(known))}")
+    return args

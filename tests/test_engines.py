@@ -1,0 +1,49 @@
+"""The helpers engine plugins share (``roll_core.strategies.engines``): the install hint for a
+missing engine, the version warning, and the check of ``strategy_options.engine_args``."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from roll_core.strategies.engines import check_engine_args, check_engine_version, import_engine
+
+
+def test_a_missing_engine_gets_the_install_hint_and_a_present_one_imports():
+    with pytest.raises(ImportError) as err:
+        import_engine("roll_no_such_engine", "pip install 'roll-x[engine]'")
+    assert str(err.value) == "pip install 'roll-x[engine]'"
+    assert import_engine("json", "never shown").__name__ == "json"
+
+
+def test_an_engine_missing_a_dependency_keeps_its_own_error(tmp_path, monkeypatch):
+    (tmp_path / "roll_fake_engine.py").write_text("import roll_fake_missing_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="roll_fake_missing_dependency"):
+        import_engine("roll_fake_engine", "never shown")
+
+
+def test_a_version_outside_the_tested_range_is_warned_about_once_local_suffixes_are_dropped():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_engine_version("vllm", "0.32.0+cpu", (">=0.32", "<0.33"), "roll-vllm")  # in range: silent
+        check_engine_version("vllm", "0.32.9", (">=0.32", "<0.33"), "roll-vllm")
+    with pytest.warns(UserWarning) as caught:
+        check_engine_version("vllm", "0.33.0", (">=0.32", "<0.33"), "roll-vllm")
+    assert str(caught[0].message) == ("roll-vllm is tested with vllm<0.33,>=0.32; vllm 0.33.0 is installed and may "
+                                      "not work (pin a supported version if generation or weight updates fail)")
+    with pytest.warns(UserWarning):
+        check_engine_version("sglang", "0.5.22", (">=0.5.23", "<0.6"), "roll-sglang")
+
+
+def test_engine_args_are_checked_against_the_engines_own_names():
+    known = ["swap_space", "block_size", "max_model_len"]
+    assert check_engine_args({"swap_space": 4}, known, ["max_model_len"], "vLLM engine") == {"swap_space": 4}
+    with pytest.raises(ValueError) as err:
+        check_engine_args({"swap_spac": 4}, known, ["max_model_len"], "vLLM engine")
+    assert str(err.value) == "unknown vLLM engine argument 'swap_spac'. Did you mean 'swap_space'?"
+    with pytest.raises(ValueError) as err:
+        check_engine_args({"max_model_len": 64}, known, ["max_model_len"], "vLLM engine")
+    assert str(err.value) == ("'max_model_len' is an option of its own: set strategy_options.max_model_len, "
+                              "not engine_args.max_model_len")
