@@ -60,11 +60,11 @@ def test_cross_field_check():
     "override, key, valid",
     [
         ("roles.reward.name=exact_mtch", "roles.reward.name", "Did you mean 'exact_match'?"),
-        ("roles.actor_train.strategy=hff", "roles.actor_train.strategy", "Valid names: fsdp2, hf"),
+        ("roles.actor_train.strategy=hff", "roles.actor_train.strategy", "Did you mean 'hf'? Valid names: "),
         ("algorithm.advantage_estimator=grop", "algorithm.advantage_estimator", "Did you mean 'grpo'?"),
         ("algorithm.policy_loss=gpso", "algorithm.policy_loss", "Valid names: cispo, dual_clip, gspo, kimi,"),
         ("algorithm.kl_penalty.estimator=k4", "algorithm.kl_penalty.estimator", "Valid names: abs, full, k1, k2, k3"),
-        ("roles.critic.strategy=hff", "roles.critic.strategy", "Valid names: hf"),
+        ("roles.critic.strategy=hff", "roles.critic.strategy", "Did you mean 'hf'? Valid names: "),
         ("trackers=[stdout,wandbb]", "trackers[1]", "Valid names: jsonl, stdout, tensorboard"),
         ("runtime.weight_sync=colective", "runtime.weight_sync", "Did you mean 'collective'? Valid names: collective, object_store"),
         ("rollout.scheduler=asyncc", "rollout.scheduler", "Did you mean 'async'? Valid names: async, sync"),

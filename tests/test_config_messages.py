@@ -198,7 +198,8 @@ def test_an_options_model_registered_by_import_path_gets_the_same_checks(roll_pl
         "Did you mean 'coef'? Valid options: coef, estimator, adaptive, target_kl, horizon")
 
 
-def test_strategy_options_are_checked_against_the_strategy_and_missing_plugins_are_named():
+def test_strategy_options_are_checked_against_the_strategy_and_missing_plugins_are_named(roll_plugins):
+    roll_plugins(entry_points=False)  # the built-in plugins only, as where no plugin package is installed
     assert error(None, ["roles.actor_infer.strategy_options={x: 1}"]) == (
         "config error: key 'roles.actor_infer.strategy_options': infer strategy 'hf' takes no options, got ['x']")
     assert error(None, ["roles.critic={strategy_options: {y: 2}}"]) == (

@@ -14,7 +14,8 @@ from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_config
 from roll_core.strategies.hf import HFTrainStrategy
 from roll_core.training import UpdateSpec, update
-from test_grad_accumulation import make_batch
+from roll_core.testing import (assert_run_survives_a_killed_worker, data_parallel_update, run_with_a_killed_worker,
+                                training_batch)
 
 pytestmark = pytest.mark.ray
 
@@ -23,43 +24,18 @@ DP = ["executor=ray", "rollout.prompts_per_step=2", "rollout.num_return_sequence
       "roles.actor_train.micro_batch_size=1"]
 
 
-def _params_after_ray_step(model_path, cfg, batch, world):
-    """One update on ``world`` Ray workers of a role, through the pipeline's own dispatch."""
-    import ray
-
-    from roll_core.data import dp_shards
-    from roll_core.runtime.executor import RayExecutor
-    from roll_core.runtime.workers import RoleWorker
-
-    executor = RayExecutor(num_cpus=2, timeout_s=300)
-    try:
-        role = cfg.roles.actor_train
-        group = executor.spawn("actor_train", RoleWorker, [("actor_train", "train", model_path, role, cfg, 0)] * world)
-        address = executor.get(group.call("node_address"))[0]
-        executor.get([executor.invoke(h, "setup", (address, r, world), {}) for r, h in enumerate(group.handles)])
-        loss_fn, spec = ActorObjective.from_config(cfg.algorithm, cfg.rollout), UpdateSpec.from_config(cfg.algorithm, role)
-        metrics = executor.get(group.map("update", dp_shards(batch, world, spec.mini_batch_size),
-                                         loss_fn=loss_fn, spec=spec))
-        buckets = executor.get(group.call("weight_bucket_list", 1 << 30))
-        log_probs = executor.get(group.call("compute_log_probs", batch, 1.0))
-        return metrics, [dict(b for bucket in rank for b in bucket) for rank in buckets], log_probs
-    finally:
-        executor.shutdown()
-        ray.shutdown()
-
-
 @pytest.mark.parametrize("strategy", ["hf", "fsdp2"])
 def test_two_data_parallel_workers_match_one_worker_on_the_whole_batch(tiny_model_path, strategy):
     cfg = load_config(None, DP + [f"roles.actor_train.strategy={strategy}", "roles.actor_train.num_workers=2"])
     one_cfg = load_config(None, DP)
     single = HFTrainStrategy(str(tiny_model_path), one_cfg.roles.actor_train, seed=0)
-    batch = make_batch(single.model.config.vocab_size)
+    batch = training_batch(single.model.config.vocab_size)
     before = {n: p.detach().clone() for n, p in single.model.named_parameters()}
     expected_metrics = update(single, batch, ActorObjective.from_config(one_cfg.algorithm, one_cfg.rollout),
                               UpdateSpec.from_config(one_cfg.algorithm, one_cfg.roles.actor_train))  # 2 steps
     expected = {n: p.detach() for n, p in single.model.named_parameters()}
 
-    metrics, ranks, log_probs = _params_after_ray_step(str(tiny_model_path), cfg, batch, world=2)
+    metrics, ranks, log_probs = data_parallel_update(str(tiny_model_path), cfg, batch, world=2)
     params, replica = ranks  # rank 0 sends every weight (full tensors), the replica nothing
     assert replica == {} and params.keys() == expected.keys()
     for name, value in params.items():
@@ -146,43 +122,13 @@ def test_a_mapping_beyond_the_cluster_fails_before_any_worker_starts(two_gpu_nod
     assert not (tmp_path / "run" / "placement.json").exists()
 
 
-_KILL_INFER_BEFORE_STEP_3 = """
-import os, signal, sys
-from roll_core.pipelines.rlvr import RLVRPipeline
-
-original, calls = RLVRPipeline.step, []
-
-def step(self, n):
-    calls.append(1)
-    if len(calls) == 3:  # SIGKILL an inference worker's process, as an OOM killer would
-        os.kill(self.executor.get(self.infer.call("pid"))[0], signal.SIGKILL)
-    return original(self, n)
-
-RLVRPipeline.step = step
-from roll_core.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_a_killed_worker_restarts_the_run_from_its_last_checkpoint(tmp_path):
-    script = tmp_path / "kill.py"
-    script.write_text(_KILL_INFER_BEFORE_STEP_3)
-    run_dir = tmp_path / "run"
     # The trainer is FSDP2 over two workers, so the restart also reloads a sharded checkpoint.
-    cmd = _cli(run_dir, "trainer.max_steps=5", "trainer.save_every=2", "runtime.max_restarts=1",
-               "roles.actor_train.strategy=fsdp2", "roles.actor_train.num_workers=2")
-    out = subprocess.run([sys.executable, str(script), *cmd[3:]], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    assert "a worker process died" in out.stdout and "Restarting every worker from the last checkpoint" in out.stdout
-    assert "resumed from" in out.stdout and "step_000002" in out.stdout
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 5 and summary["restarts"] == 1
-    assert [m["step"] for m in _metrics(run_dir)] == [0, 1, 2, 3, 4, 5]
+    assert_run_survives_a_killed_worker(tmp_path / "run", "roles.actor_train.strategy=fsdp2",
+                                        "roles.actor_train.num_workers=2")
 
     # Without restarts the run stops with a message that says how to resume.
-    stop_dir = tmp_path / "stop"
-    cmd = _cli(stop_dir, "trainer.max_steps=5", "trainer.save_every=2", "runtime.max_restarts=0")
-    out = subprocess.run([sys.executable, str(script), *cmd[3:]], capture_output=True, text=True, timeout=600)
+    out = run_with_a_killed_worker(tmp_path / "stop", "runtime.max_restarts=0")
     assert out.returncode == 2
     assert "No restarts left (runtime.max_restarts=0)" in out.stderr and "step_000002" in out.stderr
 

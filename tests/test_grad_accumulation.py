@@ -9,34 +9,10 @@ from roll_core.algorithms.objective import ActorObjective, CriticObjective
 from roll_core.config import load_config
 from roll_core.data import Batch
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
+from roll_core.testing import training_batch
 from roll_core.training import UpdateSpec, accumulate_gradients, update
 
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-
-
-def make_batch(vocab: int) -> Batch:
-    g = torch.Generator().manual_seed(0)
-    rows, p, r = 8, 4, 5
-    prompt_mask = torch.ones(rows, p, dtype=torch.long)
-    prompt_mask[1, :2] = 0  # left padding
-    response_mask = torch.ones(rows, r, dtype=torch.long)
-    response_mask[2, 3:] = 0  # right padding
-    response_mask[5, 1:] = 0
-    loss_mask = response_mask.float().clone()
-    loss_mask[6] = 0  # a sample masked out of the loss
-    return Batch({
-        "prompt_ids": torch.randint(3, vocab, (rows, p), generator=g) * prompt_mask,
-        "prompt_mask": prompt_mask,
-        "responses": torch.randint(3, vocab, (rows, r), generator=g) * response_mask,
-        "response_mask": response_mask,
-        "loss_mask": loss_mask,
-        "old_log_probs": -torch.rand(rows, r, generator=g) * 3,
-        "ref_log_probs": -torch.rand(rows, r, generator=g) * 3,
-        "infer_log_probs": -torch.rand(rows, r, generator=g) * 3,
-        "advantages": torch.randn(rows, r, generator=g) * loss_mask,
-        "values": torch.randn(rows, r, generator=g),
-        "returns": torch.randn(rows, r, generator=g),
-    })
 
 
 def grads(strategy, batch, loss_fn, micro):
@@ -64,7 +40,7 @@ def test_actor_gradients_do_not_depend_on_micro_batch_size(tiny_model_path, mode
     def make():
         return HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
 
-    batch = make_batch(make().model.config.vocab_size)
+    batch = training_batch(make().model.config.vocab_size)
     compare(make, batch, ActorObjective.from_config(cfg.algorithm, cfg.rollout), "train/pg_loss")
 
 
@@ -75,14 +51,14 @@ def test_critic_gradients_do_not_depend_on_micro_batch_size(tiny_model_path, mod
     def make():
         return HFCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=0)
 
-    batch = make_batch(make().model.config.vocab_size)
+    batch = training_batch(make().model.config.vocab_size)
     compare(make, batch, CriticObjective.from_config(cfg.algorithm, cfg.rollout), "critic/value_loss")
 
 
 def test_a_nan_loss_skips_the_update_and_reports_it(tiny_model_path):
     cfg = load_config(None, ["rollout.max_new_tokens=5"])
     strategy = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
-    batch = make_batch(strategy.model.config.vocab_size)
+    batch = training_batch(strategy.model.config.vocab_size)
     batch.tensors["advantages"][0, 0] = float("nan")
     before = {n: p.detach().clone() for n, p in strategy.model.named_parameters()}
     loss_fn = ActorObjective.from_config(cfg.algorithm, cfg.rollout)
@@ -107,7 +83,7 @@ def test_the_update_own_log_probs_equal_recomputed_old_log_probs(tiny_model_path
 
     loss_fn = ActorObjective.from_config(cfg.algorithm, cfg.rollout)
     strategy = make()
-    batch = make_batch(strategy.model.config.vocab_size)
+    batch = training_batch(strategy.model.config.vocab_size)
     batch.tensors["old_log_probs"] = strategy.compute_log_probs(batch, cfg.rollout.temperature)
     m_old, g_old = grads(strategy, batch, loss_fn, 4)
     reused = Batch({k: v for k, v in batch.tensors.items() if k != "old_log_probs"})

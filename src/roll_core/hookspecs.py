@@ -39,7 +39,9 @@ def roll_register_strategies(register):
             ``"infer"`` (a :class:`roll_core.strategy.InferStrategy`: generation and log-probs) or
             ``"critic"`` (a :class:`roll_core.strategy.CriticStrategy`: PPO's value model).
             The same name may be registered once per kind. ``options=Model`` (a pydantic model or
-            its import path) validates ``roles.<role>.strategy_options``, the engine's arguments;
+            its import path) validates ``roles.<role>.strategy_options``, the engine's arguments
+            (a method ``check_role(role_config) -> list[str]`` on it reports what needs the rest of
+            the role, such as a parallel layout that does not divide ``num_workers``);
             ``requires={"module": "how to install it"}`` names the engine packages the strategy
             imports when it starts: a config naming the strategy where one is missing is rejected
             by ``roll validate`` with that hint (registration itself imports nothing).

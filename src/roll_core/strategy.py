@@ -10,6 +10,7 @@ right-padded responses ``[B, R]``.
 
 from __future__ import annotations
 
+import math
 import sys
 from abc import ABC, abstractmethod
 from typing import Any, Collection, Iterator
@@ -106,6 +107,11 @@ class Trainable(Colocatable, ABC):
 
         return rank_world()
 
+    def data_parallel_group(self) -> Any:
+        """The ``torch.distributed`` group of this worker's data-parallel replicas, over which loss
+        denominators and metrics are summed; None (the default) is the role's whole group."""
+        return None
+
     @abstractmethod
     def forward(self, batch: Batch, outputs: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
         """A forward pass without gradient: the ``outputs`` asked for, on CPU, zero on padding.
@@ -119,20 +125,39 @@ class Trainable(Colocatable, ABC):
         """Accumulate the gradients of ``loss_fn`` over ``mini`` in micro-batches of at most
         ``micro_batch_size``: for each, run the forward pass for ``loss_fn.outputs`` at
         ``loss_fn.temperature`` (with gradient), call ``loss_fn(outputs, micro, *denominators)``
-        for ``(loss, metrics)`` and back-propagate. On return the gradients are summed over the
-        data-parallel ranks. Returns each micro-batch's metrics."""
+        for ``(loss, metrics)`` and back-propagate. The gradients are summed over the data-parallel
+        ranks on return, or (an engine that reduces at its optimizer step) by the time
+        :meth:`apply_gradients` clips them. Returns each micro-batch's metrics."""
 
-    @abstractmethod
+    def apply_gradients(self, max_norm: float, optimizer: str = "default", lr: float | None = None) -> float:
+        """Clip the accumulated gradients to the global norm ``max_norm``, then apply them with
+        ``optimizer`` if that norm is finite, or drop them if it is not (a NaN loss never reaches
+        the weights). Returns the norm before clipping, the same on every rank (NaN or inf when the
+        loss was).
+
+        ``optimizer``: ``default`` is the role's (``lr``, ``weight_decay``); another name gets an
+        optimizer of its own, created on first use, so a phase (the supervised warm-up) does not
+        carry its moments into the next. ``lr`` sets its learning rate.
+
+        The default composes :meth:`clip_gradients`, :meth:`optimizer_step` and :meth:`zero_grad`.
+        Engines whose optimizer clips and skips in one call (DeepSpeed's ZeRO optimizers, Megatron's
+        distributed optimizer) override this instead of those two."""
+        norm = self.clip_gradients(max_norm)
+        if math.isfinite(norm):
+            self.optimizer_step(optimizer, lr)
+        else:
+            self.zero_grad()
+        return norm
+
     def clip_gradients(self, max_norm: float) -> float:
         """Clip the global gradient norm to ``max_norm``; returns the norm before clipping (the
-        same on every rank; NaN or inf when the loss was)."""
+        same on every rank). Needed only by the default :meth:`apply_gradients`."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither apply_gradients nor clip_gradients")
 
-    @abstractmethod
     def optimizer_step(self, optimizer: str = "default", lr: float | None = None) -> None:
-        """Apply the gradients with optimizer ``optimizer``: ``default`` is the role's (``lr``,
-        ``weight_decay``); another name gets an optimizer of its own, created on first use, so a
-        phase (the supervised warm-up) does not carry its moments into the next. ``lr`` sets its
-        learning rate."""
+        """Apply the gradients with optimizer ``optimizer`` (see :meth:`apply_gradients`). Needed
+        only by the default :meth:`apply_gradients`."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither apply_gradients nor optimizer_step")
 
     @abstractmethod
     def zero_grad(self) -> None:

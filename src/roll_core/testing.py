@@ -7,9 +7,23 @@
 * ``left_padded_prompts(...)``: a batch of prompts in roll's layout, for inference-engine tests.
 * ``assert_engine_matches_trainer(engine, trainer, temperature, atol)``: the contract of an
   inference strategy's log-probs, for engine plugins' tests.
+* ``training_batch(vocab)``: a fixed PPO batch (padding on both sides, a masked-out sample).
+* ``assert_trainer_matches_hf(trainer, reference, cfg)``: the contract of a training backend: the
+  same log-probs and, after one core update, the same weights as the ``hf`` strategy.
+* ``data_parallel_update(model_path, cfg, batch, world)``: one update of ``actor_train`` on
+  ``world`` Ray workers, through the pipeline's own dispatch, for data-parallel equivalence tests.
+* ``assert_checkpoint_resumes_exactly(make_trainer, cfg, directory)``: save after one update, and
+  a fresh strategy loaded from it continues bit-exactly; the exported model holds the saved weights.
+* ``assert_registered_lazily(kind, name, module)``: a plugin registers a strategy without importing
+  its engine.
+* ``assert_run_survives_a_killed_worker(run_dir, *overrides)``: a five-step Ray run whose inference
+  worker is SIGKILLed before step 3 restarts from its step-2 checkpoint and finishes (a training
+  backend's kill-and-resume test).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -86,3 +100,216 @@ def assert_engine_matches_trainer(engine, trainer, temperature: float, atol: flo
     expected_dist = trainer.forward(small, ("log_dist",), temperature)["log_dist"]
     got = engine.compute_log_probs(small, temperature, distribution=True)
     torch.testing.assert_close(got * dist_mask, expected_dist * dist_mask, atol=atol, rtol=0)
+
+
+def training_batch(vocab: int):
+    """A fixed batch of 8 PPO samples ``[8, 4 + 5]`` over token ids below ``vocab``: a left-padded
+    prompt, right-padded responses, one sample masked out of the loss, and every field the actor and
+    critic losses read (old, reference and inference log-probs, advantages, values, returns)."""
+    import torch
+
+    from roll_core.data import Batch
+
+    g = torch.Generator().manual_seed(0)
+    rows, p, r = 8, 4, 5
+    prompt_mask = torch.ones(rows, p, dtype=torch.long)
+    prompt_mask[1, :2] = 0  # left padding
+    response_mask = torch.ones(rows, r, dtype=torch.long)
+    response_mask[2, 3:] = 0  # right padding
+    response_mask[5, 1:] = 0
+    loss_mask = response_mask.float().clone()
+    loss_mask[6] = 0  # a sample masked out of the loss
+    return Batch({
+        "prompt_ids": torch.randint(3, vocab, (rows, p), generator=g) * prompt_mask,
+        "prompt_mask": prompt_mask,
+        "responses": torch.randint(3, vocab, (rows, r), generator=g) * response_mask,
+        "response_mask": response_mask,
+        "loss_mask": loss_mask,
+        "old_log_probs": -torch.rand(rows, r, generator=g) * 3,
+        "ref_log_probs": -torch.rand(rows, r, generator=g) * 3,
+        "infer_log_probs": -torch.rand(rows, r, generator=g) * 3,
+        "advantages": torch.randn(rows, r, generator=g) * loss_mask,
+        "values": torch.randn(rows, r, generator=g),
+        "returns": torch.randn(rows, r, generator=g),
+    })
+
+
+def full_weights(trainer) -> dict:
+    """Every weight a training strategy sends to the inference engines, ``{hf name: tensor}``
+    (what rank 0 of a data-parallel group yields; under tensor or pipeline parallelism, this rank's)."""
+    return {name: tensor for bucket in trainer.weight_buckets(1 << 40) for name, tensor in bucket}
+
+
+def assert_trainer_matches_hf(trainer, reference, cfg, *, log_prob_atol: float = 1e-4, weight_atol: float = 1e-5,
+                              metric_keys=("train/pg_loss", "train/kl", "train/entropy", "train/grad_norm")):
+    """A training backend computes what the ``hf`` strategy computes, on :func:`training_batch`.
+
+    ``trainer`` and ``reference`` (an ``HFTrainStrategy``) start from the same checkpoint and
+    ``cfg`` (a ``RollConfig``) gives the objective and the update (``ppo_epochs`` x mini-batches).
+    Checks, in order: log-probs and entropy within ``log_prob_atol``; one core update
+    (:func:`roll_core.training.update`) with the same metrics; then every weight within
+    ``weight_atol`` of the reference's, and the weights really moved. Returns the trainer's metrics."""
+    import torch
+
+    from roll_core.algorithms.objective import ActorObjective
+    from roll_core.training import UpdateSpec, update
+
+    batch = training_batch(reference.model.config.vocab_size)
+    mask = batch["response_mask"]
+    for name in ("log_probs", "entropy"):
+        got, expected = (s.forward(batch, (name,), 1.0)[name] for s in (trainer, reference))
+        torch.testing.assert_close(got * mask, expected * mask, atol=log_prob_atol, rtol=0, msg=name)
+    before = {name: tensor.clone() for name, tensor in full_weights(reference).items()}
+    loss_fn: Any = ActorObjective.from_config(cfg.algorithm, cfg.rollout)  # a LossFn (structural)
+    spec = UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train)
+    expected_metrics = update(reference, batch, loss_fn, spec)
+    metrics = update(trainer, batch, loss_fn, spec)
+    for key in metric_keys:
+        assert metrics[key] == pytest.approx(expected_metrics[key], rel=1e-3, abs=1e-5), key
+    got, expected = full_weights(trainer), full_weights(reference)
+    assert got.keys() == expected.keys(), sorted(set(got) ^ set(expected))
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name].float(), value, atol=weight_atol, rtol=1e-4, msg=name)
+    assert max(float((expected[n] - before[n]).abs().max()) for n in expected) > 10 * weight_atol  # it moved
+    return metrics
+
+
+def data_parallel_update(model_path: str, cfg, batch, world: int):
+    """One core update of ``cfg.roles.actor_train`` on ``world`` Ray workers, each given its
+    data-parallel shard through the pipeline's own dispatch (``WorkerGroup.data_parallel``, with the
+    data-parallel ranks the strategies report, ``RoleWorker.update``).
+
+    Returns ``(metrics per rank, {name: tensor} sent by each rank, log-probs of batch per rank)``."""
+    import ray
+
+    from roll_core.algorithms.objective import ActorObjective
+    from roll_core.runtime.executor import RayExecutor
+    from roll_core.runtime.workers import RoleWorker
+    from roll_core.training import UpdateSpec
+
+    executor = RayExecutor(num_cpus=max(2, world), timeout_s=300)
+    try:
+        role = cfg.roles.actor_train
+        group = executor.spawn("actor_train", RoleWorker, [("actor_train", "train", model_path, role, cfg, 0)] * world)
+        address = executor.get(group.call("node_address"))[0]
+        group.dp_ranks = executor.get([executor.invoke(h, "setup", (address, r, world), {})
+                                       for r, h in enumerate(group.handles)])
+        loss_fn, spec = ActorObjective.from_config(cfg.algorithm, cfg.rollout), UpdateSpec.from_config(cfg.algorithm, role)
+        metrics = executor.get(group.data_parallel("update", batch, mini_batch_size=spec.mini_batch_size,
+                                                   loss_fn=loss_fn, spec=spec))
+        buckets = executor.get(group.call("weight_bucket_list", 1 << 30))
+        log_probs = executor.get(group.call("compute_log_probs", batch, 1.0))
+        return metrics, [dict(b for bucket in rank for b in bucket) for rank in buckets], log_probs
+    finally:
+        executor.shutdown()
+        ray.shutdown()
+
+
+_KILL_INFER_BEFORE_STEP_3 = """
+import os, signal, sys
+from roll_core.pipelines.rlvr import RLVRPipeline
+
+original, calls = RLVRPipeline.step, []
+
+def step(self, n):
+    calls.append(1)
+    if len(calls) == 3:  # SIGKILL an inference worker's process, as an OOM killer would
+        os.kill(self.executor.get(self.infer.call("pid"))[0], signal.SIGKILL)
+    return original(self, n)
+
+RLVRPipeline.step = step
+from roll_core.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def run_with_a_killed_worker(run_dir, *overrides: str, timeout_s: float = 600):
+    """``roll run`` of a small five-step quickstart on Ray (checkpoints every 2 steps, one restart
+    allowed unless ``overrides`` say otherwise) whose inference worker is SIGKILLed before step 3.
+    Returns the finished ``subprocess.CompletedProcess``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run_dir = Path(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    script = run_dir.parent / f"{run_dir.name}-kill.py"
+    script.write_text(_KILL_INFER_BEFORE_STEP_3)
+    args = ["run", f"output_dir={run_dir}", "executor=ray", "warmup.steps=20", "rollout.prompts_per_step=4",
+            "rollout.num_return_sequences=4", "trainer.eval_every=0", "data.eval_size=16", "trackers=[jsonl]",
+            "torch_threads=1", "trainer.max_steps=5", "trainer.save_every=2", "runtime.max_restarts=1", *overrides]
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout_s)
+
+
+def assert_run_survives_a_killed_worker(run_dir, *overrides: str) -> None:
+    """:func:`run_with_a_killed_worker` restarts every worker from the step-2 checkpoint (the
+    training backend reloads its own) and completes all five steps, each logged once."""
+    import json
+    from pathlib import Path
+
+    out = run_with_a_killed_worker(run_dir, *overrides)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "a worker process died" in out.stdout and "Restarting every worker from the last checkpoint" in out.stdout
+    assert "resumed from" in out.stdout and "step_000002" in out.stdout
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    assert summary["steps"] == 5 and summary["restarts"] == 1
+    steps = [json.loads(line)["step"] for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 4, 5]
+
+
+def assert_checkpoint_resumes_exactly(make_trainer, cfg, directory) -> None:
+    """``make_trainer(seed)`` builds a training strategy of ``cfg.roles.actor_train``. After one core
+    update it saves a checkpoint under ``directory`` and updates again; a strategy built with another
+    seed and loaded from the checkpoint must make the same second update bit for bit (so weights,
+    optimizer moments and phases were all saved), and ``directory/model`` must load with
+    transformers as the weights at the save."""
+    import torch
+
+    from roll_core.algorithms.objective import ActorObjective
+    from roll_core.strategies.models import load_causal_lm
+    from roll_core.training import UpdateSpec, update
+
+    loss_fn: Any = ActorObjective.from_config(cfg.algorithm, cfg.rollout)
+    spec = UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train)
+    trainer = make_trainer(0)
+    batch = training_batch(_vocab(trainer))
+    update(trainer, batch, loss_fn, spec)
+    trainer.save_checkpoint(str(directory))
+    saved = {name: tensor.clone() for name, tensor in full_weights(trainer).items()}
+    update(trainer, batch, loss_fn, spec)
+    expected = full_weights(trainer)
+
+    exported = dict(load_causal_lm(str(directory / "model")).named_parameters())
+    assert exported.keys() == saved.keys(), sorted(set(exported) ^ set(saved))
+    for name, value in saved.items():
+        torch.testing.assert_close(exported[name].detach(), value, atol=0, rtol=0, msg=name)
+
+    resumed = make_trainer(1)
+    resumed.load_checkpoint(str(directory))
+    update(resumed, batch, loss_fn, spec)
+    for name, value in full_weights(resumed).items():
+        torch.testing.assert_close(value, expected[name], atol=0, rtol=0, msg=name)
+
+
+def _vocab(trainer) -> int:
+    """The vocabulary size of a strategy's Hugging Face config, wherever its model keeps it (a
+    wrapping engine's own ``config`` may be something else)."""
+    for holder in (trainer, getattr(trainer, "module", None), getattr(trainer, "model", None)):
+        for name in ("hf_config", "config"):
+            config = getattr(holder, name, None)
+            if hasattr(config, "vocab_size"):
+                return config.vocab_size
+    raise AttributeError(f"{type(trainer).__name__} exposes no Hugging Face config")
+
+
+def assert_registered_lazily(kind: str, name: str, module: str) -> None:
+    """In a fresh interpreter the installed plugins register ``name`` as a ``kind`` strategy
+    (``train``, ``infer``, ``critic``) and ``module`` (the engine) is still not imported."""
+    import subprocess
+    import sys
+
+    code = (f"import sys; from roll_core.plugins import get_plugins; p = get_plugins(); "
+            f"assert {name!r} in p.registry('{kind}_strategies'), p.registry('{kind}_strategies'); "
+            f"assert {module!r} not in sys.modules, 'imported'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -2,14 +2,14 @@
 
 A training strategy (:class:`roll_core.strategy.TrainStrategy`) only knows how to run its model:
 ``forward``, ``forward_backward`` over the micro-batches of a mini-batch with a loss function passed
-in, ``clip_gradients``, ``optimizer_step`` and ``zero_grad``. What an *update* is lives here, once:
+in, ``apply_gradients`` (clip, then step or skip) and ``zero_grad``. What an *update* is lives here, once:
 
     for epoch in range(epochs):
         for mini-batch in batch (``mini_batch_size`` samples over all data-parallel ranks):
             denominators = tokens and sequences of the mini-batch, summed over ranks
             forward_backward(mini-batch, loss)            # gradients of the mini-batch loss
-            norm = clip_gradients(max_grad_norm)
-            optimizer_step() if norm is finite else skip  # a NaN loss never reaches the weights
+            norm = apply_gradients(max_grad_norm)         # clip; step if the norm is finite, else
+                                                          # drop: a NaN loss never reaches the weights
 
 so PPO's epochs and mini-batches, SFT's single step and a DPO or distillation loss all run on the
 same primitives, and a strategy with its own schedule (Megatron's pipeline-parallel
@@ -69,19 +69,21 @@ def accumulate_gradients(strategy, mini: Batch, loss_fn: LossFn, micro_batch_siz
     The loss denominators are counted over the whole mini-batch before it is split, and summed over
     the ranks, so the accumulated and rank-summed gradient is that of the mini-batch loss whatever
     ``micro_batch_size`` and the number of ranks are."""
-    tokens, seqs = all_reduce_sum(list(loss_denominators(mini)))
+    tokens, seqs = all_reduce_sum(list(loss_denominators(mini)), strategy.data_parallel_group())
     per_micro = strategy.forward_backward(mini, loss_fn, micro_batch_size=micro_batch_size,
                                           denominators=(tokens, seqs))
     return _combine(per_micro, loss_fn.additive)
 
 
-def reduce_over_ranks(metrics: dict[str, float], additive: frozenset[str], world: int) -> dict[str, float]:
-    """Whole-batch metrics from per-rank ones: loss shares add up, everything else is averaged
-    (values that are equal on every rank, like the gradient norm, stay as they are)."""
+def reduce_over_ranks(metrics: dict[str, float], additive: frozenset[str], world: int,
+                      group=None) -> dict[str, float]:
+    """Whole-batch metrics from per-rank ones (``world`` data-parallel ranks forming ``group``): loss
+    shares add up, everything else is averaged (values equal on every rank, like the gradient norm,
+    stay as they are)."""
     if world == 1:
         return metrics
     keys = sorted(metrics)
-    totals = all_reduce_sum([metrics[k] for k in keys])
+    totals = all_reduce_sum([metrics[k] for k in keys], group)
     return {k: t if k in additive else t / world for k, t in zip(keys, totals)}
 
 
@@ -97,11 +99,8 @@ def update(strategy, batch: Batch, loss_fn: LossFn, spec: UpdateSpec) -> dict[st
         for mini in batch.split(size):
             strategy.zero_grad()
             metrics = accumulate_gradients(strategy, mini, loss_fn, spec.micro_batch_size)
-            grad_norm = strategy.clip_gradients(spec.max_grad_norm)
-            if math.isfinite(grad_norm):
-                strategy.optimizer_step(spec.optimizer, spec.lr)
-            else:  # a non-finite gradient would poison the weights: skip the step and report it
-                strategy.zero_grad()
+            grad_norm = strategy.apply_gradients(spec.max_grad_norm, spec.optimizer, spec.lr)
+            if not math.isfinite(grad_norm):  # the strategy dropped the step: report it
                 skipped += 1
             metrics[f"{spec.metric_prefix}/grad_norm"] = grad_norm
             updates += 1
@@ -109,4 +108,4 @@ def update(strategy, batch: Batch, loss_fn: LossFn, spec: UpdateSpec) -> dict[st
                 sums[key] = sums.get(key, 0.0) + value
     out = {k: v / updates for k, v in sums.items()}
     out[f"{spec.metric_prefix}/skipped_updates"] = float(skipped)
-    return reduce_over_ranks(out, loss_fn.additive, world)
+    return reduce_over_ranks(out, loss_fn.additive, world, strategy.data_parallel_group())

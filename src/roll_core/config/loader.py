@@ -190,6 +190,9 @@ def _strategy_options(cfg: RollConfig, plugins) -> list[str]:
         problems += found
         if validated is not None:
             role_cfg.strategy_options = validated.model_dump()
+            # checks that need the role's other settings (a parallel layout against its workers)
+            check_role = getattr(validated, "check_role", None)
+            problems += [f"key 'roles.{role}.strategy_options': {p}" for p in (check_role(role_cfg) if check_role else [])]
         problems += _missing_engines(f"roles.{role}.strategy", f"{kind} strategy", registry, role_cfg.strategy)
     return problems
 

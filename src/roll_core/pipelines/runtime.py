@@ -172,10 +172,11 @@ class RoleGroups:
 
 def log_probs(executor, group: WorkerGroup, batch: Batch, temperature: float,
               distribution: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token log-probs ``[B, R]`` of the responses under ``group``'s model, each worker taking an equal
-    slice, and with ``distribution`` the full log-distributions ``[B, R, V]`` from the same pass."""
-    parts = executor.get(group.map("compute_log_probs", batch.chunk(len(group)),
-                                   temperature=temperature, distribution=distribution))
+    """Token log-probs ``[B, R]`` of the responses under ``group``'s model, each data-parallel replica
+    taking an equal slice, and with ``distribution`` the full log-distributions ``[B, R, V]`` from the
+    same pass."""
+    parts = executor.get(group.per_replica("compute_log_probs", batch, temperature=temperature,
+                                           distribution=distribution))
     width = batch["responses"].shape[1]
     pad = (lambda p: (0, 0, 0, width - p.shape[1])) if distribution else (lambda p: (0, width - p.shape[1]))
     out = torch.cat([torch.nn.functional.pad(p, pad(p)) for p in parts])
@@ -185,8 +186,8 @@ def log_probs(executor, group: WorkerGroup, batch: Batch, temperature: float,
 
 
 def values(executor, critic: WorkerGroup, batch: Batch) -> torch.Tensor:
-    """The critic's values ``[B, R]`` of the responses, each worker taking an equal slice."""
-    return torch.cat(executor.get(critic.map("compute_values", batch.chunk(len(critic)))))
+    """The critic's values ``[B, R]`` of the responses, each data-parallel replica taking an equal slice."""
+    return torch.cat(executor.get(critic.per_replica("compute_values", batch)))
 
 
 def start_update(group: WorkerGroup, batch: Batch, loss_fn, spec) -> list:

@@ -47,18 +47,28 @@ def init_data_parallel(address: tuple[str, int] | None, rank: int, world: int, t
                             timeout=timedelta(seconds=timeout_s))
 
 
+def ensure_process_group() -> None:
+    """A ``torch.distributed`` group of one when this process has none (one worker, or the ``local``
+    executor), so engines built on collectives (FSDP2, DeepSpeed, Megatron) run the same code path
+    with one worker as with several."""
+    if not dist.is_initialized():
+        host, port = node_address()
+        dist.init_process_group(default_backend(), init_method=f"tcp://{host}:{port}", rank=0, world_size=1)
+
+
 def rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
 
-def all_reduce_sum(values: list[float]) -> list[float]:
-    """Sum of each value over the data-parallel ranks (the values themselves on one worker)."""
-    if rank_world()[1] == 1:
+def all_reduce_sum(values: list[float], group=None) -> list[float]:
+    """Sum of each value over the data-parallel ranks: ``group`` (a strategy's data-parallel group
+    under tensor or pipeline parallelism), else the whole role. The values themselves on one worker."""
+    if rank_world()[1] == 1 or (group is not None and dist.get_world_size(group) == 1):
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=group)
     return t.tolist()
 
 
@@ -105,6 +115,23 @@ class CollectiveGroup:
         opts.rootRank = root
         self.pg.broadcast([tensor], opts).wait()
         return tensor
+
+
+def bucketed(named_tensors, bucket_bytes: int, keep: bool = True):
+    """``(name, tensor)`` pairs grouped into lists of about ``bucket_bytes`` each. The pairs are
+    consumed to the end even when ``keep`` is False (a rank that sends nothing but must take part
+    in the gathers that produce them), and then nothing is yielded."""
+    bucket, size = [], 0
+    for name, tensor in named_tensors:
+        if not keep:
+            continue
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
 
 
 def bucket_meta(bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple, torch.dtype]]:

@@ -57,6 +57,18 @@ class WorkerGroup:
     def dp_size(self) -> int:
         return max(self.dp_ranks) + 1
 
+    def per_replica(self, method: str, batch, /, **kwargs) -> list:
+        """Call ``method(chunk, **kwargs)`` on every worker, where data-parallel rank ``r`` gets the
+        ``r``-th of ``dp_size`` contiguous chunks of ``batch`` (the workers of one rank, its tensor-
+        and pipeline-parallel peers, all get the same chunk). Returns one future per rank, in rank
+        order (its first worker's), so the results concatenate back to the batch's order."""
+        chunks = batch.chunk(self.dp_size)
+        firsts: dict[int, object] = {}
+        for handle, rank in zip(self.handles, self.dp_ranks):
+            future = self.executor.invoke(handle, method, (chunks[rank],), kwargs)
+            firsts.setdefault(rank, future)
+        return [firsts[r] for r in range(self.dp_size)]
+
     def data_parallel(self, method: str, batch, /, *, mini_batch_size: int | None = None, **kwargs) -> list:
         """Call ``method(shard, **kwargs)`` on every worker: data-parallel rank ``r`` gets the ``r``-th
         of ``dp_size`` equal parts of every mini-batch of ``mini_batch_size`` rows

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import warnings
 from types import ModuleType
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from roll_core.errors import did_you_mean
 
@@ -39,14 +39,17 @@ def check_engine_version(engine: str, version: str, supported: Iterable[str], pl
                       "(pin a supported version if generation or weight updates fail)", stacklevel=3)
 
 
-def check_engine_args(args: dict, known: Iterable[str], own_options: Iterable[str], engine: str) -> dict:
-    """Validate ``strategy_options.engine_args`` (an engine's arguments that roll does not model)
-    against the argument names the installed engine declares: ``own_options`` must be set as
-    options of their own, an unknown name gets a did-you-mean. Returns ``args``."""
-    known, own_options = set(known), set(own_options)
+def check_engine_args(args: dict, known: Iterable[str], own_options: Iterable[str] | Mapping[str, str], engine: str,
+                      field: str = "engine_args") -> dict:
+    """Validate ``strategy_options.<field>`` (an engine's arguments that roll does not model)
+    against the argument names the installed engine declares: ``own_options`` (engine argument
+    names, or a map from them to the option that sets them) must be set as options of their own;
+    an unknown name gets a did-you-mean. Returns ``args``."""
+    known = set(known)
+    own = dict(own_options) if isinstance(own_options, Mapping) else {name: name for name in own_options}
     for key in args:
-        if key in own_options:
-            raise ValueError(f"'{key}' is an option of its own: set strategy_options.{key}, not engine_args.{key}")
+        if key in own:
+            raise ValueError(f"'{key}' is an option of its own: set strategy_options.{own[key]}, not {field}.{key}")
         if key not in known:
             raise ValueError(f"unknown {engine} argument '{key}'.{did_you_mean(key, sorted(known))}")
     return args

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from roll_core.runtime.distributed import default_backend, node_address, rank_world
+from roll_core.runtime.distributed import ensure_process_group, rank_world
 from roll_core.strategies.hf import HFTrainStrategy
 from roll_core.strategies.models import load_causal_lm
 
@@ -32,9 +32,7 @@ class FSDP2TrainStrategy(HFTrainStrategy):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        if not dist.is_initialized():  # one worker: a group of one, so the same code path runs
-            host, port = node_address()
-            dist.init_process_group(default_backend(), init_method=f"tcp://{host}:{port}", rank=0, world_size=1)
+        ensure_process_group()
         mesh = init_device_mesh(self.device.type, (rank_world()[1],))
         unit_names = set(getattr(self.model, "_no_split_modules", None) or ())
         for module in self.model.modules():

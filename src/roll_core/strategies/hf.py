@@ -17,14 +17,14 @@ from typing import Any, Callable, Collection, Iterator
 import torch
 
 from roll_core.data import Batch
-from roll_core.runtime.distributed import rank_world, sum_gradients
+from roll_core.runtime.distributed import bucketed, rank_world, sum_gradients
 from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
-from roll_core.strategies.sequences import position_ids_from_mask, response_log_probs, sample_responses
+from roll_core.strategies.sequences import causal_lm_outputs, position_ids_from_mask, sample_responses
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy, request_cancelled
 
 
-class _Offloading:
-    """Colocation: on a GPU the model (and the optimizers' moments) go to host memory while another
+class TorchOffloading:
+    """Colocation for a torch model (``self.model``) and its optimizers: on a GPU the model (and the optimizers' moments) go to host memory while another
     role uses the device. On CPU there is nothing to free."""
 
     device: torch.device
@@ -49,7 +49,7 @@ class _Offloading:
             torch.cuda.empty_cache()
 
 
-class _Sampling(_Offloading):
+class _Sampling(TorchOffloading):
     """A causal LM with its own sampling RNG (inference, reference and the trained policy)."""
 
     def __init__(self, model_path: str, role_config, seed: int):
@@ -63,13 +63,10 @@ class _Sampling(_Offloading):
 
     def _outputs(self, batch: Batch, wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
         """The causal LM's outputs for ``batch`` (on the device), unmasked."""
-        ids, mask = full_sequence(batch)
-        extras = "entropy" in wanted or "log_dist" in wanted
-        out = response_log_probs(self.model, self._to(ids), self._to(mask), batch["responses"].shape[1],
-                                 temperature, with_entropy="entropy" in wanted, with_distribution="log_dist" in wanted)
-        logp, entropy, log_dist = out if extras else (out, None, None)
-        found = {"log_probs": logp, "entropy": entropy, "log_dist": log_dist}
-        return {name: found[name] for name in wanted}
+        ids, mask = (self._to(t) for t in full_sequence(batch))
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                            use_cache=False).logits
+        return causal_lm_outputs(logits, ids, batch["responses"].shape[1], wanted, temperature)
 
     @torch.no_grad()
     def forward(self, batch: Batch, outputs: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
@@ -117,9 +114,11 @@ class HFInferStrategy(_Sampling, InferStrategy):
             params[name].data.copy_(tensor.to(self.device))
 
 
-class _Primitives:
-    """The engine primitives on a plain torch model, shared by the policy and the value model.
-    Data-parallel replicas hold the whole model; gradients are summed over them after backward."""
+class TorchPrimitives:
+    """The engine primitives on a torch model with torch's AdamW, shared by the policy and the value
+    model, and by backends that shard the model themselves (they override ``forward_backward``,
+    ``reduce_gradients`` or ``clip_gradients``). Data-parallel replicas hold the whole model;
+    gradients are summed over them after backward."""
 
     model: Any
     device: torch.device
@@ -138,10 +137,14 @@ class _Primitives:
         for micro in mini.split(micro_batch_size):
             micro = Batch({k: v.to(self.device) for k, v in micro.tensors.items()}, micro.non_tensors)
             loss, metrics = loss_fn(self._outputs(micro, loss_fn.outputs, loss_fn.temperature), micro, *denominators)
-            loss.backward()
+            self.backward(loss)
             per_micro.append(metrics)
         self.reduce_gradients()
         return per_micro
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate one micro-batch's share of the mini-batch loss (engines hook in here)."""
+        loss.backward()
 
     def reduce_gradients(self) -> None:
         """Sum gradients over data-parallel ranks (replicated model)."""
@@ -166,7 +169,7 @@ class _Primitives:
         self.model.zero_grad(set_to_none=True)
 
 
-class HFTrainStrategy(_Primitives, _Sampling, TrainStrategy):
+class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
     """AdamW on the full model; the policy's log-probs, entropy and log-distributions as outputs."""
 
     def __init__(self, model_path: str, role_config, seed: int):
@@ -183,18 +186,8 @@ class HFTrainStrategy(_Primitives, _Sampling, TrainStrategy):
             yield name, param.detach().cpu()
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        owner = rank_world()[0] == 0  # replicas are identical: rank 0 sends for all
-        bucket, size = [], 0
-        for name, tensor in self.full_parameters():  # on every rank: sharded subclasses gather here
-            if not owner:
-                continue
-            bucket.append((name, tensor))
-            size += tensor.numel() * tensor.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
+        # On every rank (sharded subclasses gather here); replicas are identical: rank 0 sends for all.
+        yield from bucketed(self.full_parameters(), bucket_bytes, keep=rank_world()[0] == 0)
 
     def save_checkpoint(self, path: str) -> None:
         if rank_world()[0] != 0:  # replicas are identical: rank 0 writes for all
@@ -213,7 +206,7 @@ class HFTrainStrategy(_Primitives, _Sampling, TrainStrategy):
         self.generator.set_state(state["generator"])
 
 
-class HFCriticStrategy(_Primitives, _Offloading, CriticStrategy):
+class HFCriticStrategy(TorchPrimitives, TorchOffloading, CriticStrategy):
     """PPO's value model: the policy checkpoint with a fresh one-label head
     (:func:`~roll_core.strategies.models.load_value_model`), ``values`` as its output.
     Checkpoints stay plain Hugging Face directories."""

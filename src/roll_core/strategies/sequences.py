@@ -12,6 +12,8 @@ it drew, which asynchronous training keeps for off-policy corrections.
 
 from __future__ import annotations
 
+from typing import Collection
+
 import torch
 import torch.nn.functional as F
 
@@ -126,7 +128,22 @@ def response_log_probs(
         position_ids=position_ids_from_mask(attention_mask),
         use_cache=False,
     )
-    logits = out.logits[:, -response_length - 1 : -1, :].float()
+    return log_probs_from_logits(out.logits, input_ids, response_length, temperature,
+                                 with_entropy=with_entropy, with_distribution=with_distribution)
+
+
+def log_probs_from_logits(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = False,
+    with_distribution: bool = False,
+):
+    """:func:`response_log_probs` from a model's logits ``[B, P + R, V]`` (for engines whose models
+    do not return a Hugging Face output)."""
+    logits = logits[:, -response_length - 1 : -1, :].float()
     if temperature > 0:
         logits = logits / temperature
     log_softmax = F.log_softmax(logits, dim=-1)
@@ -136,6 +153,18 @@ def response_log_probs(
         return logp
     entropy = -(log_softmax.exp() * log_softmax).sum(-1) if with_entropy else None
     return logp, entropy, (log_softmax if with_distribution else None)
+
+
+def causal_lm_outputs(logits: torch.Tensor, input_ids: torch.Tensor, response_length: int,
+                      wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
+    """The outputs a training strategy's ``forward`` names (``log_probs``, ``entropy``,
+    ``log_dist``), as many as ``wanted`` asks for, from one pass's logits ``[B, P + R, V]``."""
+    extras = "entropy" in wanted or "log_dist" in wanted
+    out = log_probs_from_logits(logits, input_ids, response_length, temperature,
+                                with_entropy="entropy" in wanted, with_distribution="log_dist" in wanted)
+    logp, entropy, log_dist = out if extras else (out, None, None)
+    found = {"log_probs": logp, "entropy": entropy, "log_dist": log_dist}
+    return {name: found[name] for name in wanted}
 
 
 # -- for engines that take and return token lists (vLLM, SGLang) ------------------------------------
