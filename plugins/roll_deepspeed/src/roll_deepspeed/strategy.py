@@ -1,0 +1,167 @@
+"""``deepspeed``: the ``hf`` strategies' model and losses, trained by a DeepSpeed ZeRO engine.
+
+The model is the one ``hf`` loads (so log-probs agree with it to float rounding), wrapped by
+``deepspeed.initialize`` with torch's AdamW, the optimizer of roll's other backends. Everything the
+update needs maps onto the engine:
+
+* ``forward_backward``: forward through the engine (ZeRO's hooks), ``engine.backward`` per
+  micro-batch. DeepSpeed *averages* gradients over data-parallel ranks while roll's losses are
+  already divided by global denominators and must be *summed*, so each micro-batch loss is scaled
+  by the data-parallel size before backward.
+* ``apply_gradients``: one ``engine.step()``, the accumulation boundary (DeepSpeed's unmanaged
+  accumulation mode): gradients are reduced, their global norm is taken, they are clipped to
+  ``max_norm`` and applied; a non-finite norm makes ZeRO drop the step. The norm it took is returned.
+* Phases (the supervised warm-up's optimizer, then the RL one): DeepSpeed has one optimizer per
+  engine, so a new phase resets its moments and settings, as a fresh AdamW would start.
+* Weights for the sync and the Hugging Face export: replicated under stages 1-2 (rank 0 sends),
+  gathered parameter by parameter under stage 3 (every rank takes part, rank 0 keeps them).
+* Checkpoints: DeepSpeed's own (every rank's optimizer partition, so a resumed run continues
+  exactly) next to the Hugging Face model directory the pipeline exports.
+* Colocation: ``engine.offload_states()`` / ``reload_states()`` on a GPU; nothing to free on CPU.
+
+Use it: ``roles.actor_train.strategy=deepspeed roles.actor_train.num_workers=2
+roles.actor_train.strategy_options.zero_stage=3``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from roll_core.runtime.distributed import default_backend, ensure_process_group, rank_world
+from roll_core.strategies.engines import check_engine_version, import_engine
+from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
+from roll_deepspeed import SUPPORTED_DEEPSPEED
+from roll_deepspeed.options import DeepSpeedOptions
+
+
+def _deepspeed() -> Any:
+    deepspeed = import_engine("deepspeed", "pip install roll-deepspeed")
+    check_engine_version("DeepSpeed", deepspeed.__version__, SUPPORTED_DEEPSPEED, "roll-deepspeed")
+    return deepspeed
+
+
+class _ZeROEngine:
+    """The engine primitives on a DeepSpeed engine, for any ``hf`` strategy that builds
+    ``self.model`` and then calls ``_build_optimizers`` (the policy and the value model).
+
+    After construction ``self.model`` is the engine (forward passes go through ZeRO's hooks) and
+    ``self.module`` the Hugging Face model inside it."""
+
+    model: Any
+    device: torch.device
+    role_config: Any
+    generator: torch.Generator
+
+    def _build_optimizers(self) -> None:
+        deepspeed = _deepspeed()
+        self.options = DeepSpeedOptions.model_validate(getattr(self.role_config, "strategy_options", {}) or {})
+        ensure_process_group()
+        # A worker sees only its own devices (Ray maps them), so its device is the first: local rank 0.
+        os.environ.setdefault("LOCAL_RANK", "0")
+        deepspeed.init_distributed(dist_backend=default_backend())  # adopts the role's group
+        self.module = self.model
+        optimizer = torch.optim.AdamW(self.module.parameters(), lr=self.role_config.lr,
+                                      weight_decay=self.role_config.weight_decay)
+        self.engine, *_ = deepspeed.initialize(model=self.module, optimizer=optimizer,
+                                               config=self.options.deepspeed_config(self.device.type == "cuda"),
+                                               dist_init_required=False)
+        self.model = self.engine
+        self.optimizers: dict[str, Any] = {}  # one optimizer, the engine's (see _start_phase)
+        self._phase = "default"
+
+    # -- the engine primitives ----------------------------------------------------------------
+    def backward(self, loss: torch.Tensor) -> None:
+        # DeepSpeed averages over the data-parallel ranks; roll's per-rank losses are summed.
+        self.engine.backward(loss * self.data_parallel()[1], scale_wrt_gas=False)
+
+    def reduce_gradients(self) -> None:
+        """The engine reduces at its step (unmanaged accumulation)."""
+
+    def apply_gradients(self, max_norm: float, optimizer: str = "default", lr: float | None = None) -> float:
+        if optimizer != self._phase:
+            self._start_phase(optimizer, lr)
+        if lr is not None:
+            self._set(lr=lr)
+        self.engine.optimizer.clip_grad = max_norm
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float("nan") if norm is None else float(norm)
+
+    def zero_grad(self) -> None:
+        self.engine.zero_grad()
+
+    def _start_phase(self, name: str, lr: float | None) -> None:
+        """A new optimizer phase: fresh moments, and the settings of a new AdamW (the role's for
+        ``default``, AdamW's defaults with ``lr`` for any other), as ``hf`` creates one per phase."""
+        if name == "default":
+            settings = {"lr": self.role_config.lr, "weight_decay": self.role_config.weight_decay}
+        else:
+            settings = {"lr": lr or self.role_config.lr}
+        fresh = torch.optim.AdamW([torch.zeros(1)], **settings).defaults
+        self.engine.optimizer.optimizer.state.clear()  # torch's AdamW re-creates its moments on the next step
+        self._set(**{k: fresh[k] for k in ("lr", "weight_decay", "betas", "eps")})
+        self._phase = name
+
+    def _set(self, **settings) -> None:
+        for group in self.engine.optimizer.optimizer.param_groups:
+            group.update(settings)
+
+    # -- weights ------------------------------------------------------------------------------
+    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, full tensor on CPU)`` of every parameter, on every rank (stage 3 gathers)."""
+        if self.options.zero_stage < 3:
+            for name, param in self.module.named_parameters():
+                yield name, param.detach().cpu()
+            return
+        gathered = _deepspeed().zero.GatheredParameters
+        for name, param in self.module.named_parameters():
+            with gathered([param], modifier_rank=None):
+                yield name, param.detach().to("cpu", copy=True)
+
+    # -- colocation ---------------------------------------------------------------------------
+    def offload(self) -> None:
+        if self.device.type != "cpu" and not self.options.offload_params:
+            self.engine.offload_states()
+
+    def reload(self) -> None:
+        if self.device.type != "cpu" and not self.options.offload_params:
+            self.engine.reload_states()
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def save_checkpoint(self, path: str) -> None:
+        """``model/`` (Hugging Face, written by rank 0), ``deepspeed/`` (the engine's checkpoint:
+        module, every rank's optimizer partition) and ``rng_rank<r>.pt`` per rank."""
+        root = Path(path)
+        rank = rank_world()[0]
+        weights = {name: tensor for name, tensor in self.full_parameters()}  # every rank takes part
+        if rank == 0:
+            self.module.save_pretrained(root / "model", state_dict=weights, safe_serialization=True)
+        del weights
+        self.engine.save_checkpoint(str(root / "deepspeed"), tag="state", save_latest=False)
+        torch.save({"generator": self.generator.get_state() if hasattr(self, "generator") else None,
+                    "phase": self._phase}, root / f"rng_rank{rank}.pt")
+        dist.barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        root = Path(path)
+        loaded, _ = self.engine.load_checkpoint(str(root / "deepspeed"), tag="state", load_optimizer_states=True,
+                                                load_lr_scheduler_states=False)
+        if loaded is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {root / 'deepspeed'}")
+        state = torch.load(root / f"rng_rank{rank_world()[0]}.pt", weights_only=False)
+        if state["generator"] is not None:
+            self.generator.set_state(state["generator"])
+        self._phase = state["phase"]
+
+
+class DeepSpeedTrainStrategy(_ZeROEngine, HFTrainStrategy):
+    """The policy on DeepSpeed ZeRO (``roles.actor_train.strategy: deepspeed``)."""
+
+
+class DeepSpeedCriticStrategy(_ZeROEngine, HFCriticStrategy):
+    """PPO's value model on DeepSpeed ZeRO (``roles.critic.strategy: deepspeed``)."""

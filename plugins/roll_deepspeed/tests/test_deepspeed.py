@@ -1,0 +1,179 @@
+"""roll-deepspeed on the real DeepSpeed (its CPU accelerator over gloo here).
+
+What must hold: on the tiny model and a fixed batch, every ZeRO stage gives the ``hf`` strategy's
+log-probs (fp32, within 1e-4) and, after one core update, its weights; two data-parallel ranks give
+what one worker gives on the whole batch; a checkpoint resumes exactly; the options are checked by
+``roll validate`` before any worker starts.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from roll_core.algorithms.objective import ActorObjective, CriticObjective
+from roll_core.config import load_and_check, load_config
+from roll_core.errors import ConfigError
+from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
+from roll_core.testing import (assert_checkpoint_resumes_exactly, assert_registered_lazily,
+                               assert_run_survives_a_killed_worker, assert_trainer_matches_hf, data_parallel_update,
+                               full_weights, training_batch)
+from roll_core.training import UpdateSpec, update
+
+pytest.importorskip("deepspeed", reason="roll-deepspeed's tests need DeepSpeed: pip install roll-deepspeed")
+
+from roll_deepspeed.strategy import DeepSpeedCriticStrategy, DeepSpeedTrainStrategy  # noqa: E402
+
+# Two PPO epochs of two mini-batches each, micro-batches of 2: accumulation, clipping and Adam moments
+# all take part. A KL and an entropy term put every part of the actor loss into the gradients.
+UPDATE = ["algorithm.ppo_epochs=2", "algorithm.ppo_mini_batch_size=4", "algorithm.kl_loss_coef=0.1",
+          "algorithm.entropy_coef=0.01", "algorithm.max_grad_norm=0.5", "roles.actor_train.micro_batch_size=2"]
+
+
+def config(*options: str):
+    return load_config(None, UPDATE + [f"roles.actor_train.strategy_options={{{', '.join(options)}}}"])
+
+
+@pytest.mark.parametrize("options", [
+    ("zero_stage: 1",), ("zero_stage: 2",), ("zero_stage: 3",),
+    ("zero_stage: 2", "offload_optimizer: true"), ("zero_stage: 3", "offload_params: true", "offload_optimizer: true"),
+], ids=["zero1", "zero2", "zero3", "zero2-offload", "zero3-offload"])
+def test_every_stage_computes_what_hf_computes(tiny_model_path, options):
+    cfg = config(*options)
+    trainer = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    metrics = assert_trainer_matches_hf(trainer, reference, cfg)
+    assert metrics["train/grad_norm"] > cfg.algorithm.max_grad_norm  # so clipping really acted
+
+
+def test_bf16_trains_near_the_fp32_result(tiny_model_path):
+    cfg = config("zero_stage: 2", "precision: bf16")
+    trainer = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    batch = training_batch(reference.model.config.vocab_size)
+    mask = batch["response_mask"]
+    got, expected = (s.compute_log_probs(batch, 1.0) * mask for s in (trainer, reference))
+    assert next(trainer.module.parameters()).dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, atol=0.1, rtol=0)  # bfloat16 keeps 8 bits of mantissa
+    loss_fn, spec = ActorObjective.from_config(cfg.algorithm, cfg.rollout), UpdateSpec.from_config(
+        cfg.algorithm, cfg.roles.actor_train)
+    ours, theirs = update(trainer, batch, loss_fn, spec), update(reference, batch, loss_fn, spec)
+    assert ours["train/skipped_updates"] == 0
+    assert ours["train/pg_loss"] == pytest.approx(theirs["train/pg_loss"], abs=0.05)
+
+
+def test_a_non_finite_loss_skips_the_step_and_leaves_the_weights(tiny_model_path):
+    cfg = config("zero_stage: 2")
+    trainer = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    batch = training_batch(trainer.module.config.vocab_size)
+    batch.tensors["advantages"][0, 0] = float("nan")
+    before = {n: t.clone() for n, t in full_weights(trainer).items()}
+    loss_fn, spec = ActorObjective.from_config(cfg.algorithm, cfg.rollout), UpdateSpec(
+        max_grad_norm=1.0, micro_batch_size=2)
+    metrics = update(trainer, batch, loss_fn, spec)
+    assert metrics["train/skipped_updates"] == 1.0
+    for name, value in full_weights(trainer).items():
+        assert torch.equal(value, before[name]), name
+    batch.tensors["advantages"][0, 0] = 0.0
+    assert update(trainer, batch, loss_fn, spec)["train/skipped_updates"] == 0.0  # nothing stale was kept
+
+
+def test_a_warm_up_phase_then_rl_matches_hf(tiny_model_path):
+    """Phases with their own optimizer (the supervised warm-up, then RL) start from fresh moments,
+    as hf's separate optimizers do."""
+    cfg = config("zero_stage: 2")
+    trainer = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    batch = training_batch(reference.model.config.vocab_size)
+    loss_fn = ActorObjective.from_config(cfg.algorithm, cfg.rollout)
+    warmup = UpdateSpec(max_grad_norm=1.0, micro_batch_size=4, optimizer="warmup", lr=1e-3, epochs=2)
+    rl = UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train)
+    for spec in (warmup, rl):
+        update(trainer, batch, loss_fn, spec)
+        update(reference, batch, loss_fn, spec)
+    got, expected = full_weights(trainer), full_weights(reference)
+    # Six Adam steps from weights that already differ by float rounding (~1e-7): Adam's first steps
+    # are nearly sign(gradient) * lr, so rounding moves a weight by up to ~1e-5. A phase that kept
+    # its moments, or the wrong learning rate, moves weights by ~lr = 3e-4.
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, atol=5e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_checkpoint_resumes_exactly(tiny_model_path, tmp_path, stage):
+    cfg = config(f"zero_stage: {stage}")
+    assert_checkpoint_resumes_exactly(
+        lambda seed: DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed), cfg, tmp_path / "ckpt")
+
+
+def test_the_critic_computes_what_hf_computes(tiny_model_path):
+    cfg = load_config(None, UPDATE + ["algorithm.advantage_estimator=gae", "roles.critic.micro_batch_size=2",
+                                      "roles.critic.strategy_options={zero_stage: 3}"])
+    critic = DeepSpeedCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=0)
+    reference = HFCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=0)
+    batch = training_batch(reference.model.config.vocab_size)
+    mask = batch["response_mask"]
+    torch.testing.assert_close(critic.compute_values(batch) * mask, reference.compute_values(batch) * mask,
+                               atol=1e-5, rtol=0)
+    loss_fn = CriticObjective.from_config(cfg.algorithm, cfg.rollout)
+    spec = UpdateSpec.from_config(cfg.algorithm, cfg.roles.critic, prefix="critic")
+    ours, theirs = update(critic, batch, loss_fn, spec), update(reference, batch, loss_fn, spec)
+    assert ours["critic/value_loss"] == pytest.approx(theirs["critic/value_loss"], rel=1e-4)
+    torch.testing.assert_close(critic.compute_values(batch) * mask, reference.compute_values(batch) * mask,
+                               atol=1e-4, rtol=0)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_data_parallel_ranks_match_one_worker_on_the_whole_batch(tiny_model_path, stage):
+    overrides = UPDATE + ["executor=ray", "roles.actor_train.micro_batch_size=1"]
+    one = load_config(None, overrides)
+    reference = HFTrainStrategy(str(tiny_model_path), one.roles.actor_train, seed=0)
+    batch = training_batch(reference.model.config.vocab_size)
+    expected_metrics = update(reference, batch, ActorObjective.from_config(one.algorithm, one.rollout),
+                              UpdateSpec.from_config(one.algorithm, one.roles.actor_train))
+    expected = full_weights(reference)
+
+    cfg = load_config(None, overrides + ["roles.actor_train.strategy=deepspeed", "roles.actor_train.num_workers=2",
+                                         f"roles.actor_train.strategy_options={{zero_stage: {stage}}}"])
+    metrics, (params, replica), log_probs = data_parallel_update(str(tiny_model_path), cfg, batch, world=2)
+    assert replica == {} and params.keys() == expected.keys()  # rank 0 sends every weight, in full
+    for name, value in params.items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=1e-5, msg=name)
+    torch.testing.assert_close(log_probs[0], log_probs[1])
+    for key in ("train/pg_loss", "train/kl", "train/grad_norm"):
+        assert metrics[0][key] == pytest.approx(expected_metrics[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_killed_worker_restarts_the_run_from_a_deepspeed_checkpoint(tmp_path):
+    assert_run_survives_a_killed_worker(tmp_path / "run", "roles.actor_train.strategy=deepspeed",
+                                        "roles.actor_train.num_workers=2",
+                                        "roles.actor_train.strategy_options={zero_stage: 3}")
+
+
+@pytest.mark.parametrize("options, message", [
+    ("{zero_stag: 3}", "unknown option 'zero_stag'. Did you mean 'zero_stage'?"),
+    ("{zero_stage: 4}", "roles.actor_train.strategy_options.zero_stage"),
+    ("{offload_params: true}", "offload_params needs zero_stage 3 (got zero_stage 2)"),
+    ("{zero_config: {overlap_com: true}}", "unknown DeepSpeed zero_optimization argument 'overlap_com'. "
+                                           "Did you mean 'overlap_comm'?"),
+    ("{zero_config: {stage: 3}}", "set strategy_options.zero_stage, not zero_config.stage"),
+])
+def test_options_are_checked_before_any_worker_starts(options, message):
+    with pytest.raises(ConfigError) as err:
+        load_and_check(None, ["roles.actor_train.strategy=deepspeed", f"roles.actor_train.strategy_options={options}"])
+    assert message in str(err.value)
+
+
+def test_valid_options_reach_the_strategy_validated():
+    cfg = load_and_check(None, ["roles.actor_train.strategy=deepspeed",
+                                "roles.actor_train.strategy_options={zero_stage: 3, zero_config: {overlap_comm: true}}"])
+    assert cfg.roles.actor_train.strategy_options["zero_stage"] == 3
+    assert cfg.roles.actor_train.strategy_options["precision"] == "fp32"  # defaults filled in
+
+
+def test_the_plugin_registers_deepspeed_without_importing_it():
+    assert_registered_lazily("train", "deepspeed", "deepspeed")
+    assert_registered_lazily("critic", "deepspeed", "deepspeed")
