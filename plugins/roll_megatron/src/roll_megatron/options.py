@@ -1,0 +1,29 @@
+"""``roles.<role>.strategy_options`` of the ``megatron`` strategy, checked by ``roll validate`` before
+any worker starts: names (with a did-you-mean), values, and the parallel layout against the role's
+workers (``tensor_parallel_size x pipeline_parallel_size`` must divide ``num_workers``; the quotient
+is the data-parallel size)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class MegatronOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tensor_parallel_size: int = Field(1, ge=1, description="ranks that split every layer's matrices (and the "
+                                      "vocabulary); must divide the attention heads, key/value heads and vocabulary")
+    pipeline_parallel_size: int = Field(1, ge=1, description="stages that split the layers; must divide the number "
+                                        "of layers")
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def check_role(self, role_config) -> list[str]:
+        workers = role_config.num_workers
+        if workers % self.model_parallel_size:
+            return [f"tensor_parallel_size {self.tensor_parallel_size} x pipeline_parallel_size "
+                    f"{self.pipeline_parallel_size} = {self.model_parallel_size} does not divide the role's "
+                    f"{workers} workers (num_workers); the data-parallel size is num_workers / that product"]
+        return []

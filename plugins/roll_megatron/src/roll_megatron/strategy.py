@@ -1,0 +1,302 @@
+"""``megatron``: the policy as a Megatron-Core ``GPTModel`` with tensor, pipeline and data parallelism.
+
+A role of ``num_workers`` workers is laid out by Megatron's ``parallel_state`` as
+``tensor_parallel_size x pipeline_parallel_size`` model-parallel ranks times ``num_workers / that``
+data-parallel replicas. The weights come from the Hugging Face checkpoint (:mod:`roll_megatron.convert`)
+and go back to Hugging Face names for the weight sync and the exported model.
+
+The engine primitives, on any device (CPU over gloo here, GPUs over nccl):
+
+* ``forward`` / ``forward_backward``: each micro-batch goes through the pipeline stages in turn,
+  hidden states sent forward and their gradients back with point-to-point ``send``/``recv`` (one
+  micro-batch in flight; Megatron's interleaved schedules allocate on CUDA). The last stage gathers
+  the vocabulary-parallel logits, computes roll's outputs and loss (the core's policy losses,
+  unchanged) and broadcasts outputs and metrics to the other stages.
+* gradients: summed over the data-parallel group (the loss is divided by global denominators); with
+  tied embeddings split over stages, the two copies' gradients are summed over Megatron's embedding
+  group, as Megatron does.
+* the global gradient norm counts tensor-parallel shards once each, replicated parameters (norms)
+  once, and every stage's layers; clipping and torch's AdamW act on each rank's shards.
+* weights: each stage's tensor-parallel shards are all-gathered and converted to Hugging Face
+  names; data-parallel rank 0, tensor rank 0 of every stage yields them, so each name comes from
+  exactly one rank.
+
+Use it: ``roles.actor_train.strategy=megatron roles.actor_train.num_workers=2
+roles.actor_train.strategy_options.tensor_parallel_size=2``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Collection, Iterator
+
+import torch
+import torch.distributed as dist
+
+from roll_core.data import Batch
+from roll_core.runtime.distributed import bucketed, ensure_process_group, rank_world
+from roll_core.strategies.engines import check_engine_version, import_engine
+from roll_core.strategies.hf import TorchOffloading, TorchPrimitives
+from roll_core.strategies.models import default_device, full_sequence
+from roll_core.strategies.sequences import causal_lm_outputs
+from roll_core.strategy import TrainStrategy
+from roll_megatron import SUPPORTED_MEGATRON
+from roll_megatron.convert import Layout
+from roll_megatron.model import attention_mask, build_gpt_model, gather_vocabulary, transformer_config
+from roll_megatron.options import MegatronOptions
+
+
+def _parallel_state(options: MegatronOptions) -> Any:
+    """Megatron's process groups for this role, created once per worker process."""
+    megatron = import_engine("megatron.core", "pip install roll-megatron")
+    check_engine_version("megatron-core", megatron.__version__, SUPPORTED_MEGATRON, "roll-megatron")
+    from megatron.core import parallel_state
+
+    ensure_process_group()
+    if not parallel_state.model_parallel_is_initialized():
+        world = rank_world()[1]
+        if world % options.model_parallel_size:
+            raise ValueError(f"{options.model_parallel_size} model-parallel ranks do not divide {world} workers")
+        parallel_state.initialize_model_parallel(options.tensor_parallel_size, options.pipeline_parallel_size)
+    return parallel_state
+
+
+def hf_tensors(model_path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face checkpoint's safetensors files (one file or an index)."""
+    from safetensors.torch import load_file
+
+    root = Path(model_path)
+    index = root / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else [
+        "model.safetensors"]
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        tensors.update(load_file(str(root / name)))
+    return tensors
+
+
+class MegatronTrainStrategy(TorchPrimitives, TorchOffloading, TrainStrategy):
+    """The policy on Megatron-Core (``roles.actor_train.strategy: megatron``)."""
+
+    def __init__(self, model_path: str, role_config, seed: int):
+        from transformers import AutoConfig
+
+        self.role_config = role_config
+        self.options = MegatronOptions.model_validate(getattr(role_config, "strategy_options", {}) or {})
+        self.ps = ps = _parallel_state(self.options)
+        self.device = default_device()
+        if self.device.type == "cuda":
+            from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+            model_parallel_cuda_manual_seed(seed)
+        self.hf_config = AutoConfig.from_pretrained(model_path)
+        self.tp, self.pp = self.options.tensor_parallel_size, self.options.pipeline_parallel_size
+        self.config = transformer_config(self.hf_config, torch.float32, self.tp, self.pp)
+        self.first, self.last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+        self.tied = bool(self.hf_config.tie_word_embeddings)
+        per_stage = self.hf_config.num_hidden_layers // self.pp
+        self.layout = Layout(self.config, ps.get_tensor_model_parallel_rank(), self.tp,
+                             ps.get_pipeline_model_parallel_rank() * per_stage)
+        self.model = build_gpt_model(self.hf_config, self.config, self.first, self.last, self.device)
+        self._load_hf(model_path)
+        self.generator = torch.Generator().manual_seed(seed)
+        self._build_optimizers()
+
+    def _load_hf(self, model_path: str) -> None:
+        tensors = hf_tensors(model_path)
+
+        def hf(name: str) -> torch.Tensor:
+            if name == "lm_head.weight" and name not in tensors and self.tied:
+                name = "model.embed_tokens.weight"  # the last stage's copy of tied embeddings
+            return tensors[name]
+
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                param.copy_(self.layout.to_megatron(name, hf))
+
+    # -- layout ------------------------------------------------------------------------------
+    def data_parallel(self) -> tuple[int, int]:
+        return self.ps.get_data_parallel_rank(), self.ps.get_data_parallel_world_size()
+
+    def data_parallel_group(self) -> Any:
+        return self.ps.get_data_parallel_group()
+
+    # -- the pipeline ------------------------------------------------------------------------
+    def _stage_forward(self, micro: Batch, received: torch.Tensor | None) -> torch.Tensor:
+        """This stage's output for ``micro``: logits ``[B, S, V]`` on the last stage, hidden states
+        ``[S, B, H]`` on the others (``received`` is the previous stage's)."""
+        ids, mask = (t.to(self.device) for t in full_sequence(micro))
+        positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+        if not self.first:
+            self.model.set_input_tensor(received)
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=attention_mask(mask))
+        return gather_vocabulary(out) if self.last else out
+
+    def _hidden_shape(self, micro: Batch) -> tuple[int, int, int]:
+        return (micro["prompt_ids"].shape[1] + micro["responses"].shape[1], len(micro), self.config.hidden_size)
+
+    def _recv(self, shape, src: int) -> torch.Tensor:
+        buffer = torch.empty(shape, dtype=self.config.params_dtype, device=self.device)
+        dist.recv(buffer, src=src)
+        return buffer
+
+    def _from_last_stage(self, value: Any) -> Any:
+        """``value`` of the last stage, on every stage (an object: tensors travel pickled)."""
+        if self.pp == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=self.ps.get_pipeline_model_parallel_last_rank(),
+                                   group=self.ps.get_pipeline_model_parallel_group())
+        return box[0]
+
+    @torch.no_grad()
+    def forward(self, batch: Batch, outputs: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
+        self.model.eval()
+        received = None if self.first else self._recv(self._hidden_shape(batch), self.ps.get_pipeline_model_parallel_prev_rank())
+        out = self._stage_forward(batch, received)
+        result = None
+        if self.last:
+            ids = torch.cat([batch["prompt_ids"], batch["responses"]], 1).to(self.device)
+            found = causal_lm_outputs(out, ids, batch["responses"].shape[1], outputs, temperature)
+            rmask = batch["response_mask"].to(self.device)
+            result = {k: (v * (rmask[..., None] if v.dim() == 3 else rmask)).cpu() for k, v in found.items()}
+        else:
+            dist.send(out.contiguous(), dst=self.ps.get_pipeline_model_parallel_next_rank())
+        return self._from_last_stage(result)
+
+    def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
+        name = "log_dist" if distribution else "log_probs"
+        return self.forward(batch, (name,), temperature)[name]
+
+    def forward_backward(self, mini: Batch, loss_fn, *, micro_batch_size: int,
+                         denominators: tuple[float, float]) -> list[dict[str, float]]:
+        self.model.train()
+        prev, nxt = self.ps.get_pipeline_model_parallel_prev_rank(), self.ps.get_pipeline_model_parallel_next_rank()
+        per_micro = []
+        for micro in mini.split(micro_batch_size):
+            received = None
+            if not self.first:
+                received = self._recv(self._hidden_shape(micro), prev).requires_grad_()
+            out = self._stage_forward(micro, received)
+            metrics = None
+            if self.last:
+                on_device = Batch({k: v.to(self.device) for k, v in micro.tensors.items()}, micro.non_tensors)
+                ids = torch.cat([on_device["prompt_ids"], on_device["responses"]], 1)
+                found = causal_lm_outputs(out, ids, micro["responses"].shape[1], loss_fn.outputs, loss_fn.temperature)
+                loss, metrics = loss_fn(found, on_device, *denominators)
+                loss.backward()
+            else:
+                dist.send(out.detach().contiguous(), dst=nxt)
+                out.backward(self._recv(out.shape, nxt))
+            if received is not None:
+                dist.send(received.grad.contiguous(), dst=prev)
+            per_micro.append(self._from_last_stage(metrics))
+        self.reduce_gradients()
+        return per_micro
+
+    def reduce_gradients(self) -> None:
+        """Sum over data-parallel replicas; with tied embeddings split over stages, the embedding's
+        and the output layer's gradients are one gradient (Megatron's embedding group)."""
+        dp_group = self.ps.get_data_parallel_group()
+        if self.ps.get_data_parallel_world_size() > 1:
+            for param in self.model.parameters():
+                if param.grad is not None:
+                    dist.all_reduce(param.grad, group=dp_group)
+        if self.tied and self.pp > 1 and self.ps.is_rank_in_embedding_group():
+            weight = self.model.shared_embedding_or_output_weight()
+            if weight.grad is None:
+                weight.grad = torch.zeros_like(weight)
+            dist.all_reduce(weight.grad, group=self.ps.get_embedding_group())
+
+    def _duplicate(self, name: str) -> bool:
+        """The last stage's copy of tied embeddings (the first stage's counts for both)."""
+        return self.tied and self.pp > 1 and not self.first and name == "output_layer.weight"
+
+    def clip_gradients(self, max_norm: float) -> float:
+        sharded = torch.zeros((), dtype=torch.float64, device=self.device)
+        replicated = torch.zeros((), dtype=torch.float64, device=self.device)
+        for name, param in self.model.named_parameters():
+            if param.grad is None or self._duplicate(name):
+                continue
+            square = param.grad.double().pow(2).sum()
+            if self.layout.is_split(name):
+                sharded += square
+            else:
+                replicated += square
+        if self.tp > 1:
+            dist.all_reduce(sharded, group=self.ps.get_tensor_model_parallel_group())
+        total = sharded + replicated
+        if self.pp > 1:
+            dist.all_reduce(total, group=self.ps.get_pipeline_model_parallel_group())
+        norm = math.sqrt(float(total))
+        if math.isfinite(norm) and norm > max_norm:
+            for param in self.model.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(max_norm / (norm + 1e-6))
+        return norm
+
+    # -- weights -----------------------------------------------------------------------------
+    def hf_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """This stage's weights under Hugging Face names, tensor-parallel shards gathered (every
+        tensor-parallel rank takes part and gets them)."""
+        group = self.ps.get_tensor_model_parallel_group()
+        for name, param in self.model.named_parameters():
+            if self.tied and name == "output_layer.weight":  # Hugging Face has no lm_head when tied
+                continue
+            shard = param.detach()
+            if self.layout.is_split(name):
+                shards = [torch.empty_like(shard) for _ in range(self.tp)]
+                dist.all_gather(shards, shard.contiguous(), group=group)
+            else:
+                shards = [shard]
+            for hf_name, tensor in self.layout.to_hf(name, [s.cpu() for s in shards]):
+                yield hf_name, tensor
+
+    def _owner(self) -> bool:
+        return self.ps.get_data_parallel_rank() == 0 and self.ps.get_tensor_model_parallel_rank() == 0
+
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        # One rank per stage sends; the others take part in the gathers.
+        yield from bucketed(self.hf_parameters(), bucket_bytes, keep=self._owner())
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(self, path: str) -> None:
+        """``model/`` (Hugging Face, written by global rank 0 from every stage's weights) and
+        ``megatron/rank<r>.pt`` (this rank's shards, optimizers and RNG: an exact resume)."""
+        root = Path(path)
+        rank = rank_world()[0]
+        weights = dict(self.hf_parameters())  # every tensor-parallel rank takes part in the gathers
+        if not self._owner():
+            weights = {}
+        stages = [None] * rank_world()[1] if rank == 0 else None
+        dist.gather_object(weights, stages, dst=0)
+        if rank == 0:
+            self._save_hf(root / "model", {k: v for part in stages or [] for k, v in part.items()})
+        (root / "megatron").mkdir(parents=True, exist_ok=True)
+        torch.save({"model": self.model.state_dict(),
+                    "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
+                    "generator": self.generator.get_state()}, root / "megatron" / f"rank{rank}.pt")
+        dist.barrier()
+
+    def _save_hf(self, directory: Path, weights: dict[str, torch.Tensor]) -> None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        missing = [m for m in missing if not (self.tied and m == "lm_head.weight")]
+        if missing or unexpected:
+            raise RuntimeError(f"Megatron -> Hugging Face export: missing {missing}, unexpected {unexpected}")
+        if self.tied:
+            model.tie_weights()
+        model.save_pretrained(directory, safe_serialization=True)
+
+    def load_checkpoint(self, path: str) -> None:
+        state = torch.load(Path(path) / "megatron" / f"rank{rank_world()[0]}.pt", weights_only=False)
+        self.model.load_state_dict(state["model"])
+        for name, optimizer_state in state["optimizers"].items():
+            if name not in self.optimizers:
+                self.optimizers[name] = torch.optim.AdamW(self.model.parameters(), lr=self.role_config.lr)
+            self.optimizers[name].load_state_dict(optimizer_state)
+        self.generator.set_state(state["generator"])
