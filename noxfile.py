@@ -1,5 +1,5 @@
-"""Developer sessions: `nox -s tests`, `nox -s plugin`, `nox -s vllm`, `nox -s example_plugin`, `nox -s lint`,
-`nox -s quickstart`.
+"""Developer sessions: `nox -s tests`, `nox -s plugin`, `nox -s vllm`, `nox -s wheels`, `nox -s example_plugin`,
+`nox -s lint`, `nox -s quickstart`.
 
 Each package is installed alone into its own session venv, which catches undeclared dependencies.
 torch is installed first from its pinned CPU build so no session pulls a CUDA wheel.
@@ -9,7 +9,7 @@ import tempfile
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "plugin", "vllm", "example_plugin"]
+nox.options.sessions = ["lint", "tests", "plugin", "vllm", "wheels", "example_plugin"]
 TORCH = "torch==2.13.0"
 
 
@@ -21,7 +21,7 @@ def tests(session):
 
 
 @nox.session
-@nox.parametrize("plugin", ["roll_rewards", "roll_sglang"])
+@nox.parametrize("plugin", ["roll_rewards", "roll_sglang", "roll_deepspeed", "roll_megatron"])
 def plugin(session, plugin):
     """One plugin installed alone on top of roll-core, running its own tests."""
     session.install(TORCH)
@@ -51,6 +51,38 @@ def vllm(session):
     # so one process running all of them grows by about 1 GiB per run and runs out of memory.
     for selection in ("vllm and not partial and not on_ray", "vllm_partial and not on_ray", "vllm and on_ray"):
         session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_async.py", "-k", selection, *session.posargs)
+
+
+DISTRIBUTIONS = [".", "plugins/roll_rewards", "plugins/roll_vllm", "plugins/roll_sglang", "plugins/roll_deepspeed",
+                 "plugins/roll_megatron", "examples/reward-plugin"]
+
+
+@nox.session
+def wheels(session):
+    """Every distribution in the repository built as a wheel, then the user's line installed from them
+    into a fresh venv exactly as written (`pip install roll-core roll-megatron roll-vllm`, with
+    `--find-links` since nothing is published), the plugins listed, and a two-step run on megatron."""
+    dist = tempfile.mkdtemp(prefix="roll-dist-")
+    session.install(TORCH)
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", dist, *DISTRIBUTIONS)
+    session.install("--find-links", dist, "roll-core", "roll-megatron", "roll-vllm")
+    session.run("python", "-c", LISTED)
+    run_dir = tempfile.mkdtemp(prefix="roll-run-")
+    session.run("roll", "run", f"output_dir={run_dir}", "trainer.max_steps=2", "warmup.steps=2", "data.eval_size=8",
+                "rollout.prompts_per_step=4", "rollout.num_return_sequences=4", "trainer.eval_every=0",
+                "roles.actor_train.strategy=megatron", "roles.actor_train.num_workers=2",
+                "roles.actor_train.strategy_options={tensor_parallel_size: 2}")
+
+
+# `roll list-plugins --json` names both plugins and their strategies
+LISTED = """
+import json, subprocess
+listing = subprocess.run(["roll", "list-plugins", "--json"], capture_output=True, text=True, check=True).stdout
+plugins = {p["name"]: p for p in json.loads(listing)["plugins"]}
+assert plugins["megatron"]["status"] == "ok" and "megatron" in plugins["megatron"]["provides"]["train_strategies"]
+assert plugins["vllm"]["status"] == "ok" and "vllm" in plugins["vllm"]["provides"]["infer_strategies"]
+print("listed:", sorted(plugins))
+"""
 
 
 @nox.session

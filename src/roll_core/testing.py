@@ -297,8 +297,8 @@ def _vocab(trainer) -> int:
     for holder in (trainer, getattr(trainer, "module", None), getattr(trainer, "model", None)):
         for name in ("hf_config", "config"):
             config = getattr(holder, name, None)
-            if hasattr(config, "vocab_size"):
-                return config.vocab_size
+            if config is not None and hasattr(config, "vocab_size"):
+                return int(config.vocab_size)
     raise AttributeError(f"{type(trainer).__name__} exposes no Hugging Face config")
 
 
