@@ -61,7 +61,8 @@ DISTRIBUTIONS = [".", "plugins/roll_rewards", "plugins/roll_vllm", "plugins/roll
 def wheels(session):
     """Every distribution in the repository built as a wheel, then the user's line installed from them
     into a fresh venv exactly as written (`pip install roll-core roll-megatron roll-vllm`, with
-    `--find-links` since nothing is published), the plugins listed, and a two-step run on megatron."""
+    `--find-links` since nothing is published), the plugins listed, and a two-step run with the policy
+    on megatron at TP=2 and the reference on megatron at PP=2."""
     dist = tempfile.mkdtemp(prefix="roll-dist-")
     session.install(TORCH)
     session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", dist, *DISTRIBUTIONS)
@@ -71,7 +72,9 @@ def wheels(session):
     session.run("roll", "run", f"output_dir={run_dir}", "trainer.max_steps=2", "warmup.steps=2", "data.eval_size=8",
                 "rollout.prompts_per_step=4", "rollout.num_return_sequences=4", "trainer.eval_every=0",
                 "roles.actor_train.strategy=megatron", "roles.actor_train.num_workers=2",
-                "roles.actor_train.strategy_options={tensor_parallel_size: 2}")
+                "roles.actor_train.strategy_options={tensor_parallel_size: 2}",
+                "roles.reference.strategy=megatron", "roles.reference.num_workers=2",
+                "roles.reference.strategy_options={pipeline_parallel_size: 2}")
 
 
 # `roll list-plugins --json` names both plugins and their strategies

@@ -174,3 +174,32 @@ def test_roll_validate_checks_a_plugin_loss_options_against_its_model(roll_plugi
     assert main(["validate", "algorithm.policy_loss=ppo_clip", "algorithm.policy_loss_options.scale=1"]) != 0
     assert "policy loss 'ppo_clip' takes no options" in capsys.readouterr().err
     assert main(["validate", "algorithm.policy_loss=scaled_clip", "algorithm.policy_loss_options.scale=2"]) == 0
+
+
+class _Recorder:
+    """A worker that records what it was called with and answers with its own index."""
+
+    def __init__(self, index: int):
+        self.index, self.calls = index, []
+
+    def work(self, part):
+        self.calls.append(part)
+        return self.index
+
+
+def test_a_group_of_sharded_replicas_dispatches_each_replica_once():
+    """Workers 0-1 hold replica 0 between them, workers 2-3 replica 1 (TP=2 x DP=2): every worker of
+    a replica gets the same part, and one answer comes back per replica, in replica order."""
+    group = LocalExecutor().spawn("reference", _Recorder, [(i,) for i in range(4)])
+    group.dp_ranks = [0, 0, 1, 1]
+    assert group.dp_size == 2
+    assert group.per_replica("work", _Chunks([0, 1, 2, 3])) == [0, 2]
+    assert [w.calls for w in group.handles] == [[[0, 1]], [[0, 1]], [[2, 3]], [[2, 3]]]
+    assert group.on_replica(1, "work", "x") == 2
+    assert [w.calls[-1] for w in group.handles] == [[0, 1], [0, 1], "x", "x"]
+
+
+class _Chunks(list):
+    def chunk(self, n: int):
+        size = len(self) // n
+        return [list(self[i * size:(i + 1) * size]) for i in range(n)]

@@ -44,7 +44,9 @@ def roll_register_strategies(register):
             the role, such as a parallel layout that does not divide ``num_workers``);
             ``requires={"module": "how to install it"}`` names the engine packages the strategy
             imports when it starts: a config naming the strategy where one is missing is rejected
-            by ``roll validate`` with that hint (registration itself imports nothing).
+            by ``roll validate`` with that hint (registration itself imports nothing);
+            ``generates=False`` marks an inference strategy that computes log-probs only (a
+            reference or teacher role), which ``roll validate`` refuses for ``roles.actor_infer``.
 
     Returns: nothing.
     """

@@ -57,6 +57,12 @@ class InferStrategy(Colocatable, ABC):
     #: already running and hold back new ones until ``end_update``.
     concurrent_requests: bool = False
 
+    #: A strategy whose workers hold one model between them (tensor or pipeline parallelism, as
+    #: ``megatron``'s log-prob strategy) sets this: the role's workers then join one process group,
+    #: as a trained role's do, and report their data-parallel ranks (a ``data_parallel()`` method),
+    #: so log-probs go to each replica once.
+    sharded: bool = False
+
     @abstractmethod
     def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
         """Add ``responses``, ``response_mask`` and ``infer_log_probs`` ``[B, R]`` to ``batch``

@@ -102,7 +102,7 @@ def test_the_query_groups_land_where_megatron_reads_them(qwen2_gqa_path):
     torch.testing.assert_close(qkv[4 * d:6 * d], q[2 * d:4 * d])  # group 1: query heads 2-3
 
 
-def _compare_with_hf(model_path: str, tp: int, pp: int, world: int):
+def _compare_with_hf(model_path: str, tp: int, pp: int, world: int, distributed_optimizer: bool = False):
     overrides = UPDATE + ["executor=ray"]
     one = load_config(None, overrides)
     reference = HFTrainStrategy(model_path, one.roles.actor_train, seed=0)
@@ -116,7 +116,8 @@ def _compare_with_hf(model_path: str, tp: int, pp: int, world: int):
 
     cfg = load_config(None, overrides + [
         "roles.actor_train.strategy=megatron", f"roles.actor_train.num_workers={world}",
-        f"roles.actor_train.strategy_options={{tensor_parallel_size: {tp}, pipeline_parallel_size: {pp}}}"])
+        f"roles.actor_train.strategy_options={{tensor_parallel_size: {tp}, pipeline_parallel_size: {pp}, "
+        f"distributed_optimizer: {str(distributed_optimizer).lower()}}}"])
     metrics, sent, log_probs = data_parallel_update(model_path, cfg, batch, world)
     weights = {}
     for rank in sent:
@@ -134,15 +135,44 @@ def _compare_with_hf(model_path: str, tp: int, pp: int, world: int):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("tp, pp, world", [(1, 1, 1), (2, 1, 2), (1, 2, 2), (1, 1, 2)],
-                         ids=["tp1", "tp2", "pp2", "dp2"])
-def test_each_layout_computes_what_hf_computes(tiny_model_path, tp, pp, world):
-    _compare_with_hf(str(tiny_model_path), tp, pp, world)
+@pytest.mark.parametrize("tp, pp, world, distributed_optimizer",
+                         [(1, 1, 1, False), (2, 1, 2, False), (1, 2, 2, False), (1, 1, 2, False), (1, 1, 2, True)],
+                         ids=["tp1", "tp2", "pp2", "dp2", "dp2-distributed-optimizer"])
+def test_each_layout_computes_what_hf_computes(tiny_model_path, tp, pp, world, distributed_optimizer):
+    _compare_with_hf(str(tiny_model_path), tp, pp, world, distributed_optimizer)
 
 
 @pytest.mark.ray
 def test_grouped_query_attention_with_biases_at_tp2(qwen2_gqa_path):
     _compare_with_hf(str(qwen2_gqa_path), 2, 1, 2)
+
+
+@pytest.mark.ray
+def test_a_reference_role_on_megatron_gives_hf_log_probs_per_replica(tiny_model_path):
+    """roles.reference on megatron, 4 workers as TP=2 x DP=2, spawned and grouped by the pipeline's
+    own RoleGroups: each replica gets half the batch, and the log-probs are hf's."""
+    import ray
+
+    from roll_core.pipelines.runtime import RoleGroups, log_probs
+    from roll_core.plugins import get_plugins
+    from roll_core.runtime.executor import RayExecutor
+
+    cfg = load_and_check(None, ["executor=ray", "roles.reference.strategy=megatron", "roles.reference.num_workers=4",
+                                "roles.reference.strategy_options={tensor_parallel_size: 2}"])
+    hf = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    batch = training_batch(hf.model.config.vocab_size)
+    expected = hf.compute_log_probs(batch, 0.7)
+    executor = RayExecutor(num_cpus=4, timeout_s=300)
+    try:
+        group = RoleGroups(cfg, executor, get_plugins()).model_role("reference", "infer", str(tiny_model_path),
+                                                                    cfg.roles.reference)
+        assert group.dp_ranks == [0, 0, 1, 1]
+        got, _ = log_probs(executor, group, batch, 0.7)
+    finally:
+        executor.shutdown()
+        ray.shutdown()
+    mask = batch["response_mask"]
+    torch.testing.assert_close(got * mask, expected * mask, atol=1e-4, rtol=0)
 
 
 def test_a_checkpoint_resumes_exactly(tiny_model_path, tmp_path):
@@ -151,6 +181,61 @@ def test_a_checkpoint_resumes_exactly(tiny_model_path, tmp_path):
     cfg = load_config(None, UPDATE + ["roles.actor_train.strategy=megatron"])
     assert_checkpoint_resumes_exactly(
         lambda seed: MegatronTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed), cfg, tmp_path / "ckpt")
+
+
+def _sharded_optimizer_rank(rank: int, port: int, model_path: str, directory: str, out) -> None:
+    """One of 2 data-parallel ranks with the distributed optimizer: update, save, update; a fresh
+    strategy loads the checkpoint and must make the same second update."""
+    import torch.distributed as dist
+
+    from roll_megatron.strategy import MegatronTrainStrategy
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    cfg = load_config(None, UPDATE + ["roles.actor_train.strategy=megatron", "roles.actor_train.num_workers=2",
+                                      "roles.actor_train.strategy_options={distributed_optimizer: true}"])
+    loss_fn = ActorObjective.from_config(cfg.algorithm, cfg.rollout)
+    spec = UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train)
+    trainer = MegatronTrainStrategy(model_path, cfg.roles.actor_train, 0)
+    batch = training_batch(trainer.hf_config.vocab_size).chunk(2)[rank]
+    update(trainer, batch, loss_fn, spec)
+    trainer.save_checkpoint(directory)
+    update(trainer, batch, loss_fn, spec)
+    expected = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    local = trainer.optimizers["default"].optim
+    owned = {id(p) for group in local.param_groups for p in group["params"]}
+    resumed = MegatronTrainStrategy(model_path, cfg.roles.actor_train, 1)
+    resumed.load_checkpoint(directory)
+    update(resumed, batch, loss_fn, spec)
+    same = all(torch.equal(v, expected[k]) for k, v in resumed.model.named_parameters())
+    out.put((rank, len(owned), len(list(trainer.model.parameters())), same))
+    dist.destroy_process_group()
+
+
+def test_the_distributed_optimizer_shards_its_states_and_resumes_exactly(tiny_model_path, tmp_path):
+    import queue
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = 20000 + int(tmp_path.stat().st_ino) % 20000
+    procs = [ctx.Process(target=_sharded_optimizer_rank, args=(r, port, str(tiny_model_path), str(tmp_path / "ckpt"),
+                                                                out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = []
+    while len(results) < 2:
+        try:
+            results.append(out.get(timeout=5))
+        except queue.Empty:
+            assert all(p.exitcode in (None, 0) for p in procs), "a rank failed (its traceback is above)"
+    for p in procs:
+        p.join(timeout=60)
+    results.sort()
+    (_, owned0, total, same0), (_, owned1, _, same1) = results
+    assert owned0 + owned1 == total and 0 < owned0 < total  # each rank keeps states for its share only
+    assert same0 and same1
 
 
 @pytest.mark.ray
@@ -168,6 +253,12 @@ def test_a_killed_worker_restarts_the_run_from_a_megatron_checkpoint(tmp_path):
      "tensor_parallel_size 3 x pipeline_parallel_size 1 = 3 does not divide the role's 4 workers"),
     (["roles.actor_train.strategy_options={pipeline_parallel_size: 0}"],
      "roles.actor_train.strategy_options.pipeline_parallel_size"),
+    (["roles.actor_infer.strategy=megatron"],
+     "'megatron' computes log-probs only (for roles.reference) and cannot generate; strategies that generate: hf"),
+    (["roles.reference.strategy=megatron", "roles.reference.num_workers=3",
+      "roles.reference.strategy_options={tensor_parallel_size: 2}"],
+     "key 'roles.reference.strategy_options': tensor_parallel_size 2 x pipeline_parallel_size 1 = 2 does not "
+     "divide the role's 3 workers"),
 ])
 def test_options_and_layout_are_checked_before_any_worker_starts(overrides, message):
     with pytest.raises(ConfigError) as err:
@@ -175,5 +266,6 @@ def test_options_and_layout_are_checked_before_any_worker_starts(overrides, mess
     assert message in str(err.value)
 
 
-def test_the_plugin_registers_megatron_without_importing_it():
-    assert_registered_lazily("train", "megatron", "megatron")
+@pytest.mark.parametrize("kind", ["train", "infer"])
+def test_the_plugin_registers_megatron_without_importing_it(kind):
+    assert_registered_lazily(kind, "megatron", "megatron")

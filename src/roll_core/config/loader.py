@@ -128,7 +128,8 @@ def registry_references(cfg: RollConfig) -> list[tuple[str, str, str]]:
 
 
 def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
-    """Estimators and losses declare the roles they need (``needs=("critic",)`` at registration)."""
+    """Estimators and losses declare the roles they need (``needs=("critic",)`` at registration);
+    ``actor_infer`` needs a strategy that generates."""
     problems = []
     for key, registry, name in (
         ("algorithm.advantage_estimator", "advantage_estimators", cfg.algorithm.advantage_estimator),
@@ -141,6 +142,12 @@ def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
         for role in needs:
             if getattr(cfg.roles, role) is None:
                 problems.append(f"key '{key}': '{name}' needs roles.{role}, which is not configured")
+    # an inference strategy registered with generates=False serves log-probs only (a reference)
+    infer, name = plugins.registry("infer_strategies"), cfg.roles.actor_infer.strategy
+    if name in infer and not infer.entry(name).metadata.get("generates", True):
+        able = [n for n in infer.names() if infer.entry(n).metadata.get("generates", True)]
+        problems.append(f"key 'roles.actor_infer.strategy': '{name}' computes log-probs only (for roles.reference) "
+                        f"and cannot generate; strategies that generate: {', '.join(able)}")
     return problems
 
 

@@ -102,24 +102,25 @@ class RoleGroups:
 
     def model_role(self, name: str, kind: str, model_path: str, role_cfg) -> WorkerGroup:
         """Spawn and set up a model role (``kind``: train, infer or critic), ``role_cfg.num_workers``
-        workers. Trained roles with several workers first join one data-parallel group. Workers of an
-        engine that declares ``concurrent_requests`` run ``rollout.max_running_requests`` calls at once.
+        workers. Workers that hold one model between them (trained roles, and an inference engine that
+        declares ``sharded``) first join one process group. Workers of an engine that declares
+        ``concurrent_requests`` run ``rollout.max_running_requests`` calls at once.
 
-        Seeds: ``seed + SEED_OFFSETS[name]`` (0 for actor_train); replicas of a trained role share it
-        (they hold one model), worker r of an inference role draws from that plus r."""
+        Seeds: ``seed + SEED_OFFSETS[name]`` (0 for actor_train); the workers of one model share it,
+        worker r of an inference role draws from that plus r."""
         base = self.config.seed + SEED_OFFSETS.get(name, 0)
-        trained = kind in ("train", "critic")
-        seeds = [base if trained else base + r for r in range(role_cfg.num_workers)]
         engine = self.plugins.infer_strategies.get(role_cfg.strategy) if kind == "infer" else None
+        one_model = kind in ("train", "critic") or getattr(engine, "sharded", False)
+        seeds = [base if one_model else base + r for r in range(role_cfg.num_workers)]
         concurrent = getattr(engine, "concurrent_requests", False)
         group = self.spawn(name, RoleWorker, [(name, kind, model_path, role_cfg, self.config, seed) for seed in seeds],
                            role_cfg, self.config.rollout.max_running_requests if concurrent else 1)
-        world = len(group) if trained else 1
+        world = len(group) if one_model else 1
         ex = self.executor
         address = ex.get(ex.invoke(group.handles[0], "node_address", (), {})) if world > 1 else None
         dp_ranks = ex.get([ex.invoke(h, "setup", (address, rank if world > 1 else 0, world), {})
                            for rank, h in enumerate(group.handles)])
-        if trained:  # inference workers keep the default: each one a replica of its own
+        if one_model:  # other inference workers keep the default: each one a replica of its own
             group.dp_ranks = dp_ranks
         return group
 

@@ -408,10 +408,10 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         groups, self._to_reference = self._to_reference, []
         if not groups:
             return
-        worker = self.reference.handles[self._ref_cursor % len(self.reference)]
+        replica = self._ref_cursor % self.reference.dp_size  # a sharded reference: all its workers
         self._ref_cursor += 1
-        future = self.executor.invoke(worker, "compute_log_probs", (Batch.concat([b for _, b in groups]),),
-                                      {"temperature": self.config.rollout.temperature})
+        future = self.reference.on_replica(replica, "compute_log_probs", Batch.concat([b for _, b in groups]),
+                                           temperature=self.config.rollout.temperature)
         self.referencing.append(groups)
         self.inflight.add(future, lambda f, groups=groups: self._referenced(f, groups), _REFERENCED)
 

@@ -69,6 +69,14 @@ class WorkerGroup:
             firsts.setdefault(rank, future)
         return [firsts[r] for r in range(self.dp_size)]
 
+    def on_replica(self, rank: int, method: str, /, *args, **kwargs):
+        """Call ``method`` on the workers of data-parallel replica ``rank`` (one worker, or the
+        tensor- and pipeline-parallel peers that hold one model between them); returns the future
+        of its first worker, which carries the replica's result."""
+        futures = [self.executor.invoke(h, method, args, kwargs) for h, r in zip(self.handles, self.dp_ranks)
+                   if r == rank]
+        return futures[0]
+
     def data_parallel(self, method: str, batch, /, *, mini_batch_size: int | None = None, **kwargs) -> list:
         """Call ``method(shard, **kwargs)`` on every worker: data-parallel rank ``r`` gets the ``r``-th
         of ``dp_size`` equal parts of every mini-batch of ``mini_batch_size`` rows

@@ -41,7 +41,8 @@ class TorchOffloading:
     def _move_states(self, device: torch.device) -> None:
         self.model.to(device)
         for optimizer in getattr(self, "optimizers", {}).values():  # inference strategies have none
-            for state in optimizer.state.values():
+            local = getattr(optimizer, "optim", optimizer)  # a ZeroRedundancyOptimizer keeps its shard's states there
+            for state in local.state.values():
                 for key, value in state.items():
                     if isinstance(value, torch.Tensor):
                         state[key] = value.to(device)
@@ -127,8 +128,12 @@ class TorchPrimitives:
     _outputs: Callable[[Batch, Collection[str], float], dict[str, torch.Tensor]]  # the model's outputs
 
     def _build_optimizers(self) -> None:
-        self.optimizers = {"default": torch.optim.AdamW(self.model.parameters(), lr=self.role_config.lr,
-                                                        weight_decay=self.role_config.weight_decay)}
+        self.optimizers = {"default": self._new_optimizer(lr=self.role_config.lr,
+                                                          weight_decay=self.role_config.weight_decay)}
+
+    def _new_optimizer(self, **settings) -> torch.optim.Optimizer:
+        """torch's AdamW over the model's parameters (a backend that shards optimizer states wraps it)."""
+        return torch.optim.AdamW(self.model.parameters(), **settings)
 
     def forward_backward(self, mini: Batch, loss_fn, *, micro_batch_size: int,
                          denominators: tuple[float, float]) -> list[dict[str, float]]:
@@ -158,7 +163,7 @@ class TorchPrimitives:
 
     def optimizer_step(self, optimizer: str = "default", lr: float | None = None) -> None:
         if optimizer not in self.optimizers:  # a phase of its own: fresh moments, sized for its loss
-            self.optimizers[optimizer] = torch.optim.AdamW(self.model.parameters(), lr=lr or self.role_config.lr)
+            self.optimizers[optimizer] = self._new_optimizer(lr=lr or self.role_config.lr)
         opt = self.optimizers[optimizer]
         if lr is not None:
             for group in opt.param_groups:

@@ -16,6 +16,10 @@ class MegatronOptions(BaseModel):
     pipeline_parallel_size: int = Field(1, ge=1, description="stages that split the layers; must divide the number "
                                         "of layers")
 
+    distributed_optimizer: bool = Field(False, description="shard the optimizer states (AdamW's moments) over the "
+                                        "data-parallel ranks, as Megatron's distributed optimizer does: each rank "
+                                        "updates its share of the parameters and broadcasts them")
+
     @property
     def model_parallel_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size

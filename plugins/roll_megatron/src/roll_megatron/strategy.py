@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any, Collection, Iterator
 
@@ -41,7 +42,7 @@ from roll_core.strategies.engines import check_engine_version, import_engine
 from roll_core.strategies.hf import TorchOffloading, TorchPrimitives
 from roll_core.strategies.models import default_device, full_sequence
 from roll_core.strategies.sequences import causal_lm_outputs
-from roll_core.strategy import TrainStrategy
+from roll_core.strategy import InferStrategy, TrainStrategy
 from roll_megatron import SUPPORTED_MEGATRON
 from roll_megatron.convert import Layout
 from roll_megatron.model import attention_mask, build_gpt_model, gather_vocabulary, transformer_config
@@ -50,6 +51,9 @@ from roll_megatron.options import MegatronOptions
 
 def _parallel_state(options: MegatronOptions) -> Any:
     """Megatron's process groups for this role, created once per worker process."""
+    if not torch.cuda.is_available():  # Megatron's advice on CUDA kernels, of no use to a CPU run
+        warnings.filterwarnings("ignore", message="Apex is not installed")
+        warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS")
     megatron = import_engine("megatron.core", "pip install roll-megatron")
     check_engine_version("megatron-core", megatron.__version__, SUPPORTED_MEGATRON, "roll-megatron")
     from megatron.core import parallel_state
@@ -77,8 +81,10 @@ def hf_tensors(model_path: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
-class MegatronTrainStrategy(TorchPrimitives, TorchOffloading, TrainStrategy):
-    """The policy on Megatron-Core (``roles.actor_train.strategy: megatron``)."""
+class _MegatronModel(TorchOffloading):
+    """A Hugging Face checkpoint as a Megatron-Core ``GPTModel`` sharded over the role's workers,
+    with the pipelined forward pass and the weights back under Hugging Face names: what the trained
+    policy and a frozen reference share."""
 
     def __init__(self, model_path: str, role_config, seed: int):
         from transformers import AutoConfig
@@ -101,8 +107,6 @@ class MegatronTrainStrategy(TorchPrimitives, TorchOffloading, TrainStrategy):
                              ps.get_pipeline_model_parallel_rank() * per_stage)
         self.model = build_gpt_model(self.hf_config, self.config, self.first, self.last, self.device)
         self._load_hf(model_path)
-        self.generator = torch.Generator().manual_seed(seed)
-        self._build_optimizers()
 
     def _load_hf(self, model_path: str) -> None:
         tensors = hf_tensors(model_path)
@@ -167,8 +171,47 @@ class MegatronTrainStrategy(TorchPrimitives, TorchOffloading, TrainStrategy):
         return self._from_last_stage(result)
 
     def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
+        """Log-probs ``[B, R]`` of the responses (with ``distribution``, ``[B, R, V]``), on every rank."""
         name = "log_dist" if distribution else "log_probs"
         return self.forward(batch, (name,), temperature)[name]
+
+    # -- weights -----------------------------------------------------------------------------
+    def hf_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """This stage's weights under Hugging Face names, tensor-parallel shards gathered (every
+        tensor-parallel rank takes part and gets them)."""
+        group = self.ps.get_tensor_model_parallel_group()
+        for name, param in self.model.named_parameters():
+            if self.tied and name == "output_layer.weight":  # Hugging Face has no lm_head when tied
+                continue
+            shard = param.detach()
+            if self.layout.is_split(name):
+                shards = [torch.empty_like(shard) for _ in range(self.tp)]
+                dist.all_gather(shards, shard.contiguous(), group=group)
+            else:
+                shards = [shard]
+            for hf_name, tensor in self.layout.to_hf(name, [s.cpu() for s in shards]):
+                yield hf_name, tensor
+
+
+class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
+    """The policy on Megatron-Core (``roles.actor_train.strategy: megatron``)."""
+
+    def __init__(self, model_path: str, role_config, seed: int):
+        super().__init__(model_path, role_config, seed)
+        self.generator = torch.Generator().manual_seed(seed)
+        self._build_optimizers()
+
+    def _new_optimizer(self, **settings) -> torch.optim.Optimizer:
+        """AdamW; with ``distributed_optimizer`` and several data-parallel replicas, torch's
+        ``ZeroRedundancyOptimizer`` over the data-parallel group: each replica keeps the moments of
+        its share of the parameters, steps them and broadcasts them (Megatron's own distributed
+        optimizer allocates its buffers on CUDA)."""
+        if not (self.options.distributed_optimizer and self.ps.get_data_parallel_world_size() > 1):
+            return super()._new_optimizer(**settings)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(list(self.model.parameters()), optimizer_class=torch.optim.AdamW,
+                                       process_group=self.ps.get_data_parallel_group(), **settings)
 
     def forward_backward(self, mini: Batch, loss_fn, *, micro_batch_size: int,
                          denominators: tuple[float, float]) -> list[dict[str, float]]:
@@ -238,22 +281,6 @@ class MegatronTrainStrategy(TorchPrimitives, TorchOffloading, TrainStrategy):
         return norm
 
     # -- weights -----------------------------------------------------------------------------
-    def hf_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """This stage's weights under Hugging Face names, tensor-parallel shards gathered (every
-        tensor-parallel rank takes part and gets them)."""
-        group = self.ps.get_tensor_model_parallel_group()
-        for name, param in self.model.named_parameters():
-            if self.tied and name == "output_layer.weight":  # Hugging Face has no lm_head when tied
-                continue
-            shard = param.detach()
-            if self.layout.is_split(name):
-                shards = [torch.empty_like(shard) for _ in range(self.tp)]
-                dist.all_gather(shards, shard.contiguous(), group=group)
-            else:
-                shards = [shard]
-            for hf_name, tensor in self.layout.to_hf(name, [s.cpu() for s in shards]):
-                yield hf_name, tensor
-
     def _owner(self) -> bool:
         return self.ps.get_data_parallel_rank() == 0 and self.ps.get_tensor_model_parallel_rank() == 0
 
@@ -276,7 +303,7 @@ class MegatronTrainStrategy(TorchPrimitives, TorchOffloading, TrainStrategy):
             self._save_hf(root / "model", {k: v for part in stages or [] for k, v in part.items()})
         (root / "megatron").mkdir(parents=True, exist_ok=True)
         torch.save({"model": self.model.state_dict(),
-                    "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
+                    "optimizers": {name: _local(opt).state_dict() for name, opt in self.optimizers.items()},
                     "generator": self.generator.get_state()}, root / "megatron" / f"rank{rank}.pt")
         dist.barrier()
 
@@ -297,6 +324,27 @@ class MegatronTrainStrategy(TorchPrimitives, TorchOffloading, TrainStrategy):
         self.model.load_state_dict(state["model"])
         for name, optimizer_state in state["optimizers"].items():
             if name not in self.optimizers:
-                self.optimizers[name] = torch.optim.AdamW(self.model.parameters(), lr=self.role_config.lr)
-            self.optimizers[name].load_state_dict(optimizer_state)
+                self.optimizers[name] = self._new_optimizer(lr=self.role_config.lr)
+            _local(self.optimizers[name]).load_state_dict(optimizer_state)
         self.generator.set_state(state["generator"])
+
+
+def _local(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that holds this rank's states: a ZeroRedundancyOptimizer's shard (each rank
+    saves and loads its own; the partition is the same for the same model and ranks), else itself."""
+    return getattr(optimizer, "optim", optimizer)
+
+
+class MegatronReferenceStrategy(_MegatronModel, InferStrategy):
+    """A frozen model on Megatron-Core for the log-probs of a reference or distillation-teacher role
+    (``roles.reference.strategy: megatron``), sharded like the policy so a model too large for one
+    device still serves. It does not generate: ``roll validate`` refuses it for ``actor_infer``."""
+
+    sharded = True  # the role's workers hold one model: they join one process group
+
+    def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
+        raise NotImplementedError("the megatron inference strategy computes log-probs only (roles.reference); "
+                                  "generation needs hf, vllm or sglang")
+
+    def load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        raise NotImplementedError("the megatron inference strategy serves a frozen model and takes no weight updates")
