@@ -52,8 +52,8 @@ from roll_megatron.options import MegatronOptions
 def _parallel_state(options: MegatronOptions) -> Any:
     """Megatron's process groups for this role, created once per worker process."""
     if not torch.cuda.is_available():  # Megatron's advice on CUDA kernels, of no use to a CPU run
-        warnings.filterwarnings("ignore", message="Apex is not installed")
-        warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS")
+        for advice in (".*Apex (is|are) not installed", ".*CUDA_DEVICE_MAX_CONNECTIONS", "full scope is deprecated"):
+            warnings.filterwarnings("ignore", message=advice)
     megatron = import_engine("megatron.core", "pip install roll-megatron")
     check_engine_version("megatron-core", megatron.__version__, SUPPORTED_MEGATRON, "roll-megatron")
     from megatron.core import parallel_state
