@@ -57,6 +57,22 @@ def test_roll_register_kl_estimators(roll_plugins):
     assert p.kl_estimators.get("halved") is halved
 
 
+def test_roll_register_preference_losses(roll_plugins):
+    def hinge(inputs, *, beta, label_smoothing=0.0):
+        return (1 - beta * inputs.policy_chosen).clamp(min=0), {}
+
+    p = roll_plugins(("t", plugin(roll_register_preference_losses=lambda register: register("hinge", hinge))))
+    assert p.preference_losses.get("hinge") is hinge and "dpo_sigmoid" in p.preference_losses
+
+
+def test_roll_register_distill_losses(roll_plugins):
+    def total_variation(student_logp, teacher_logp):
+        return 0.5 * (student_logp.exp() - teacher_logp.exp()).abs().sum(-1)
+
+    p = roll_plugins(("t", plugin(roll_register_distill_losses=lambda register: register("tv", total_variation))))
+    assert p.distill_losses.get("tv") is total_variation and "jsd" in p.distill_losses
+
+
 def test_roll_register_datasets(roll_plugins):
     class Two:
         def __init__(self, options):

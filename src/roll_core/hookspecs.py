@@ -99,6 +99,39 @@ def roll_register_policy_losses(register):
 
 
 @hookspec
+def roll_register_preference_losses(register):
+    """Register preference losses for pairs of responses (``dpo_sigmoid``, ``ipo``, ...).
+
+    Called once per process when the plugin registries are built.
+
+    Args:
+        register: ``register(name, target, *, description="")``; ``target`` is a callable
+            ``fn(inputs: PreferenceInput, *, beta, label_smoothing) -> (loss [B], metrics)``
+            taking the sequence log-probs of the chosen and rejected responses under the policy
+            and the reference, one loss per pair (see :mod:`roll_core.algorithms.preference`).
+
+    Returns: nothing.
+    """
+
+
+@hookspec
+def roll_register_distill_losses(register):
+    """Register knowledge-distillation objectives (``forward_kl``, ``reverse_kl``, ``jsd``, ...).
+
+    Called once per process when the plugin registries are built.
+
+    Args:
+        register: ``register(name, target, *, description="")``; ``target`` is a callable
+            ``fn(student_logp [B, R, K], teacher_logp [B, R, K], **options) -> loss [B, R]``: a
+            per-token divergence between two log-distributions over the same support (the
+            vocabulary or the teacher's top-k; see :mod:`roll_core.algorithms.distill`). Keyword
+            options (such as ``alpha``) come from the pipeline's configuration.
+
+    Returns: nothing.
+    """
+
+
+@hookspec
 def roll_register_kl_estimators(register):
     """Register KL estimators (``k1``, ``k2``, ``k3``, ...).
 

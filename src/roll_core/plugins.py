@@ -50,6 +50,8 @@ REGISTRY_HOOKS: dict[str, str] = {
     "advantage_estimators": "roll_register_advantage_estimators",
     "policy_losses": "roll_register_policy_losses",
     "kl_estimators": "roll_register_kl_estimators",
+    "preference_losses": "roll_register_preference_losses",
+    "distill_losses": "roll_register_distill_losses",
     "datasets": "roll_register_datasets",
     "rewards": "roll_register_rewards",
     "envs": "roll_register_envs",
@@ -62,6 +64,7 @@ STRATEGY_KINDS = ("train", "infer", "critic")
 # What one entry of each registry is called in messages ("unknown policy loss 'x'").
 KIND_NAMES: dict[str, str] = {
     "advantage_estimators": "advantage estimator", "policy_losses": "policy loss", "kl_estimators": "kl estimator",
+    "preference_losses": "preference loss", "distill_losses": "distillation loss",
     "datasets": "dataset", "rewards": "reward", "envs": "env", "schedulers": "scheduler", "weight_syncs": "weight sync", "trackers": "tracker",
     "pipelines": "pipeline",
 }

@@ -1,10 +1,13 @@
-"""Built-in advantage estimators, policy losses and KL estimators (see ``roll list-plugins``)."""
+"""Built-in advantage estimators, policy losses, KL estimators, preference and distillation losses
+(see ``roll list-plugins``)."""
 
 from roll_core.hookspecs import hookimpl
 
 _ADV = "roll_core.algorithms.advantages"
 _LOSS = "roll_core.algorithms.losses"
 _KL = "roll_core.algorithms.kl"
+_PREF = "roll_core.algorithms.preference"
+_KD = "roll_core.algorithms.distill"
 
 
 @hookimpl
@@ -45,3 +48,19 @@ def roll_register_kl_estimators(register):
     register("k3", f"{_KL}:k3", description="exp(q - p) - (q - p) - 1, low variance")
     register("abs", f"{_KL}:abs_kl", description="|log p - log q|")
     register("full", f"{_KL}:full", description="exact KL over the vocabulary", distribution=True)
+
+
+@hookimpl
+def roll_register_preference_losses(register):
+    register("dpo_sigmoid", f"{_PREF}:dpo_sigmoid", description="DPO's -log sigmoid(beta h), cDPO label smoothing")
+    register("ipo", f"{_PREF}:ipo", description="IPO: (h - 1/(2 beta))^2, a bounded preference gap")
+
+
+@hookimpl
+def roll_register_distill_losses(register):
+    register("forward_kl", f"{_KD}:forward_kl", description="KL(teacher || student), mean-seeking")
+    register("reverse_kl", f"{_KD}:reverse_kl", description="KL(student || teacher), mode-seeking (MiniLLM)")
+    register("adaptive_kl", f"{_KD}:adaptive_kl", description="forward and reverse KL weighted by head/tail gaps (AKL)")
+    register("skewed_forward_kl", f"{_KD}:skewed_forward_kl", description="KL(p || a p + (1-a) q) (DistiLLM)")
+    register("skewed_reverse_kl", f"{_KD}:skewed_reverse_kl", description="KL(q || a q + (1-a) p) (DistiLLM)")
+    register("jsd", f"{_KD}:jsd", description="generalised Jensen-Shannon divergence (GKD)")

@@ -1,0 +1,79 @@
+"""Preference losses: learning from pairs (prompt, chosen response, rejected response).
+
+A preference loss is ``fn(inputs: PreferenceInput, *, beta, label_smoothing) -> (loss [B], metrics)``:
+one loss per pair, from the sequence log-probs of both responses under the policy and under a
+frozen reference (a reference role, or log-probs computed once and stored with the data). The
+pipeline averages it over pairs. Registered through ``roll_register_preference_losses``.
+
+Shared notation, per pair::
+
+    chosen_logratio   = policy_chosen - reference_chosen          (log pi/pi_ref of the chosen response)
+    rejected_logratio = policy_rejected - reference_rejected
+    h = chosen_logratio - rejected_logratio                       (how much more the policy prefers it)
+
+Metrics are the implicit rewards of DPO, ``beta * logratio``: their means for chosen and rejected
+responses, the mean margin, and the preference accuracy (share of pairs whose chosen response gets
+the higher implicit reward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PreferenceInput:
+    """Sequence log-probs ``[B]``: summed over each response's tokens (IPO's callers pass the
+    per-token mean instead, as its paper does; see :func:`ipo`)."""
+
+    policy_chosen: torch.Tensor  # [B] under the current weights (requires grad)
+    policy_rejected: torch.Tensor  # [B]
+    reference_chosen: torch.Tensor  # [B] under the frozen reference
+    reference_rejected: torch.Tensor  # [B]
+
+    def logratios(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.policy_chosen - self.reference_chosen, self.policy_rejected - self.reference_rejected
+
+
+def _metrics(chosen: torch.Tensor, rejected: torch.Tensor, beta: float) -> dict[str, float]:
+    chosen_reward, rejected_reward = beta * chosen.detach(), beta * rejected.detach()
+    return {
+        "rewards/chosen": float(chosen_reward.mean()),
+        "rewards/rejected": float(rejected_reward.mean()),
+        "rewards/margin": float((chosen_reward - rejected_reward).mean()),
+        "rewards/accuracy": float((chosen_reward > rejected_reward).float().mean()),
+    }
+
+
+def dpo_sigmoid(inputs: PreferenceInput, *, beta: float, label_smoothing: float = 0.0):
+    """DPO's sigmoid loss (Rafailov et al. 2023, arXiv:2305.18290), with conservative label
+    smoothing (cDPO, Mitchell 2023: each label is wrong with probability ``eps``)::
+
+        loss = -(1 - eps) * log sigmoid(beta * h) - eps * log sigmoid(-beta * h)
+
+    ``eps = label_smoothing`` in ``[0, 0.5)``; ``eps = 0`` is plain DPO. Shapes: inputs ``[B]``;
+    returns the loss ``[B]`` and scalar metrics.
+    """
+    chosen, rejected = inputs.logratios()
+    logits = beta * (chosen - rejected)
+    loss = -(1 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
+    return loss, _metrics(chosen, rejected, beta)
+
+
+def ipo(inputs: PreferenceInput, *, beta: float, label_smoothing: float = 0.0):
+    """IPO (Azar et al. 2023, arXiv:2310.12036): regress the log-ratio gap onto a fixed margin
+    instead of pushing it to infinity, so a deterministic preference cannot over-fit::
+
+        loss = (h - 1 / (2 * beta))^2
+
+    ``beta`` is the paper's tau (smaller means a larger target gap). The paper's log-probs are
+    per-token means of each response, so pass those in :class:`PreferenceInput`. ``label_smoothing``
+    is not used by IPO (accepted so every preference loss takes the same arguments). Shapes as
+    :func:`dpo_sigmoid`.
+    """
+    chosen, rejected = inputs.logratios()
+    loss = (chosen - rejected - 1 / (2 * beta)) ** 2
+    return loss, _metrics(chosen, rejected, beta)

@@ -1,0 +1,49 @@
+"""Preference losses against numbers computed by hand (DPO sigmoid with label smoothing, IPO)."""
+
+import math
+
+import pytest
+import torch
+
+from roll_core.algorithms.preference import PreferenceInput, dpo_sigmoid, ipo
+
+# Pair 0: chosen log-ratio -1.0 - (-1.5) = 0.5, rejected -2.0 - (-1.0) = -1.0, so h = 1.5.
+# Pair 1: chosen log-ratio -0.2, rejected 0.3, so h = -0.5 (the policy prefers the rejected one).
+PAIRS = PreferenceInput(policy_chosen=torch.tensor([-1.0, -1.2]), policy_rejected=torch.tensor([-2.0, -0.7]),
+                        reference_chosen=torch.tensor([-1.5, -1.0]), reference_rejected=torch.tensor([-1.0, -1.0]))
+
+
+def test_dpo_sigmoid_is_minus_log_sigmoid_of_beta_h():
+    loss, metrics = dpo_sigmoid(PAIRS, beta=0.1)
+    # -log sigmoid(0.15) = log(1 + e^-0.15) = 0.620957 ; -log sigmoid(-0.05) = log(1 + e^0.05) = 0.718460
+    torch.testing.assert_close(loss, torch.tensor([0.620957, 0.718460]), atol=1e-6, rtol=0)
+    assert metrics["rewards/chosen"] == pytest.approx((0.05 - 0.02) / 2)
+    assert metrics["rewards/rejected"] == pytest.approx((-0.1 + 0.03) / 2)
+    assert metrics["rewards/margin"] == pytest.approx((0.15 - 0.05) / 2)
+    assert metrics["rewards/accuracy"] == 0.5
+
+
+def test_dpo_label_smoothing_mixes_in_the_flipped_label():
+    loss, _ = dpo_sigmoid(PAIRS, beta=0.1, label_smoothing=0.2)
+    # 0.8 * log(1 + e^-0.15) + 0.2 * log(1 + e^0.15) = 0.8 * 0.620957 + 0.2 * 0.770957
+    assert float(loss[0]) == pytest.approx(0.8 * 0.620957 + 0.2 * 0.770957, abs=1e-6)
+
+
+def test_dpo_gradient_raises_the_chosen_and_lowers_the_rejected():
+    policy_chosen = PAIRS.policy_chosen.clone().requires_grad_()
+    policy_rejected = PAIRS.policy_rejected.clone().requires_grad_()
+    inputs = PreferenceInput(policy_chosen, policy_rejected, PAIRS.reference_chosen, PAIRS.reference_rejected)
+    dpo_sigmoid(inputs, beta=0.1)[0].sum().backward()
+    # d/dh -log sigmoid(beta h) = -beta sigmoid(-beta h): beta * sigmoid(-0.15) = 0.1 * 0.462570
+    assert float(policy_chosen.grad[0]) == pytest.approx(-0.1 / (1 + math.exp(0.15)), abs=1e-7)
+    assert float(policy_rejected.grad[0]) == pytest.approx(0.1 / (1 + math.exp(0.15)), abs=1e-7)
+
+
+def test_ipo_regresses_the_gap_onto_one_over_two_beta():
+    loss, metrics = ipo(PAIRS, beta=0.1)
+    # (1.5 - 5)^2 = 12.25 ; (-0.5 - 5)^2 = 30.25
+    torch.testing.assert_close(loss, torch.tensor([12.25, 30.25]))
+    assert metrics["rewards/accuracy"] == 0.5
+    # at the target gap the loss is 0, and beyond it the loss pulls the gap back
+    at_target = PreferenceInput(torch.tensor([5.0]), torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([0.0]))
+    assert float(ipo(at_target, beta=0.1)[0]) == 0.0
