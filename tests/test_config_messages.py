@@ -28,6 +28,8 @@ def test_every_name_the_config_uses_is_listed_with_its_key_and_registry():
         ("algorithm.policy_loss", "policy_losses", "ppo_clip"),
         ("algorithm.kl_estimator", "kl_estimators", "k3"),
         ("algorithm.kl_penalty.estimator", "kl_estimators", "k1"),
+        ("dpo.loss", "preference_losses", "dpo_sigmoid"),
+        ("distill.loss", "distill_losses", "forward_kl"),
         ("roles.actor_train.strategy", "train_strategies", "hf"),
         ("roles.actor_infer.strategy", "infer_strategies", "hf"),
         ("roles.reward.name", "rewards", "exact_match"),

@@ -203,3 +203,87 @@ class _Chunks(list):
     def chunk(self, n: int):
         size = len(self) // n
         return [list(self[i * size:(i + 1) * size]) for i in range(n)]
+
+
+def test_dpo_pipeline_raises_heldout_preference_accuracy(tiny_config):
+    """DPO on the embedded task's pairs (the right sum chosen, the careless teacher's rejected), from
+    the untrained tiny model, against a frozen reference role holding the same model."""
+    from roll_core.pipelines.dpo import DPOPipeline
+
+    cfg = tiny_config("pipeline=dpo", "trainer.max_steps=40", "dpo.batch_size=32", "dpo.beta=0.5",
+                      "trainer.eval_every=20", "data.eval_size=200", "roles.actor_train.lr=1e-3")
+    summary = DPOPipeline(cfg, LocalExecutor()).run()
+    before, after = summary["before"], summary["after"]
+    assert before["eval/rewards/accuracy"] == 0.0 and before["eval/rewards/margin"] == 0.0  # policy = reference
+    assert after["eval/rewards/accuracy"] > 0.7, after
+    assert after["eval/rewards/margin"] > 0 and after["eval/loss"] < before["eval/loss"]
+    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval/rewards/accuracy" in r] == [0, 20, 40]
+    assert all("dpo/loss" in r and "dpo/rewards/accuracy" in r for r in rows if r["step"] > 0)
+
+
+def test_dpo_refuses_odd_micro_batches_and_a_missing_reference(tiny_config):
+    from roll_core.errors import ConfigError
+    from roll_core.pipelines.dpo import DPOPipeline
+
+    with pytest.raises(ConfigError, match="micro_batch_size': dpo keeps each pair in one micro-batch"):
+        DPOPipeline(tiny_config("pipeline=dpo", "roles.actor_train.micro_batch_size=3"), LocalExecutor()).run()
+    with pytest.raises(ConfigError, match="precomputed needs"):
+        DPOPipeline(tiny_config("pipeline=dpo", "dpo.reference=precomputed"), LocalExecutor()).run()
+
+
+def test_dpo_uses_reference_log_probs_precomputed_with_the_data(tiny_config, tmp_path):
+    """With dpo.reference=precomputed no reference role starts and the pairs' own values are the
+    reference: a reference that finds every chosen answer 100 nats less likely than the policy does
+    makes every held-out pair count as preferred before any step."""
+    from roll_core.embedded.tasks import CarryAdditionTask
+    from roll_core.pipelines.dpo import DPOPipeline
+
+    task = CarryAdditionTask()
+    for name, rows in (("train", task.train_rows()[:200]), ("eval", task.eval_rows()[:100])):
+        lines = [json.dumps({**r, "reference_chosen_logp": -100.0, "reference_rejected_logp": 0.0})
+                 for r in rows if "rejected" in r]
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = tiny_config("pipeline=dpo", "dpo.reference=precomputed", "trainer.max_steps=2", "dpo.batch_size=4",
+                      f"data.train_file={tmp_path / 'train.jsonl'}", f"data.eval_file={tmp_path / 'eval.jsonl'}")
+    pipeline = DPOPipeline(cfg, LocalExecutor())
+    summary = pipeline.run()
+    assert pipeline.reference is None and "reference" not in pipeline.roles.groups
+    assert summary["before"]["eval/rewards/accuracy"] == 1.0
+
+
+@pytest.fixture(scope="module")
+def trained_teacher(tmp_path_factory):
+    """A larger tiny model (hidden 192, 3 layers) trained with the sft pipeline: the teacher."""
+    from roll_core.config import load_config
+    from roll_core.pipelines.sft import SFTPipeline
+
+    run = tmp_path_factory.mktemp("teacher")
+    cfg = load_config(None, [f"output_dir={run}", "executor=local", "pipeline=sft", "warmup.steps=60",
+                             "model.tiny.hidden_size=192", "model.tiny.num_layers=3", "data.eval_size=16",
+                             "trainer.save_every=0", "trackers=[jsonl]"])
+    SFTPipeline(cfg, LocalExecutor()).run()
+    return run / "checkpoints" / "step_000060" / "actor_train" / "model"
+
+
+@pytest.mark.parametrize("loss, extra", [("forward_kl", []), ("forward_kl", ["distill.top_k=8", "distill.temperature=2.0"]),
+                                         ("jsd", []), ("reverse_kl", ["distill.responses=teacher"])])
+def test_distill_pipeline_brings_the_student_toward_the_teacher(tiny_config, trained_teacher, loss, extra):
+    from roll_core.pipelines.distill import DistillPipeline
+
+    cfg = tiny_config("pipeline=distill", f"distill.loss={loss}", f"roles.reference.model_path={trained_teacher}",
+                      "trainer.max_steps=30", "trainer.eval_every=15", "data.eval_size=64",
+                      "roles.actor_train.lr=1e-3", *extra)
+    summary = DistillPipeline(cfg, LocalExecutor()).run()
+    before, after = summary["before"]["eval/kl_to_teacher"], summary["after"]["eval/kl_to_teacher"]
+    assert after < 0.5 * before, (before, after)
+    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["distill/loss"] > 0 for r in rows if r["step"] > 0)
+
+
+def test_roll_validate_checks_the_distillation_loss_options():
+    from roll_core.config import load_and_check
+    from roll_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown option 'alpah'. Did you mean 'alpha'?"):
+        load_and_check(None, ["pipeline=distill", "distill.loss=skewed_forward_kl", "distill.loss_options={alpah: 0.2}"])

@@ -2,7 +2,7 @@
 
 A distillation loss is ``fn(student_logp, teacher_logp, **options) -> loss [B, R]``: per response
 token, a divergence between two distributions given as log-probs ``[B, R, K]`` over the same ``K``
-outcomes (the vocabulary, or the teacher's top-k tokens; see :func:`kd_log_probs`). The student's
+outcomes (the vocabulary, or the teacher's top-k tokens and a tail; see :func:`kd_log_probs`). The student's
 carry the gradient; the teacher's are constant. The pipeline masks and averages the ``[B, R]``
 matrix like any per-token loss. Registered through ``roll_register_distill_losses``.
 
@@ -24,15 +24,26 @@ def kd_log_probs(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tem
     arXiv:1503.02531: logits divided by ``T`` soften both distributions).
 
     With ``top_k``, the support is the teacher's ``k`` most likely tokens at each position (what a
-    teacher role streams instead of its whole vocabulary), and both distributions are renormalised
-    over it. Shapes: logits ``[B, R, V]``; returns two ``[B, R, K]`` (``K = top_k`` or ``V``).
-    Hinton's ``T^2`` gradient scale is the caller's to apply (it is a loss weight).
+    teacher role streams instead of its whole vocabulary) plus one *tail* outcome, "any other token",
+    holding each model's remaining mass (:func:`with_tail`). Both stay exact distributions, so the
+    student is also pushed off the tokens the teacher finds unlikely (renormalising over the top-k
+    alone would leave its mass there untouched). Shapes: logits ``[B, R, V]``; returns two
+    ``[B, R, K]`` (``K = top_k + 1`` or ``V``). Hinton's ``T^2`` gradient scale is the caller's.
     """
-    student, teacher = student_logits / temperature, teacher_logits / temperature
-    if top_k is not None:
-        teacher, index = teacher.topk(top_k, dim=-1)
-        student = student.gather(-1, index)
-    return student.log_softmax(-1), teacher.log_softmax(-1)
+    student = (student_logits / temperature).log_softmax(-1)
+    teacher = (teacher_logits / temperature).log_softmax(-1)
+    if top_k is None:
+        return student, teacher
+    teacher, index = teacher.topk(top_k, dim=-1)
+    return with_tail(student.gather(-1, index)), with_tail(teacher)
+
+
+def with_tail(log_probs: torch.Tensor) -> torch.Tensor:
+    """Log-probs ``[..., K]`` of ``K`` outcomes of a larger distribution, with the log of the rest's
+    total mass appended: ``[..., K + 1]``, a distribution again. The tail is floored at
+    ``log(1e-7)``-ish where the ``K`` hold (nearly) all the mass."""
+    covered = log_probs.logsumexp(-1, keepdim=True).clamp(max=-1e-7)
+    return torch.cat([log_probs, torch.log(-torch.expm1(covered))], dim=-1)
 
 
 def _kl(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:

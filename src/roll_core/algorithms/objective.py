@@ -3,6 +3,8 @@
     actor:      loss = agg(policy_loss) - entropy_coef * agg(entropy) + kl_loss_coef * agg(kl(actor, reference))
     critic:     loss = agg(clipped value loss)
     supervised: loss = -sum(log pi(target) * mask) / tokens
+    preference: loss = sum over pairs of preference_loss(chosen, rejected) / pairs
+    distill:    loss = T^2 * sum(distill_loss(student, teacher) * mask) / tokens
 
 Each is a small frozen object (a *loss function*, :class:`LossFn`) that the driver builds once from
 the config, with every registered callable already looked up (:meth:`ActorObjective.from_config`),
@@ -285,3 +287,100 @@ class SupervisedObjective:
         mask = micro["response_mask"].to(out["log_probs"].dtype)
         loss = -(out["log_probs"] * mask).sum() / max(tokens, 1.0)
         return loss, {self.metric: loss.item()}
+
+
+def sequence_log_probs(token_log_probs: torch.Tensor, mask: torch.Tensor, average: bool = False) -> torch.Tensor:
+    """Each response's log-probability ``[B]`` from its tokens' ``[B, R]``: the sum over ``mask``,
+    or with ``average`` the per-token mean (IPO's length-normalised form)."""
+    total = (token_log_probs * mask).sum(-1)
+    return total / mask.sum(-1).clamp(min=1) if average else total
+
+
+@dataclass(frozen=True)
+class PreferenceObjective:
+    """A registered preference loss over pairs laid out as consecutive rows: each pair's chosen and
+    rejected responses carry the same ``pair`` id and ``chosen`` True / False, and the pipeline keeps
+    them in one micro-batch (even micro-batch sizes). ``reference_logp`` ``[B]`` holds the frozen
+    reference's sequence log-probs (from a reference role, or precomputed with the data).
+
+        loss = sum_pairs loss_fn(policy and reference log-probs of chosen and rejected) / pairs"""
+
+    loss: Callable[..., Any]
+    beta: float
+    label_smoothing: float = 0.0
+    average_log_probs: bool = False
+    metric: str = "dpo"
+    outputs: frozenset[str] = frozenset({"log_probs"})
+    temperature: float = 1.0
+
+    @classmethod
+    def from_config(cls, dpo, plugins=None) -> "PreferenceObjective":
+        from roll_core.plugins import get_plugins
+
+        loss = (plugins or get_plugins()).preference_losses.get(dpo.loss)
+        return cls(loss, dpo.beta, dpo.label_smoothing, dpo.average_log_probs)
+
+    @property
+    def additive(self) -> frozenset[str]:
+        return frozenset({f"{self.metric}/loss"})
+
+    def __call__(self, out, micro, tokens, seqs):
+        from roll_core.algorithms.preference import PreferenceInput
+
+        mask = micro["response_mask"].to(out["log_probs"].dtype)
+        policy = sequence_log_probs(out["log_probs"], mask, self.average_log_probs)
+        reference = micro["reference_logp"].to(policy)
+        chosen = micro["chosen"].bool()
+        if not torch.equal(micro["pair"][chosen], micro["pair"][~chosen]):
+            raise ValueError("a micro-batch holds half of a preference pair: micro-batch and per-rank batch sizes "
+                             "must be even numbers of rows (whole pairs)")
+        inputs = PreferenceInput(policy[chosen], policy[~chosen], reference[chosen], reference[~chosen])
+        per_pair, metrics = self.loss(inputs, beta=self.beta, label_smoothing=self.label_smoothing)
+        loss = per_pair.sum() / max(seqs / 2, 1.0)
+        return loss, {f"{self.metric}/loss": loss.item(), **{f"{self.metric}/{k}": v for k, v in metrics.items()}}
+
+
+@dataclass(frozen=True)
+class DistillObjective:
+    """A registered distillation loss between the student's next-token distributions (its forward
+    pass's ``log_dist`` at ``temperature``) and the teacher's, which the pipeline puts in the batch:
+    ``teacher_logp`` ``[B, R, K]`` (the teacher's log-probs at ``temperature``) and, when ``K`` is the
+    teacher's top-k rather than the vocabulary, ``teacher_index`` ``[B, R, K]`` (their token ids).
+    With top-k, both sides are the ``K`` tokens plus a tail bucket for the rest of their mass
+    (:func:`roll_core.algorithms.distill.kd_log_probs`).
+
+        loss = T^2 * sum(distill_loss(student, teacher) * mask) / tokens
+
+    ``T^2`` keeps gradient magnitudes comparable across temperatures (Hinton et al. 2015)."""
+
+    loss: Callable[..., torch.Tensor]
+    temperature: float = 1.0
+    options: tuple[tuple[str, Any], ...] = ()  # keyword options of ``loss`` (a tuple: frozen and hashable)
+    metric: str = "distill"
+    outputs: frozenset[str] = frozenset({"log_dist"})
+
+    @classmethod
+    def from_config(cls, distill, plugins=None) -> "DistillObjective":
+        from roll_core.plugins import get_plugins
+
+        loss = (plugins or get_plugins()).distill_losses.get(distill.loss)
+        return cls(loss, distill.temperature, tuple(sorted(distill.loss_options.items())))
+
+    @property
+    def additive(self) -> frozenset[str]:
+        return frozenset({f"{self.metric}/loss"})
+
+    def per_token(self, student_log_dist: torch.Tensor, micro: Batch) -> torch.Tensor:
+        """The divergence ``[B, R]`` at every response position (no mask, no scale)."""
+        from roll_core.algorithms.distill import with_tail
+
+        teacher = micro["teacher_logp"].to(student_log_dist)
+        if "teacher_index" in micro:  # the teacher's top-k and a tail bucket (kd_log_probs)
+            student_log_dist = with_tail(student_log_dist.gather(-1, micro["teacher_index"].to(student_log_dist.device)))
+            teacher = with_tail(teacher)
+        return self.loss(student_log_dist, teacher, **dict(self.options))
+
+    def __call__(self, out, micro, tokens, seqs):
+        mask = loss_mask_of(micro).to(out["log_dist"].dtype)
+        loss = self.temperature ** 2 * (self.per_token(out["log_dist"], micro) * mask).sum() / max(tokens, 1.0)
+        return loss, {f"{self.metric}/loss": loss.item()}

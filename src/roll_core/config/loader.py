@@ -105,6 +105,8 @@ def registry_references(cfg: RollConfig) -> list[tuple[str, str, str]]:
         ("algorithm.policy_loss", "policy_losses", cfg.algorithm.policy_loss),
         ("algorithm.kl_estimator", "kl_estimators", cfg.algorithm.kl_estimator),
         ("algorithm.kl_penalty.estimator", "kl_estimators", cfg.algorithm.kl_penalty.estimator),
+        ("dpo.loss", "preference_losses", cfg.dpo.loss),
+        ("distill.loss", "distill_losses", cfg.distill.loss),
         ("roles.actor_train.strategy", "train_strategies", cfg.roles.actor_train.strategy),
         ("roles.actor_infer.strategy", "infer_strategies", cfg.roles.actor_infer.strategy),
         ("roles.reward.name", "rewards", cfg.roles.reward.name),
@@ -243,6 +245,18 @@ def _validated_options(key: str, kind: str, registry, name: str, options: dict) 
     return validated, []
 
 
+def _distill_options(cfg: RollConfig, plugins) -> list[str]:
+    """``distill.loss_options`` against the keyword parameters of the named distillation loss."""
+    try:
+        fn = plugins.distill_losses.get(cfg.distill.loss)
+    except RegistryError:
+        return []  # already reported as an unknown name
+    params = list(inspect.signature(fn).parameters)[2:]  # after (student_logp, teacher_logp)
+    return [f"key 'distill.loss_options' for distillation loss '{cfg.distill.loss}': unknown option '{k}'."
+            f"{did_you_mean(k, params)} Valid options: {', '.join(params) or '(none)'}"
+            for k in cfg.distill.loss_options if k not in params]
+
+
 def _options_fit(key: str, name: str, options: dict, plugins) -> list[str]:
     from roll_core.rewards import Reward
 
@@ -317,6 +331,7 @@ def check_registry_names(cfg: RollConfig, plugins=None) -> None:
     problems += _reward_options(cfg, plugins)
     problems += _component_options(cfg, plugins)
     problems += _strategy_options(cfg, plugins)
+    problems += _distill_options(cfg, plugins)
     sources = [("data", cfg.data)] + [(f"data.domains.{d}", src) for d, src in cfg.data.domains.items()]
     for prefix, source in sources:
         for key in ("train_file", "eval_file"):

@@ -77,6 +77,37 @@ class WarmupConfig(Strict):
     batch_size: int = Field(64, ge=1)
 
 
+class DPOConfig(Strict):
+    """The ``dpo`` pipeline: pairs of a ``prompt``, a ``chosen`` and a ``rejected`` response."""
+
+    loss: str = Field("dpo_sigmoid", description="a registered preference loss (dpo_sigmoid, ipo, ...)")
+    beta: float = Field(0.1, gt=0, description="strength of the pull toward the reference (IPO: its tau)")
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="probability that a pair's label is wrong (cDPO)")
+    average_log_probs: bool = Field(False, description="per-token mean log-probs of each response instead of "
+                                    "sums (as IPO's paper does)")
+    reference: Literal["role", "precomputed"] = Field(
+        "role", description="role: log-probs from roles.reference; precomputed: each pair's "
+        "reference_chosen_logp and reference_rejected_logp, computed once with the data")
+    batch_size: int = Field(32, ge=1, description="pairs per optimizer step")
+
+
+class DistillConfig(Strict):
+    """The ``distill`` pipeline: a student (actor_train) pulled toward a teacher (roles.reference,
+    usually with its own ``model_path``) on responses given with the data or written by the teacher."""
+
+    loss: str = Field("forward_kl", description="a registered distillation loss (forward_kl, reverse_kl, "
+                      "adaptive_kl, skewed_forward_kl, skewed_reverse_kl, jsd, ...)")
+    loss_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of the loss "
+                                         "(alpha of the skewed KLs, beta of jsd, head_mass of adaptive_kl)")
+    temperature: float = Field(1.0, gt=0, description="both models' logits are divided by it; the loss is scaled by T^2")
+    top_k: int | None = Field(None, ge=1, description="distil on the teacher's k most likely tokens only (what "
+                              "the teacher sends per position); None: the whole vocabulary")
+    responses: Literal["given", "teacher"] = Field(
+        "given", description="given: each row's demonstration (else its ground_truth); teacher: the teacher "
+        "writes one response per prompt (rollout.max_new_tokens, rollout.temperature)")
+    batch_size: int = Field(32, ge=1, description="prompts per optimizer step")
+
+
 class RolloutConfig(Strict):
     scheduler: str = "sync"
     request_size: int | None = Field(
@@ -374,6 +405,8 @@ class RollConfig(Strict):
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     warmup: WarmupConfig = WarmupConfig()
+    dpo: DPOConfig = DPOConfig()
+    distill: DistillConfig = DistillConfig()
     rollout: RolloutConfig = RolloutConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     roles: RolesConfig = RolesConfig()

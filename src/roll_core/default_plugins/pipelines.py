@@ -8,3 +8,7 @@ def roll_register_pipelines(register):
     register("rlvr", "roll_core.pipelines.rlvr:RLVRPipeline", description="RL with verifiable rewards")
     register("sft", "roll_core.pipelines.sft:SFTPipeline",
              description="supervised fine-tuning on demonstrations (rlvr's warm-up, on its own)")
+    register("dpo", "roll_core.pipelines.dpo:DPOPipeline",
+             description="direct preference optimisation on (prompt, chosen, rejected) pairs (DPO, IPO, ...)")
+    register("distill", "roll_core.pipelines.distill:DistillPipeline",
+             description="knowledge distillation from a teacher role (forward/reverse/skewed/adaptive KL, JSD, top-k)")

@@ -15,6 +15,8 @@ so RL would have nothing to show.
 
 Every row is a dict with ``prompt``, ``ground_truth``, ``demonstration`` and ``domain``; a JSONL file
 with the same keys is accepted by the data config, so user data and built-in data flow the same way.
+A carrying sum also has ``rejected``, the teacher's carry-forgetting answer: with ``ground_truth``
+as the chosen answer that makes a preference pair for the ``dpo`` pipeline.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ class CarryAdditionTask:
         }
         if demonstration is not None:
             row["demonstration"] = f"{demonstration:0{answer_width}d}"
+        if careless_sum(a, b, True) != a + b:  # a carrying sum: a preference pair for ``dpo``
+            row["rejected"] = f"{careless_sum(a, b, True):0{answer_width}d}"
         return row
 
     def train_rows(self) -> list[dict]:

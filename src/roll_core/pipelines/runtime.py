@@ -45,7 +45,8 @@ from roll_core.runtime.workers import RewardWorker, RoleWorker
 # Every role's workers, and the warm-up's data order, draw from seeds of their own, offset from the
 # run's ``seed`` (actor_train uses it as is, the training data order too), so that no two share a
 # random stream and worker r of a role gets offset + r. Changing a value changes every run's numbers.
-SEED_OFFSETS = {"actor_infer": 1000, "reference": 2000, "critic": 3000, "warmup_data": 7}
+SEED_OFFSETS = {"actor_infer": 1000, "reference": 2000, "critic": 3000, "warmup_data": 7, "preference_data": 11,
+                "distill_data": 13}
 
 
 def progress_bar(total: int, description: str):

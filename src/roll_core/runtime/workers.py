@@ -99,6 +99,12 @@ class RoleWorker(_Worker):
     def compute_log_probs(self, batch, temperature: float, distribution: bool = False):
         return self.strategy.compute_log_probs(batch, temperature, distribution)
 
+    def top_k_log_probs(self, batch, temperature: float, k: int):
+        """The ``k`` most likely tokens at every response position, ``(log-probs, token ids)``
+        ``[B, R, k]`` each, at ``temperature``: what a distillation teacher sends instead of its
+        whole vocabulary."""
+        return self.strategy.compute_log_probs(batch, temperature, distribution=True).topk(k, dim=-1)
+
     def compute_values(self, batch):
         return self.strategy.compute_values(batch)
 

@@ -1,0 +1,125 @@
+"""``dpo``: direct preference optimisation on pairs of responses to one prompt.
+
+Rows with a ``rejected`` response are pairs; the ``chosen`` one is the row's ``chosen``, or its
+``ground_truth`` (the embedded ``carry_addition`` task pairs the right sum with the careless
+teacher's). Each step takes ``dpo.batch_size`` pairs in a seeded, resumable order and makes one
+optimizer step on actor_train with the registered preference loss ``dpo.loss`` (``dpo_sigmoid``,
+``ipo``, or a plugin's), against a frozen reference: ``roles.reference`` (by default the same model),
+or log-probs precomputed with the data (``dpo.reference: precomputed``, fields
+``reference_chosen_logp`` / ``reference_rejected_logp``). The held-out metric is the preference
+accuracy: the share of held-out pairs whose chosen response gets the higher implicit reward
+``beta * log(pi / pi_ref)``.
+
+    roll run pipeline=dpo trainer.max_steps=60 trainer.eval_every=20
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from roll_core.algorithms.objective import PreferenceObjective, sequence_log_probs
+from roll_core.data import Batch, PromptStream
+from roll_core.errors import ConfigError
+from roll_core.pipelines.runtime import SEED_OFFSETS, TrainingLoop, load_tokenizer, log_probs, start_update
+from roll_core.pipelines.sft import demonstration_batch
+from roll_core.pipelines.sources import load_rows
+from roll_core.training import UpdateSpec
+
+PRECOMPUTED = ("reference_chosen_logp", "reference_rejected_logp")
+
+
+def preference_pairs(rows: list[dict]) -> list[dict]:
+    """The rows that are pairs (they have a ``rejected`` response), with ``chosen`` filled in from
+    ``ground_truth`` where the row has none."""
+    return [{**r, "chosen": r.get("chosen", r.get("ground_truth"))} for r in rows if r.get("rejected") is not None]
+
+
+def pair_batch(tokenizer, pairs: list[dict]) -> Batch:
+    """Each pair as two consecutive rows, chosen then rejected, tagged with ``pair`` and ``chosen``
+    so the loss can check that no split separated them."""
+    rows = [{"prompt": p["prompt"], "target": p[side]} for p in pairs for side in ("chosen", "rejected")]
+    batch = demonstration_batch(tokenizer, rows, target="target")
+    return batch.update(pair=torch.arange(len(pairs)).repeat_interleave(2),
+                        chosen=torch.tensor([True, False]).repeat(len(pairs)))
+
+
+class DPOPipeline(TrainingLoop):
+    def prepare(self) -> None:
+        cfg = self.config
+        self.model = self.model_path()
+        self.tokenizer = load_tokenizer(self.model)
+        train_rows, eval_rows = load_rows(cfg.data, self.plugins)
+        self.train_pairs, self.eval_pairs = preference_pairs(train_rows), preference_pairs(eval_rows)
+        if not self.train_pairs:
+            raise ConfigError("pipeline dpo: no training row is a preference pair (a row with 'rejected', and "
+                              "'chosen' or 'ground_truth')")
+        if cfg.roles.actor_train.micro_batch_size % 2:
+            raise ConfigError(f"key 'roles.actor_train.micro_batch_size': dpo keeps each pair in one micro-batch, "
+                              f"so it must be even, got {cfg.roles.actor_train.micro_batch_size}")
+        if cfg.dpo.reference == "role" and cfg.roles.reference is None:
+            raise ConfigError("key 'dpo.reference': 'role' needs roles.reference (or set dpo.reference=precomputed)")
+        if cfg.dpo.reference == "precomputed":
+            missing = [k for k in PRECOMPUTED if any(k not in p for p in self.train_pairs + self.eval_pairs)]
+            if missing:
+                raise ConfigError(f"key 'dpo.reference': precomputed needs {missing} in every pair")
+        self.loss_fn = PreferenceObjective.from_config(cfg.dpo, self.plugins)
+        self.spec = UpdateSpec(max_grad_norm=cfg.algorithm.max_grad_norm,
+                               micro_batch_size=cfg.roles.actor_train.micro_batch_size, metric_prefix="dpo")
+
+    def build(self) -> None:
+        roles, self.eval_reference = self.config.roles, None
+        self.actor = self.roles.model_role("actor_train", "train", self.model, roles.actor_train)
+        self.reference = None
+        if self.config.dpo.reference == "role":
+            path = roles.reference.model_path or self.model
+            self.reference = self.roles.model_role("reference", "infer", path, roles.reference)
+        self.stream = PromptStream(self.train_pairs, self.config.seed + SEED_OFFSETS["preference_data"])
+
+    def _with_reference(self, batch: Batch, pairs: list[dict]) -> Batch:
+        """``reference_logp`` ``[2P]``: the reference's sequence log-probs of every row."""
+        if self.reference is None:
+            values = [p[k] for p in pairs for k in PRECOMPUTED]
+            return batch.update(reference_logp=torch.tensor(values, dtype=torch.float32))
+        tokens, _ = log_probs(self.executor, self.reference, batch, temperature=1.0)
+        return batch.update(reference_logp=sequence_log_probs(tokens, batch["response_mask"].float(),
+                                                              self.config.dpo.average_log_probs))
+
+    def step(self, step: int) -> dict[str, float]:
+        pairs = self.stream.next(self.config.dpo.batch_size)
+        batch = self._with_reference(pair_batch(self.tokenizer, pairs), pairs)
+        return self.executor.get(start_update(self.actor, batch, self.loss_fn, self.spec))[0]
+
+    def evaluate(self) -> dict[str, float]:
+        """The preference loss and implicit-reward metrics of the held-out pairs (no gradient)."""
+        if not self.eval_pairs:
+            return {}
+        batch = pair_batch(self.tokenizer, self.eval_pairs)
+        if self.eval_reference is None:  # the reference is frozen: once per attempt
+            self.eval_reference = self._with_reference(batch, self.eval_pairs)["reference_logp"]
+        batch.update(reference_logp=self.eval_reference)
+        tokens, _ = log_probs(self.executor, self.actor, batch, temperature=1.0)
+        _, metrics = self.loss_fn({"log_probs": tokens}, batch, 0.0, float(len(batch)))
+        return {k.replace("dpo/", "eval/"): v for k, v in metrics.items()}
+
+    def begin(self) -> dict[str, float]:
+        self.before = self.evaluate()
+        return self.before
+
+    def write_checkpoint(self, tmp: Path) -> dict:
+        self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
+        self.tokenizer.save_pretrained(tmp / "actor_train" / "model")
+        return {"data": self.stream.state(), "before": self.before}
+
+    def restore(self, path: Path, state: dict) -> None:
+        self.executor.get(self.actor.call("load_checkpoint", str(path / "actor_train")))
+        self.stream.load_state(state["data"])
+        self.before = state["before"]
+
+    def summary(self, final_step: int, evaluation: dict[str, float]) -> dict:
+        key = "eval/rewards/accuracy"
+        if key in self.before and key in evaluation:
+            print(f"held-out preference accuracy: {self.before[key]:.1%} -> {evaluation[key]:.1%} "
+                  f"after {final_step} DPO steps", flush=True)
+        return {"steps": final_step, "before": self.before, "after": evaluation}
