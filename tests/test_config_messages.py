@@ -46,7 +46,7 @@ def test_every_name_the_config_uses_is_listed_with_its_key_and_registry():
                                                    "data.train_file=t.jsonl", "trackers=[]"]))
     assert [key for key, _, _ in plain] == [
         "pipeline", "rollout.scheduler", "algorithm.advantage_estimator", "algorithm.policy_loss",
-        "algorithm.kl_estimator", "algorithm.kl_penalty.estimator", "roles.actor_train.strategy",
+        "algorithm.kl_estimator", "algorithm.kl_penalty.estimator", "dpo.loss", "distill.loss", "roles.actor_train.strategy",
         "roles.actor_infer.strategy", "roles.reward.name"]
 
 
