@@ -15,15 +15,13 @@ KL(teacher || student) per response token at temperature 1, over the whole vocab
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from roll_core.algorithms.distill import forward_kl
 from roll_core.algorithms.objective import DistillObjective
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
-from roll_core.pipelines.runtime import SEED_OFFSETS, TrainingLoop, load_tokenizer, log_probs, start_update
+from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, load_tokenizer, log_probs, start_update
 from roll_core.pipelines.sft import demonstration_batch
 from roll_core.pipelines.sources import load_rows
 from roll_core.rollout.sync import tokenize_prompts
@@ -39,7 +37,9 @@ def _padded_cat(parts: list[torch.Tensor], width: int) -> torch.Tensor:
     return torch.cat([torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[1])) for p in parts])
 
 
-class DistillPipeline(TrainingLoop):
+class DistillPipeline(ActorLoop):
+    headline = ("eval/kl_to_teacher", "held-out KL(teacher || student)", "{:.4f}", "distillation steps")
+
     def prepare(self) -> None:
         cfg = self.config
         if cfg.roles.reference is None:
@@ -97,24 +97,3 @@ class DistillPipeline(TrainingLoop):
         assert student is not None and teacher is not None  # asked for with distribution=True
         mask = batch["response_mask"].float()
         return {"eval/kl_to_teacher": float((forward_kl(student, teacher) * mask).sum() / mask.sum())}
-
-    def begin(self) -> dict[str, float]:
-        self.before = self.evaluate()
-        return self.before
-
-    def write_checkpoint(self, tmp: Path) -> dict:
-        self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
-        self.tokenizer.save_pretrained(tmp / "actor_train" / "model")
-        return {"data": self.stream.state(), "before": self.before}
-
-    def restore(self, path: Path, state: dict) -> None:
-        self.executor.get(self.actor.call("load_checkpoint", str(path / "actor_train")))
-        self.stream.load_state(state["data"])
-        self.before = state["before"]
-
-    def summary(self, final_step: int, evaluation: dict[str, float]) -> dict:
-        key = "eval/kl_to_teacher"
-        if key in self.before and key in evaluation:
-            print(f"held-out KL(teacher || student): {self.before[key]:.4f} -> {evaluation[key]:.4f} "
-                  f"after {final_step} distillation steps", flush=True)
-        return {"steps": final_step, "before": self.before, "after": evaluation}

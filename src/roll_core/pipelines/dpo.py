@@ -15,14 +15,12 @@ accuracy: the share of held-out pairs whose chosen response gets the higher impl
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from roll_core.algorithms.objective import PreferenceObjective, sequence_log_probs
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
-from roll_core.pipelines.runtime import SEED_OFFSETS, TrainingLoop, load_tokenizer, log_probs, start_update
+from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, load_tokenizer, log_probs, start_update
 from roll_core.pipelines.sft import demonstration_batch
 from roll_core.pipelines.sources import load_rows
 from roll_core.training import UpdateSpec
@@ -45,7 +43,9 @@ def pair_batch(tokenizer, pairs: list[dict]) -> Batch:
                         chosen=torch.tensor([True, False]).repeat(len(pairs)))
 
 
-class DPOPipeline(TrainingLoop):
+class DPOPipeline(ActorLoop):
+    headline = ("eval/rewards/accuracy", "held-out preference accuracy", "{:.1%}", "DPO steps")
+
     def prepare(self) -> None:
         cfg = self.config
         self.model = self.model_path()
@@ -102,24 +102,3 @@ class DPOPipeline(TrainingLoop):
         tokens, _ = log_probs(self.executor, self.actor, batch, temperature=1.0)
         _, metrics = self.loss_fn({"log_probs": tokens}, batch, 0.0, float(len(batch)))
         return {k.replace("dpo/", "eval/"): v for k, v in metrics.items()}
-
-    def begin(self) -> dict[str, float]:
-        self.before = self.evaluate()
-        return self.before
-
-    def write_checkpoint(self, tmp: Path) -> dict:
-        self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
-        self.tokenizer.save_pretrained(tmp / "actor_train" / "model")
-        return {"data": self.stream.state(), "before": self.before}
-
-    def restore(self, path: Path, state: dict) -> None:
-        self.executor.get(self.actor.call("load_checkpoint", str(path / "actor_train")))
-        self.stream.load_state(state["data"])
-        self.before = state["before"]
-
-    def summary(self, final_step: int, evaluation: dict[str, float]) -> dict:
-        key = "eval/rewards/accuracy"
-        if key in self.before and key in evaluation:
-            print(f"held-out preference accuracy: {self.before[key]:.1%} -> {evaluation[key]:.1%} "
-                  f"after {final_step} DPO steps", flush=True)
-        return {"steps": final_step, "before": self.before, "after": evaluation}

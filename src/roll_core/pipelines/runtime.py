@@ -27,6 +27,7 @@ import json
 import shutil
 from abc import abstractmethod
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -328,6 +329,42 @@ class TrainingLoop(Pipeline):
         self.after_steps()
         final_step = max(start, self.max_steps)
         return self.summary(final_step, last_eval if last_eval_step == final_step else self.evaluate())
+
+
+class ActorLoop(TrainingLoop):
+    """A pipeline that trains ``actor_train`` on a seeded stream of rows (``sft``, ``dpo``,
+    ``distill``): its checkpoint is the actor's (with the tokenizer, so ``model/`` loads whole), the
+    stream's position and the step-0 evaluation, and its summary prints ``headline`` before and after.
+    A subclass sets ``self.actor``, ``self.tokenizer`` and ``self.stream`` and says what a step and an
+    evaluation are."""
+
+    #: (metric, how it is called, its format, what a step is), e.g. ("eval/loss", "held-out loss", "{:.3f}", "SFT steps")
+    headline: tuple[str, str, str, str]
+    actor: WorkerGroup
+    tokenizer: Any
+    stream: Any  # roll_core.data.PromptStream
+    before: dict[str, float]
+
+    def begin(self) -> dict[str, float]:
+        self.before = self.evaluate()
+        return self.before
+
+    def write_checkpoint(self, tmp: Path) -> dict:
+        self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
+        self.tokenizer.save_pretrained(tmp / "actor_train" / "model")  # a directory transformers loads whole
+        return {"data": self.stream.state(), "before": self.before}
+
+    def restore(self, path: Path, state: dict) -> None:
+        self.executor.get(self.actor.call("load_checkpoint", str(path / "actor_train")))
+        self.stream.load_state(state["data"])
+        self.before = state["before"]
+
+    def summary(self, final_step: int, evaluation: dict[str, float]) -> dict:
+        key, label, fmt, steps = self.headline
+        if key in self.before and key in evaluation:
+            print(f"{label}: {fmt.format(self.before[key])} -> {fmt.format(evaluation[key])} after {final_step} "
+                  f"{steps}", flush=True)
+        return {"steps": final_step, "before": self.before, "after": evaluation}
 
 
 def replace_dir(src: Path, dst: Path) -> None:

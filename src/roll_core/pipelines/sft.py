@@ -6,8 +6,9 @@ actor_train, data-parallel over its workers. The held-out loss uses each held-ou
 ``demonstration`` as the target, or its ``ground_truth`` when it has none. The settings are the
 ``warmup`` section's, so ``rlvr``'s warm-up and a standalone run are the same training.
 
-It is the shortest pipeline on the runtime (:mod:`roll_core.pipelines.runtime`): build one role,
-say what a step and an evaluation are, and what a checkpoint holds. Run it alone::
+It is the shortest pipeline on the runtime (:mod:`roll_core.pipelines.runtime`): build one role and
+say what a step and an evaluation are (``ActorLoop`` keeps the checkpoint and the summary of the
+pipelines that train actor_train alone). Run it alone::
 
     roll run pipeline=sft warmup.steps=300 trainer.eval_every=100
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 from roll_core.algorithms.objective import SupervisedObjective
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
-from roll_core.pipelines.runtime import (SEED_OFFSETS, TrainingLoop, load_tokenizer, log_probs, progress_bar,
+from roll_core.pipelines.runtime import (SEED_OFFSETS, ActorLoop, load_tokenizer, log_probs, progress_bar,
                                          replace_dir, start_update)
 from roll_core.pipelines.sources import load_rows
 from roll_core.rollout.sync import tokenize_prompts
@@ -83,7 +84,9 @@ def heldout_loss(executor, actor: WorkerGroup, tokenizer, rows: list[dict]) -> f
     return float(-(logp * mask).sum() / mask.sum())
 
 
-class SFTPipeline(TrainingLoop):
+class SFTPipeline(ActorLoop):
+    headline = ("eval/loss", "held-out loss", "{:.3f}", "supervised steps")
+
     @property
     def max_steps(self) -> int:
         return self.config.warmup.steps
@@ -97,31 +100,10 @@ class SFTPipeline(TrainingLoop):
         role = self.config.roles.actor_train
         self.actor = self.roles.model_role("actor_train", "train", self.model, role)
         self.trainer = SupervisedTrainer(self.executor, self.actor, self.tokenizer, self.train_rows, self.config)
+        self.stream = self.trainer.stream
 
     def evaluate(self) -> dict[str, float]:
         return {"eval/loss": heldout_loss(self.executor, self.actor, self.tokenizer, self.eval_rows)} if self.eval_rows else {}
 
-    def begin(self) -> dict[str, float]:
-        self.before = self.evaluate()
-        return self.before
-
     def step(self, step: int) -> dict[str, float]:
         return self.trainer.step()
-
-    def write_checkpoint(self, tmp: Path) -> dict:
-        self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
-        self.tokenizer.save_pretrained(tmp / "actor_train" / "model")  # a directory transformers loads whole
-        return {"data": self.trainer.stream.state(), "before": self.before}
-
-    def restore(self, path: Path, state: dict) -> None:
-        self.executor.get(self.actor.call("load_checkpoint", str(path / "actor_train")))
-        self.trainer.stream.load_state(state["data"])
-        self.before = state["before"]
-
-    def summary(self, final_step: int, evaluation: dict[str, float]) -> dict:
-        out = {"steps": final_step, "before": self.before, "after": evaluation}
-        if self.before and evaluation:
-            print(f"held-out loss: {self.before['eval/loss']:.3f} -> {evaluation['eval/loss']:.3f} "
-                  f"after {final_step} supervised steps", flush=True)
-        return out
-
