@@ -119,3 +119,24 @@ def test_kl_estimators_are_checked_on_distributions_when_registered_so(roll_plug
     assert report.ok, report.failures()
     assert "from [4, 3, 5] distributions" in report.results[0].detail
     assert torch.is_tensor(full_like(torch.zeros(1, 1, 2), torch.zeros(1, 1, 2)))
+
+
+def test_preference_and_distillation_losses_are_checked_on_sample_inputs(roll_plugins):
+    def per_batch_dpo(inputs, *, beta, label_smoothing=0.0):  # wrong: one loss for the batch, not per pair
+        return -(beta * (inputs.policy_chosen - inputs.policy_rejected)).sigmoid().log().mean(), {}
+
+    def cross_entropy(student_logp, teacher_logp):  # wrong: not 0 for equal distributions
+        return -(teacher_logp.exp() * student_logp).sum(-1)
+
+    def squared_hellinger(student_logp, teacher_logp):
+        return 1 - ((student_logp + teacher_logp) / 2).exp().sum(-1)
+
+    plugin = types.SimpleNamespace(
+        roll_register_preference_losses=hookimpl(lambda register: register("per_batch", per_batch_dpo)),
+        roll_register_distill_losses=hookimpl(lambda register: (register("ce", cross_entropy),
+                                                                register("hellinger", squared_hellinger))))
+    report = check_plugin("pd", roll_plugins(("pd", plugin)))
+    failures = {r.component: r.detail for r in report.results if r.status == "failed"}
+    assert set(failures) == {"preference_losses:per_batch", "distill_losses:ce"}, report.results
+    assert "per pair, [B] = [4]" in failures["preference_losses:per_batch"]
+    assert "equal distributions must give 0" in failures["distill_losses:ce"]

@@ -19,6 +19,10 @@ policy_losses               ``fn(PolicyLossInput, AlgorithmConfig)`` returns a f
                             ``[B, R]`` loss that back-propagates, and a dict of float metrics
 kl_estimators               ``fn(log_prob, ref_log_prob)`` returns ``[B, R]`` (``[B, R, V]`` inputs
                             for estimators registered with ``distribution=True``)
+preference_losses           ``fn(PreferenceInput, beta=, label_smoothing=)`` returns a finite per-pair
+                            ``[B]`` loss that back-propagates, and a dict of float metrics
+distill_losses              ``fn(student_logp, teacher_logp)`` on ``[B, R, V]`` returns a finite,
+                            non-negative ``[B, R]`` that back-propagates and is 0 for equal inputs
 datasets                    ``factory({})`` has ``train_rows()``/``eval_rows()``; rows carry ``prompt``
                             and ``ground_truth``
 envs                        :class:`~roll_core.envs.Env` subclass; ``reset``/``step`` return the
@@ -216,6 +220,54 @@ def _kl_checks(target, distribution: bool) -> list[tuple[str, Callable[[], str]]
     return [("sample log-probs", run)]
 
 
+def _preference_checks(target) -> list[tuple[str, Callable[[], str]]]:
+    def run():
+        import torch
+
+        from roll_core.algorithms.preference import PreferenceInput
+
+        g = torch.Generator().manual_seed(0)
+        chosen, rejected = (-5 * torch.rand(4, generator=g)).requires_grad_(), (-5 * torch.rand(4, generator=g))
+        inputs = PreferenceInput(chosen, rejected.requires_grad_(), chosen.detach() - 0.1, rejected.detach() + 0.1)
+        out = target(inputs, beta=0.1, label_smoothing=0.0)
+        _expect(isinstance(out, tuple) and len(out) == 2, "must return (loss [B], metrics)")
+        loss, metrics = out
+        _expect(isinstance(loss, torch.Tensor) and loss.shape == (4,),
+                f"the loss must be per pair, [B] = [4], got {getattr(loss, 'shape', type(loss).__name__)}")
+        _expect(bool(torch.isfinite(loss).all()), f"the loss is not finite: {loss}")
+        loss.sum().backward()
+        _expect(chosen.grad is not None and bool(torch.isfinite(chosen.grad).all()),
+                "loss does not back-propagate to the policy's log-probs")
+        _expect(isinstance(metrics, dict), "metrics must be a dict")
+        for k, v in metrics.items():
+            _finite_number(v, f"metric {k!r}")
+        return f"[4] loss, {len(metrics)} metric(s)"
+
+    return [("sample pairs", run)]
+
+
+def _distill_checks(target) -> list[tuple[str, Callable[[], str]]]:
+    def run():
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        logits = torch.randn(4, 3, 5, generator=g, requires_grad=True)
+        teacher = torch.log_softmax(torch.randn(4, 3, 5, generator=g), -1)
+        out = target(torch.log_softmax(logits, -1), teacher)
+        _expect(isinstance(out, torch.Tensor) and out.shape == (4, 3),
+                f"must return a per-token loss [B, R] = [4, 3], got {getattr(out, 'shape', type(out).__name__)}")
+        _expect(bool(torch.isfinite(out).all()), f"non-finite values: {out}")
+        _expect(bool((out >= -1e-6).all()), "a divergence cannot be negative")
+        out.sum().backward()
+        _expect(logits.grad is not None and bool(torch.isfinite(logits.grad).all()),
+                "loss does not back-propagate to the student")
+        same = target(teacher, teacher)
+        _expect(float(same.abs().max()) < 1e-5, "equal distributions must give 0")
+        return "[4, 3] from [4, 3, 5] distributions, 0 when equal"
+
+    return [("sample distributions", run)]
+
+
 def _dataset_checks(target) -> list[tuple[str, Callable[[], str]]]:
     def run():
         source = target({})
@@ -294,6 +346,10 @@ def _checks_for(registry: str, target, metadata: dict):
         return _loss_checks(target)
     if registry == "kl_estimators":
         return _kl_checks(target, bool(metadata.get("distribution")))
+    if registry == "preference_losses":
+        return _preference_checks(target)
+    if registry == "distill_losses":
+        return _distill_checks(target)
     if registry == "datasets":
         return _dataset_checks(target)
     if registry == "envs":
