@@ -174,6 +174,26 @@ def _estimator_checks(target, needs) -> list[tuple[str, Callable[[], str]]]:
     return [("sample batch", run)]
 
 
+def _loss_and_metrics(out, shape: tuple[int, ...], unit: str, leaf) -> str:
+    """A loss's ``(loss, metrics)``: ``loss`` of ``shape`` (``unit`` names it), finite, back-propagating
+    to ``leaf``; ``metrics`` a dict of finite numbers."""
+    import torch
+
+    size = list(shape)
+    _expect(isinstance(out, tuple) and len(out) == 2, f"must return (loss {unit.split(', ')[-1]}, metrics)")
+    loss, metrics = out
+    _expect(isinstance(loss, torch.Tensor) and loss.shape == shape,
+            f"the loss must be {unit} = {size}, got {getattr(loss, 'shape', type(loss).__name__)}")
+    _expect(bool(torch.isfinite(loss).all()), f"the loss is not finite: {loss}")
+    loss.sum().backward()
+    _expect(leaf.grad is not None and bool(torch.isfinite(leaf.grad).all()),
+            "loss does not back-propagate to the policy's log-probs")
+    _expect(isinstance(metrics, dict), "metrics must be a dict")
+    for k, v in metrics.items():
+        _finite_number(v, f"metric {k!r}")
+    return f"{size} loss, {len(metrics)} metric(s)"
+
+
 def _loss_checks(target) -> list[tuple[str, Callable[[], str]]]:
     def run():
         import torch
@@ -186,19 +206,7 @@ def _loss_checks(target) -> list[tuple[str, Callable[[], str]]]:
         old = log_prob.detach() - 0.1 * torch.randn(4, 3, generator=g)
         inputs = PolicyLossInput(log_prob, old, torch.randn(4, 3, generator=g), torch.ones(4, 3),
                                  infer_log_probs=old.clone())
-        out = target(inputs, AlgorithmConfig())
-        _expect(isinstance(out, tuple) and len(out) == 2, "must return (loss [B, R], metrics)")
-        loss, metrics = out
-        _expect(isinstance(loss, torch.Tensor) and loss.shape == (4, 3),
-                f"the loss must be per token, [B, R] = [4, 3], got {getattr(loss, 'shape', type(loss).__name__)}")
-        _expect(bool(torch.isfinite(loss).all()), f"the loss is not finite: {loss}")
-        loss.sum().backward()
-        _expect(log_prob.grad is not None and bool(torch.isfinite(log_prob.grad).all()),
-                "loss does not back-propagate to log_prob")
-        _expect(isinstance(metrics, dict), "metrics must be a dict")
-        for k, v in metrics.items():
-            _finite_number(v, f"metric {k!r}")
-        return f"[4, 3] loss, {len(metrics)} metric(s)"
+        return _loss_and_metrics(target(inputs, AlgorithmConfig()), (4, 3), "per token, [B, R]", log_prob)
 
     return [("sample batch", run)]
 
@@ -229,19 +237,7 @@ def _preference_checks(target) -> list[tuple[str, Callable[[], str]]]:
         g = torch.Generator().manual_seed(0)
         chosen, rejected = (-5 * torch.rand(4, generator=g)).requires_grad_(), (-5 * torch.rand(4, generator=g))
         inputs = PreferenceInput(chosen, rejected.requires_grad_(), chosen.detach() - 0.1, rejected.detach() + 0.1)
-        out = target(inputs, beta=0.1, label_smoothing=0.0)
-        _expect(isinstance(out, tuple) and len(out) == 2, "must return (loss [B], metrics)")
-        loss, metrics = out
-        _expect(isinstance(loss, torch.Tensor) and loss.shape == (4,),
-                f"the loss must be per pair, [B] = [4], got {getattr(loss, 'shape', type(loss).__name__)}")
-        _expect(bool(torch.isfinite(loss).all()), f"the loss is not finite: {loss}")
-        loss.sum().backward()
-        _expect(chosen.grad is not None and bool(torch.isfinite(chosen.grad).all()),
-                "loss does not back-propagate to the policy's log-probs")
-        _expect(isinstance(metrics, dict), "metrics must be a dict")
-        for k, v in metrics.items():
-            _finite_number(v, f"metric {k!r}")
-        return f"[4] loss, {len(metrics)} metric(s)"
+        return _loss_and_metrics(target(inputs, beta=0.1, label_smoothing=0.0), (4,), "per pair, [B]", chosen)
 
     return [("sample pairs", run)]
 
