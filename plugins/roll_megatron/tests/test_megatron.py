@@ -142,6 +142,19 @@ def test_each_layout_computes_what_hf_computes(tiny_model_path, tp, pp, world, d
     _compare_with_hf(str(tiny_model_path), tp, pp, world, distributed_optimizer)
 
 
+def test_one_rank_in_this_process_computes_what_hf_computes(tiny_model_path):
+    """The ``local`` executor's case, and the one a single GPU checks: no Ray, one rank, the
+    strategy and ``hf`` side by side (on CUDA and nccl where a GPU is present)."""
+    from roll_core.testing import assert_trainer_matches_hf
+    from roll_megatron.strategy import MegatronTrainStrategy
+
+    cfg = load_config(None, UPDATE + ["roles.actor_train.strategy=megatron"])
+    trainer = MegatronTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    assert next(trainer.model.parameters()).device.type == reference.device.type
+    assert_trainer_matches_hf(trainer, reference, cfg)
+
+
 @pytest.mark.ray
 def test_grouped_query_attention_with_biases_at_tp2(qwen2_gqa_path):
     _compare_with_hf(str(qwen2_gqa_path), 2, 1, 2)

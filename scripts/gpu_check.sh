@@ -1,0 +1,30 @@
+#!/bin/bash
+# The CUDA paths of roll on one GPU: the tests that put the strategies on cuda/nccl, then the main job.
+#
+# For a GPU machine with PyTorch and transformers but no network and no Ray (the local executor
+# needs none). Put the missing wheels in .whl/ first (Python 3.12, x86-64):
+#   pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, hjson,
+#   megatron-core==0.16.1, and deepspeed==0.19.8 built from its source (`pip wheel --no-deps
+#   --no-binary deepspeed deepspeed==0.19.8`: a pure-Python wheel whose CUDA ops compile on first use).
+# Then, from the repository root:  OUT=/tmp/gpu bash scripts/gpu_check.sh
+# NO_TESTS=1 skips the tests; RUN_S (seconds, default 420) bounds the main job; RUN_ARGS adds overrides.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site \
+  . plugins/roll_megatron plugins/roll_deepspeed || exit 1
+rm -rf build plugins/*/build
+export PYTHONPATH=/tmp/site
+python3 -c "import torch, transformers, deepspeed, megatron.core as m; print('torch', torch.__version__,
+  'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__, 'megatron-core', m.__version__)" \
+  2>&1 | tail -1 | tee -a "$OUT/gpu.txt"
+python3 -m roll_core.cli list-plugins 2>&1 | tee -a "$OUT/gpu.txt"
+if [ -z "$NO_TESTS" ]; then
+  python3 -m pytest -p no:cacheprovider -q -rs -m "not ray and not slow" -o addopts="" -W ignore::DeprecationWarning \
+    tests/test_cuda.py plugins/roll_deepspeed/tests plugins/roll_megatron/tests $PYTEST_ARGS 2>&1 | tee "$OUT/pytest.txt" \
+    | grep -v "Warning\|warn" | tail -40
+fi
+/usr/bin/time -v timeout "${RUN_S:-420}" python3 -m roll_core.cli run executor=local output_dir=/tmp/gpu-run $RUN_ARGS \
+  2>&1 | tee "$OUT/run.txt" | grep -v "^\s*$" | tail -25
