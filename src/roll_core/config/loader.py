@@ -8,6 +8,7 @@ the key (and the file), says what is wrong and, for misspellings, suggests the r
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,27 @@ def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
         able = [n for n in infer.names() if infer.entry(n).metadata.get("generates", True)]
         problems.append(f"key 'roles.actor_infer.strategy': '{name}' computes log-probs only (for roles.reference) "
                         f"and cannot generate; strategies that generate: {', '.join(able)}")
+    return problems
+
+
+def _lora_requirements(cfg: RollConfig, plugins) -> list[str]:
+    """LoRA needs a train strategy registered with ``lora=True`` and peft; its reference (no
+    ``model_path``) runs on actor_train's workers, so a placement of its own would go unused."""
+    if cfg.roles.actor_train.lora is None:
+        return []
+    problems = []
+    train, name = plugins.registry("train_strategies"), cfg.roles.actor_train.strategy
+    if name in train and not train.entry(name).metadata.get("lora", False):
+        able = [n for n in train.names() if train.entry(n).metadata.get("lora", False)]
+        problems.append(f"key 'roles.actor_train.lora': train strategy '{name}' does not train LoRA adapters; "
+                        f"strategies that do: {', '.join(able) or 'none installed'}")
+    ref = cfg.roles.reference
+    if ref is not None and ref.model_path is None and ref.device_mapping is not None:
+        problems.append("key 'roles.reference.device_mapping': under roles.actor_train.lora the reference is the "
+                        "base model on actor_train's workers (adapters disabled); drop its device_mapping")
+    if importlib.util.find_spec("peft") is None:
+        problems.append("key 'roles.actor_train.lora': needs peft, which is not installed: "
+                        "pip install 'roll-core[lora]'")
     return problems
 
 
@@ -328,6 +350,7 @@ def check_registry_names(cfg: RollConfig, plugins=None) -> None:
             hint = f". '{name}' comes with the {package} plugin: install it (plugins/{package.replace('-', '_')})" if package else ""
             problems.append(f"key '{key}': {exc}{hint}")
     problems += _role_requirements(cfg, plugins)
+    problems += _lora_requirements(cfg, plugins)
     problems += _reward_options(cfg, plugins)
     problems += _component_options(cfg, plugins)
     problems += _strategy_options(cfg, plugins)

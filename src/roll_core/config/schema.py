@@ -292,6 +292,28 @@ class TrainRoleConfig(Placed):
     micro_batch_size: int = Field(64, ge=1)
 
 
+class LoraConfig(Strict):
+    """Low-rank adapters (LoRA, Hu et al. 2021, arXiv:2106.09685) on the trained policy, through
+    ``peft``: ``W x + (alpha / rank) B A x`` with ``A [rank, in]``, ``B [out, rank]`` trained and ``W``
+    frozen. Only the adapters reach the inference engines, which merge them onto the base weights;
+    a reference role without a ``model_path`` becomes the base model itself (the adapters disabled on
+    actor_train's workers), so no second copy is loaded. Needs ``pip install 'roll-core[lora]'``."""
+
+    rank: int = Field(8, ge=1, description="r: the adapters' inner dimension")
+    alpha: float = Field(16.0, gt=0, description="the update is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input (training only)")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="names (suffixes) of the linear layers that get adapters, or every linear "
+        "layer but the output head")
+    save: Literal["adapter", "merged"] = Field(
+        "adapter", description="what a checkpoint's model holds: the adapter alone (adapter/, loadable with "
+        "peft onto the base model), or the adapter plus the merged weights as a plain model (model/)")
+
+
+class ActorTrainRoleConfig(TrainRoleConfig):
+    lora: LoraConfig | None = Field(None, description="train low-rank adapters instead of every weight")
+
+
 class InferRoleConfig(Placed):
     strategy: str = "hf"
     strategy_options: dict[str, Any] = Field(
@@ -350,7 +372,7 @@ class DomainRewardConfig(RewardFailures):
 
 
 class RolesConfig(Strict):
-    actor_train: TrainRoleConfig = TrainRoleConfig()
+    actor_train: ActorTrainRoleConfig = ActorTrainRoleConfig()
     actor_infer: InferRoleConfig = InferRoleConfig()
     reference: InferRoleConfig | None = Field(
         InferRoleConfig(), description="frozen copy of the initial policy; null disables it (no KL)"
@@ -435,11 +457,16 @@ class RollConfig(Strict):
         """Intra-op threads of a model role's workers during RL steps (``roles.<role>.torch_threads``)."""
         return getattr(self.roles, role).torch_threads or self.torch_threads
 
+    def reference_on_actor(self) -> bool:
+        """Whether the reference is actor_train's base model (LoRA, no ``model_path``): no workers of its own."""
+        ref = self.roles.reference
+        return ref is not None and ref.model_path is None and self.roles.actor_train.lora is not None
+
     def placed_roles(self) -> dict[str, Placed]:
         """Every role that gets workers, by the key it has in ``roles``."""
         roles = self.roles
         out: dict[str, Placed] = {"actor_train": roles.actor_train, "actor_infer": roles.actor_infer}
-        if roles.reference is not None:
+        if roles.reference is not None and not self.reference_on_actor():
             out["reference"] = roles.reference
         if roles.critic is not None:
             out["critic"] = roles.critic

@@ -6,8 +6,8 @@ from roll_core.hookspecs import hookimpl
 
 @hookimpl
 def roll_register_strategies(register):
-    register("hf", "roll_core.strategies.hf:HFTrainStrategy", kind="train",
-             description="transformers + torch, AdamW, one process")
+    register("hf", "roll_core.strategies.hf:HFTrainStrategy", kind="train", lora=True,
+             description="transformers + torch, AdamW (full or LoRA adapters), one process")
     register("hf", "roll_core.strategies.hf:HFInferStrategy", kind="infer",
              description="transformers + torch, KV-cached sampling")
     register("hf", "roll_core.strategies.hf:HFCriticStrategy", kind="critic",

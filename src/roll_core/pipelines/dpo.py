@@ -73,8 +73,7 @@ class DPOPipeline(ActorLoop):
         self.actor = self.roles.model_role("actor_train", "train", self.model, roles.actor_train)
         self.reference = None
         if self.config.dpo.reference == "role":
-            path = roles.reference.model_path or self.model
-            self.reference = self.roles.model_role("reference", "infer", path, roles.reference)
+            self.reference = self.roles.reference(self.actor, self.model)
         self.stream = PromptStream(self.train_pairs, self.config.seed + SEED_OFFSETS["preference_data"])
 
     def _with_reference(self, batch: Batch, pairs: list[dict]) -> Batch:

@@ -77,7 +77,7 @@ class RLVRPipeline(TrainingLoop):
         A reference with its own ``model_path`` is a different model (a distillation teacher)."""
         ref, critic = self.config.roles.reference, self.config.roles.critic
         if ref is not None:
-            self.reference = self.roles.model_role("reference", "infer", ref.model_path or model_path, ref)
+            self.reference = self.roles.reference(self.actor, model_path)
         if critic is not None:
             self.critic = self.roles.model_role("critic", "critic", model_path, critic)
 
@@ -90,7 +90,16 @@ class RLVRPipeline(TrainingLoop):
         metrics = trainer.run(self.config.warmup.steps)
         self.push_weights()
         trainer.export(self.warm_dir)
+        if self.config.roles.actor_train.lora is not None:
+            # The warm-up trained adapters: they fold into the base (warm-model/), so the reference,
+            # the base with the adapters disabled, is the warmed-up policy, and RL trains fresh ones.
+            self.executor.get(self.actor.call("fold_adapters", str(self.warm_dir)) + self._rebase_inference())
+            self.push_weights()
         return metrics
+
+    def _rebase_inference(self) -> list:
+        """Under LoRA after a warm-up, the inference workers merge adapters onto warm-model/."""
+        return self.infer.call("rebase_adapters", str(self.warm_dir))
 
     def begin(self) -> dict[str, float]:
         first = self.warmup() if self.config.warmup.steps else {}
@@ -102,7 +111,8 @@ class RLVRPipeline(TrainingLoop):
 
     def before_steps(self) -> None:
         self.roles.record(self.run_dir / "placement.json")
-        streamed = (self.reference is not None and self.overlapping and not self.roles.residency.colocation.get("reference")
+        streamed = (self.reference is not None and self.reference.serves is None and self.overlapping
+                    and not self.roles.residency.colocation.get("reference")
                     and not (self.dist_loss or self.dist_penalty))  # own devices, token log-probs enough
         self.scheduler.start(self.stream, reference=self.reference if streamed else None)
         if self.overlapping:
@@ -128,7 +138,7 @@ class RLVRPipeline(TrainingLoop):
         dist_loss, dist_penalty = self.dist_loss, self.dist_penalty
         temperature = self.config.rollout.temperature
         if self.reference is not None and "ref_log_probs" not in batch:  # unless the scheduler streamed them
-            self.roles.use("reference")
+            self.roles.use(self.reference.resident_role)
             ref, ref_dist = log_probs(self.executor, self.reference, batch, temperature, dist_loss or dist_penalty)
             batch.update(ref_log_probs=ref, **({"ref_log_dist": ref_dist} if ref_dist is not None else {}))
         t_old = time.perf_counter()
@@ -158,6 +168,7 @@ class RLVRPipeline(TrainingLoop):
         self.push_weights(policy_update=True)
         metrics.update({"data/epoch": self.stream.epoch, "time/rollout_s": t_rollout, "time/train_s": t_train,
                         "time/weight_sync_s": time.perf_counter() - t2, "time/step_s": time.perf_counter() - t0,
+                        "weight_sync/bytes": float(self.weights.bytes_per_update),
                         **self.roles.residency.metrics()})
         metrics.update(idle_times(metrics["time/step_s"], t_train, t_old, metrics.get("time/generate_s"),
                                   self.overlapping))
@@ -198,6 +209,8 @@ class RLVRPipeline(TrainingLoop):
         self.stream.load_state(state["data"])
         self.before_rl = state["before_rl"]
         self.shaper.load_state_dict(state["shaping"])
+        if self.config.roles.actor_train.lora is not None and (self.warm_dir / "config.json").exists():
+            self.executor.get(self._rebase_inference())  # the trainer's adapter names its base itself
         self.push_weights()
 
     def summary(self, final_step: int, after: dict[str, float]) -> dict:

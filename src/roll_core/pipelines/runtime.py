@@ -126,6 +126,15 @@ class RoleGroups:
             group.dp_ranks = dp_ranks
         return group
 
+    def reference(self, actor: WorkerGroup, policy_path: str) -> WorkerGroup:
+        """``roles.reference``, the frozen policy (``policy_path``) or the model it names. Under LoRA,
+        without a ``model_path`` of its own, it is actor_train's base model: actor_train's workers
+        with the adapters disabled, no second copy loaded."""
+        if self.config.reference_on_actor():
+            return actor.as_role("reference", compute_log_probs="base_log_probs")
+        cfg = self.config.roles.reference
+        return self.model_role("reference", "infer", cfg.model_path or policy_path, cfg)
+
     def rewards(self) -> RewardRouter:
         """Spawn the default reward role (``roles.reward``) and one per domain (``roles.domain_rewards``);
         raises at once if a reward rejects its options (before any model loads)."""
@@ -351,7 +360,9 @@ class ActorLoop(TrainingLoop):
 
     def write_checkpoint(self, tmp: Path) -> dict:
         self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
-        self.tokenizer.save_pretrained(tmp / "actor_train" / "model")  # a directory transformers loads whole
+        for saved in ("model", "adapter"):  # each a directory that loads whole (transformers, peft)
+            if (tmp / "actor_train" / saved).is_dir():
+                self.tokenizer.save_pretrained(tmp / "actor_train" / saved)
         return {"data": self.stream.state(), "before": self.before}
 
     def restore(self, path: Path, state: dict) -> None:

@@ -45,6 +45,7 @@ class SupervisedTrainer:
         if not demonstrated:
             raise ConfigError("warmup.steps > 0 but no training row has a 'demonstration'; set warmup.steps=0")
         self.executor, self.actor, self.tokenizer, self.settings = executor, actor, tokenizer, config.warmup
+        self.lora = config.roles.actor_train.lora is not None
         self.stream = PromptStream(demonstrated, config.seed + SEED_OFFSETS["warmup_data"])
         # One optimizer step per batch, with an optimizer of its own: carrying its Adam moments
         # (sized for cross-entropy gradients) into RL would shrink the first RL updates.
@@ -60,7 +61,10 @@ class SupervisedTrainer:
     def export(self, directory: Path) -> None:
         """The trained model, with its tokenizer, as a Hugging Face directory (replaced atomically)."""
         tmp = directory.with_name(directory.name + "-tmp")
-        self.executor.get(self.actor.call("save_checkpoint", str(tmp)))
+        if self.lora:  # the checkpoint holds the adapter; the export is the merged model
+            self.executor.get(self.actor.call("export_model", str(tmp / "model")))
+        else:
+            self.executor.get(self.actor.call("save_checkpoint", str(tmp)))
         replace_dir(tmp / "model", directory)
         self.tokenizer.save_pretrained(directory)
 

@@ -39,19 +39,36 @@ class WorkerGroup:
         # each worker's data-parallel rank, from its strategy's layout (set up by the runtime);
         # until then every worker is a replica of its own
         self.dp_ranks: list[int] = list(range(len(handles)))
+        self.renamed: dict[str, str] = {}  # method -> the method the workers run (see as_role)
+        self.serves: str | None = None  # the role whose workers these are, when this group is its view
+
+    def as_role(self, role: str, **renamed: str) -> "WorkerGroup":
+        """These workers serving another role: ``renamed`` maps the role's method names to theirs
+        (a LoRA run's reference is actor_train with ``compute_log_probs="base_log_probs"``)."""
+        view = WorkerGroup(role, self.handles, self.executor, self.spawned_with)
+        view.dp_ranks, view.renamed, view.serves = self.dp_ranks, renamed, self.role
+        return view
+
+    @property
+    def resident_role(self) -> str:
+        """The role whose workers these are (itself, unless this group is another's view)."""
+        return self.serves or self.role
+
+    def _invoke(self, handle, method: str, args: tuple, kwargs: dict):
+        return self.executor.invoke(handle, self.renamed.get(method, method), args, kwargs)
 
     def __len__(self) -> int:
         return len(self.handles)
 
     def call(self, method: str, /, *args, **kwargs) -> list:
         """Call ``method`` with the same arguments on every worker; returns futures."""
-        return [self.executor.invoke(h, method, args, kwargs) for h in self.handles]
+        return [self._invoke(h, method, args, kwargs) for h in self.handles]
 
     def map(self, method: str, parts: list, /, **kwargs) -> list:
         """Call ``method(parts[i], **kwargs)`` on worker ``i``; returns futures."""
         if len(parts) != len(self.handles):
             raise ValueError(f"{self.role}: {len(parts)} parts for {len(self.handles)} workers")
-        return [self.executor.invoke(h, method, (p,), kwargs) for h, p in zip(self.handles, parts)]
+        return [self._invoke(h, method, (p,), kwargs) for h, p in zip(self.handles, parts)]
 
     @property
     def dp_size(self) -> int:
@@ -65,7 +82,7 @@ class WorkerGroup:
         chunks = batch.chunk(self.dp_size)
         firsts: dict[int, object] = {}
         for handle, rank in zip(self.handles, self.dp_ranks):
-            future = self.executor.invoke(handle, method, (chunks[rank],), kwargs)
+            future = self._invoke(handle, method, (chunks[rank],), kwargs)
             firsts.setdefault(rank, future)
         return [firsts[r] for r in range(self.dp_size)]
 
@@ -73,7 +90,7 @@ class WorkerGroup:
         """Call ``method`` on the workers of data-parallel replica ``rank`` (one worker, or the
         tensor- and pipeline-parallel peers that hold one model between them); returns the future
         of its first worker, which carries the replica's result."""
-        futures = [self.executor.invoke(h, method, args, kwargs) for h, r in zip(self.handles, self.dp_ranks)
+        futures = [self._invoke(h, method, args, kwargs) for h, r in zip(self.handles, self.dp_ranks)
                    if r == rank]
         return futures[0]
 
@@ -87,7 +104,7 @@ class WorkerGroup:
             raise RollError(f"{self.role}: a batch of {len(batch)} samples does not split over {self.dp_size} "
                             f"data-parallel ranks")
         shards = dp_shards(batch, self.dp_size, mini_batch_size)
-        return [self.executor.invoke(h, method, (shards[r],), kwargs) for h, r in zip(self.handles, self.dp_ranks)]
+        return [self._invoke(h, method, (shards[r],), kwargs) for h, r in zip(self.handles, self.dp_ranks)]
 
 
 class Executor(ABC):

@@ -39,6 +39,7 @@ class WeightSync(ABC):
         self.trainer, self.infer, self.colocated = trainer, infer, colocated
         self.bucket_bytes = int(config.runtime.weight_bucket_mb * 2**20)
         self.version = 0  # policy updates pushed so far
+        self.bytes_per_update = 0  # what the training ranks send each update (weight_sync/bytes), set by setup
         self._queued: list = []  # futures of the update left queued behind running requests
 
     def update(self, *, new_version: bool, wait: bool) -> None:
@@ -59,7 +60,9 @@ class WeightSync(ABC):
         self._queued = []
 
     def setup(self) -> None:
-        """Called once after both roles' workers are set up (groups, rendezvous)."""
+        """Called once after both roles' workers are set up (groups, rendezvous). Measures the bytes
+        an update sends (every bucket of every sending rank; under LoRA, the adapters alone)."""
+        self.bytes_per_update = _total_bytes(self.executor.get(self.trainer.call("weight_meta", self.bucket_bytes)))
 
     @abstractmethod
     def push(self, version: int) -> list:
@@ -82,6 +85,7 @@ class CollectiveSync(WeightSync):
     def setup(self) -> None:
         ex = self.executor
         metas = ex.get(self.trainer.call("weight_meta", self.bucket_bytes))
+        self.bytes_per_update = _total_bytes(metas)
         self.senders = [i for i, meta in enumerate(metas) if meta]
         self.metas = [metas[i] for i in self.senders]
         devices = ex.get([ex.invoke(h, "device_type", (), {})
@@ -100,6 +104,12 @@ class CollectiveSync(WeightSync):
     def push(self, version: int) -> list:
         return (self.trainer.call("send_weights", self.bucket_bytes)
                 + self.infer.call("receive_weights", version, self.metas))
+
+
+def _total_bytes(metas_per_rank: list) -> int:
+    from roll_core.runtime.distributed import bucket_bytes
+
+    return sum(bucket_bytes(meta) for rank in metas_per_rank for meta in rank)
 
 
 def choose(config, overlaps_training: bool) -> str:

@@ -21,6 +21,7 @@ from roll_core.errors import RollError
 from roll_core.plugins import get_plugins
 from roll_core.rewards import RewardInput
 from roll_core.runtime import distributed
+from roll_core.strategies import lora
 
 
 def _bind_devices(devices) -> None:
@@ -76,6 +77,7 @@ class RoleWorker(_Worker):
         self._args = (model_path, role_config, run_config, seed)
         self.strategy: Any = None  # built by setup()
         self.weight_groups: dict[int, distributed.CollectiveGroup] = {}
+        self.merger: lora.AdapterMerger | None = None  # an inference worker's, once LoRA adapters arrive
 
     def setup(self, address: tuple[str, int] | None = None, rank: int = 0, world: int = 1) -> int:
         """Join the role's group, build the strategy; returns this worker's data-parallel rank."""
@@ -122,8 +124,25 @@ class RoleWorker(_Worker):
 
         return update(self.strategy, batch, loss_fn, spec)
 
+    def base_log_probs(self, batch, temperature: float, distribution: bool = False):
+        """Log-probs under actor_train's base model, its LoRA adapters disabled (the reference of a
+        LoRA run, served by the trained role's workers)."""
+        return self.strategy.base_log_probs(batch, temperature, distribution)
+
     def save_checkpoint(self, path: str) -> None:
         self.strategy.save_checkpoint(path)
+
+    def fold_adapters(self, base_path: str) -> None:
+        """LoRA, on actor_train: fold the adapters into the base, which ``base_path`` holds on disk."""
+        self.strategy.fold_adapters(base_path)
+
+    def rebase_adapters(self, base_path: str) -> None:
+        """LoRA, on an inference worker: merge received adapters onto ``base_path``'s weights from now on."""
+        self.merger = lora.AdapterMerger(base_path)
+
+    def export_model(self, path: str) -> None:
+        """The trained policy as a plain Hugging Face model directory (LoRA adapters merged)."""
+        self.strategy.export_model(path)
 
     def load_checkpoint(self, path: str) -> None:
         self.strategy.load_checkpoint(path)
@@ -169,15 +188,30 @@ class RoleWorker(_Worker):
             sent += flat.numel()
         return sent
 
+    def _load(self, bucket: list) -> None:
+        """One received bucket into the engine; LoRA adapters are merged onto the base weights first
+        (:class:`~roll_core.strategies.lora.AdapterMerger`, created by the first sync that has any)."""
+        if self.merger is None and any(lora.is_adapter(name) for name, _ in bucket):
+            self.merger = lora.AdapterMerger(self._args[0])
+        if self.merger is not None:
+            bucket = self.merger.merge(bucket)
+        if bucket:
+            self.strategy.load(bucket)
+
+    def _end_update(self) -> None:
+        if self.merger is not None:
+            self.merger.finish()
+        self.strategy.end_update()
+
     def update_weights(self, version: int, *per_rank: list) -> int:
-        """One update from buckets passed in (``per_rank``: each training rank's bucket list); tensors loaded."""
+        """One update from buckets passed in (``per_rank``: each training rank's bucket list); tensors received."""
         self.strategy.begin_update(version)
         loaded = 0
         for buckets in per_rank:
             for bucket in buckets:
-                self.strategy.load(bucket)
+                self._load(bucket)
                 loaded += len(bucket)
-        self.strategy.end_update()
+        self._end_update()
         return loaded
 
     def receive_weights(self, version: int, metas: list) -> int:
@@ -190,9 +224,9 @@ class RoleWorker(_Worker):
             for bucket_meta in meta:
                 flat = torch.empty(distributed.bucket_bytes(bucket_meta), dtype=torch.uint8, device=device)
                 group.broadcast(flat)
-                self.strategy.load(distributed.unpack_bucket(flat, bucket_meta))
+                self._load(distributed.unpack_bucket(flat, bucket_meta))
                 received += flat.numel()
-        self.strategy.end_update()
+        self._end_update()
         return received
 
 

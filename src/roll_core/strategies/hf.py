@@ -18,6 +18,7 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, rank_world, sum_gradients
+from roll_core.strategies import lora
 from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
 from roll_core.strategies.sequences import causal_lm_outputs, position_ids_from_mask, sample_responses
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy, request_cancelled
@@ -132,8 +133,9 @@ class TorchPrimitives:
                                                           weight_decay=self.role_config.weight_decay)}
 
     def _new_optimizer(self, **settings) -> torch.optim.Optimizer:
-        """torch's AdamW over the model's parameters (a backend that shards optimizer states wraps it)."""
-        return torch.optim.AdamW(self.model.parameters(), **settings)
+        """torch's AdamW over the parameters that train (all, or LoRA's adapters); a backend that
+        shards optimizer states wraps it."""
+        return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], **settings)
 
     def forward_backward(self, mini: Batch, loss_fn, *, micro_batch_size: int,
                          denominators: tuple[float, float]) -> list[dict[str, float]]:
@@ -175,10 +177,14 @@ class TorchPrimitives:
 
 
 class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
-    """AdamW on the full model; the policy's log-probs, entropy and log-distributions as outputs."""
+    """AdamW on the full model, or on LoRA adapters (``roles.actor_train.lora``,
+    :mod:`roll_core.strategies.lora`); the policy's log-probs, entropy and log-distributions as outputs."""
 
     def __init__(self, model_path: str, role_config, seed: int):
         super().__init__(model_path, role_config, seed)
+        self.lora = getattr(role_config, "lora", None)
+        if self.lora is not None:
+            self.model = lora.wrap(self.model, self.lora, model_path)
         self.prepare_model()
         self._build_optimizers()
 
@@ -186,26 +192,62 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
         """Hook for subclasses that wrap or shard the model before the optimizer is built."""
 
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, full tensor on CPU)`` of every parameter; sharded subclasses gather here."""
+        """``(name, full tensor on CPU)`` of every parameter (under LoRA, of the merged model);
+        sharded subclasses gather here."""
+        if self.lora is not None:
+            yield from lora.merged_parameters(self.model)
+            return
         for name, param in self.model.named_parameters():
             yield name, param.detach().cpu()
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         # On every rank (sharded subclasses gather here); replicas are identical: rank 0 sends for all.
-        yield from bucketed(self.full_parameters(), bucket_bytes, keep=rank_world()[0] == 0)
+        # Under LoRA the adapters alone travel; the inference side merges them (lora.AdapterMerger).
+        tensors = lora.adapter_tensors(self.model) if self.lora is not None else self.full_parameters()
+        yield from bucketed(tensors, bucket_bytes, keep=rank_world()[0] == 0)
+
+    def base_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
+        """Log-probs under the base model, the adapters disabled (a LoRA run's reference)."""
+        if self.lora is None:
+            raise RuntimeError("base_log_probs needs roles.actor_train.lora")
+        with lora.adapters_disabled(self.model):
+            return self.compute_log_probs(batch, temperature, distribution)
+
+    def fold_adapters(self, base_path: str) -> None:
+        """LoRA: the adapters become part of the base (``base_path`` holds it as a plain model) and
+        fresh ones start; the policy is unchanged (:func:`roll_core.strategies.lora.fold`)."""
+        lora.fold(self.model, base_path)
+
+    def export_model(self, directory: str) -> None:
+        """The policy as a plain Hugging Face model directory (under LoRA, the adapters merged)."""
+        if rank_world()[0] != 0:
+            return
+        if self.lora is None:
+            self.model.save_pretrained(directory, safe_serialization=True)
+            return
+        self.model.get_base_model().save_pretrained(directory, state_dict=dict(lora.merged_parameters(self.model)),
+                                                    safe_serialization=True)
 
     def save_checkpoint(self, path: str) -> None:
         if rank_world()[0] != 0:  # replicas are identical: rank 0 writes for all
             return
         root = Path(path)
-        self.model.save_pretrained(root / "model", safe_serialization=True)
+        if self.lora is not None:
+            lora.save_adapter(self.model, root / "adapter")
+            if self.lora.save == "merged":
+                self.export_model(str(root / "model"))
+        else:
+            self.model.save_pretrained(root / "model", safe_serialization=True)
         torch.save({"optimizer": self.optimizers["default"].state_dict(), "generator": self.generator.get_state()},
                    root / "train_state.pt")
 
     def load_checkpoint(self, path: str) -> None:
         root = Path(path)
-        # from_pretrained resolves tied weights and shards the same way it does for any checkpoint.
-        self.model.load_state_dict(load_causal_lm(str(root / "model")).state_dict())
+        if self.lora is not None:
+            lora.load_adapter(self.model, root / "adapter")
+        else:
+            # from_pretrained resolves tied weights and shards the same way it does for any checkpoint.
+            self.model.load_state_dict(load_causal_lm(str(root / "model")).state_dict())
         state = torch.load(root / "train_state.pt", weights_only=False)
         self.optimizers["default"].load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])

@@ -1,0 +1,240 @@
+"""LoRA on the trained policy: adapters on the training side, merged on the inference side.
+
+``roles.actor_train.lora`` (:class:`roll_core.config.schema.LoraConfig`) wraps actor_train's model
+with ``peft``: the base weights ``W`` freeze and each targeted linear layer computes
+``W x + s B A x`` with ``s = alpha / rank`` (Hu et al. 2021, arXiv:2106.09685). What this changes:
+
+* **Training.** Only ``A`` and ``B`` require gradients, so the optimizer holds their states alone.
+* **Weight sync.** The trainer sends the adapters, not the model: for a layer ``m`` (its Hugging Face
+  module name), ``m.lora_A`` = ``A [r, in]`` and ``m.lora_B`` = ``s B [out, r]``
+  (:func:`adapter_tensors`). Each inference worker keeps the targeted base weights, read once from
+  the checkpoint both roles start from, and loads ``m.weight = W + (s B) A`` through its engine's
+  ordinary ``load`` (:class:`AdapterMerger`), so every engine takes LoRA without knowing of it.
+  The bytes per sync shrink by the ratio of the model's size to the adapters'.
+* **Reference.** The base model is the actor with its adapters disabled
+  (:func:`adapters_disabled`): a reference role without a ``model_path`` runs on actor_train's
+  workers instead of loading a second copy.
+* **Checkpoints.** ``adapter/`` is peft's own format (``PeftModel.from_pretrained(base, path)`` loads
+  it); with ``save: merged`` a plain ``model/`` with the adapters folded in is written too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from roll_core.errors import ConfigError
+
+A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
+_PEFT_PREFIX = "base_model.model."  # where peft puts the wrapped model's own module names
+
+
+def _peft():
+    try:
+        import peft
+    except ImportError as e:
+        raise ConfigError("roles.actor_train.lora needs peft: pip install 'roll-core[lora]'") from e
+    return peft
+
+
+def linear_module_names(model: Any) -> list[str]:
+    """Suffixes of the model's linear layers (what ``target_modules`` may name), output head excluded."""
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and name != "lm_head"})
+
+
+def wrap(model: Any, settings, model_path: str) -> Any:
+    """``model`` as a ``peft`` model with fresh adapters (``B = 0``: at first it computes what the base
+    model computes). Unknown ``target_modules`` are reported with the model's linear layers."""
+    peft = _peft()
+    targets = settings.target_modules
+    if targets != "all-linear":
+        known = linear_module_names(model)
+        missing = [t for t in targets if t not in known]
+        if missing:
+            raise ConfigError(f"roles.actor_train.lora.target_modules: {missing} are not linear layers of "
+                              f"{model_path}; its linear layers are {known}")
+    config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                             target_modules=targets, bias="none", base_model_name_or_path=model_path)
+    with warnings.catch_warnings():  # peft reads a transformers attribute deprecated in v5
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        return peft.get_peft_model(model, config)
+
+
+def _lora_layers(model: Any) -> Iterator[tuple[str, Any]]:
+    """``(Hugging Face module name, peft LoRA layer)`` of every adapted layer."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            yield name.removeprefix(_PEFT_PREFIX), module
+
+
+def _factors(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A [r, in], s B [out, r])`` of a layer's active adapter, detached, in float32."""
+    (adapter,) = layer.active_adapters
+    a = layer.lora_A[adapter].weight.detach().float()
+    b = layer.lora_B[adapter].weight.detach().float() * layer.scaling[adapter]
+    return a, b
+
+
+def adapter_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """What the trainer sends each sync: ``m.lora_A`` and ``m.lora_B`` (already scaled) on CPU."""
+    for name, layer in _lora_layers(model):
+        a, b = _factors(layer)
+        yield name + A_SUFFIX, a.cpu()
+        yield name + B_SUFFIX, b.cpu()
+
+
+def merged_parameters(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every parameter of the base model under its Hugging Face name, targeted weights merged
+    (``W + s B A``) and adapters left out: the model the policy computes, as a plain checkpoint."""
+    layers = dict(_lora_layers(model))
+    for name, param in model.get_base_model().named_parameters():
+        if ".lora_" in name:
+            continue
+        if ".base_layer." in name:
+            module = name.split(".base_layer.")[0]
+            name = name.replace(".base_layer.", ".")
+            if name.endswith(".weight"):
+                a, b = _factors(layers[module])
+                yield name, (param.detach().float() + b @ a).cpu()
+                continue
+        yield name, param.detach().cpu()
+
+
+def fold(model: Any, base_path: str) -> None:
+    """Fold the adapters into the base weights (``W <- W + s B A``) and start fresh ones (``B = 0``):
+    the policy is unchanged and becomes the base, so the adapters disabled give it from now on (a
+    LoRA run's reference after its warm-up). ``base_path`` holds the folded model as a plain
+    checkpoint; the adapter's config names it, so a saved adapter loads onto the right base."""
+    with torch.no_grad():
+        for _, layer in _lora_layers(model):
+            a, b = _factors(layer)
+            weight = layer.get_base_layer().weight
+            weight.add_((b @ a).to(weight.dtype))
+            layer.reset_lora_parameters(layer.active_adapters[0], init_lora_weights=True)
+    for config in model.peft_config.values():
+        config.base_model_name_or_path = base_path
+
+
+def load_base(model: Any, base_path: str) -> None:
+    """The base weights of the plain checkpoint ``base_path`` under the adapters (a resumed run whose
+    adapter was trained on a folded base)."""
+    from roll_core.strategies.models import load_causal_lm
+
+    plain = dict(load_causal_lm(base_path).named_parameters())
+    with torch.no_grad():
+        for name, param in model.get_base_model().named_parameters():
+            if ".lora_" not in name:
+                param.copy_(plain[name.replace(".base_layer.", ".")])
+
+
+def base_path(model: Any) -> str:
+    """The checkpoint the adapters sit on, as the adapter's config names it."""
+    (config,) = model.peft_config.values()
+    return config.base_model_name_or_path
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: Any):
+    """The base model for the duration (peft's ``disable_adapter``)."""
+    with model.disable_adapter():
+        yield
+
+
+def save_adapter(model: Any, directory: Path) -> None:
+    """peft's format: ``adapter_config.json`` and ``adapter_model.safetensors``."""
+    model.save_pretrained(directory, safe_serialization=True)
+
+
+def load_adapter(model: Any, directory: Path) -> None:
+    """The adapter weights of ``save_adapter``'s directory into ``model`` (same configuration), and
+    the base they were trained on when that is not the model's (a folded warm-up's)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    saved_base = json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"]
+    if saved_base != base_path(model):
+        load_base(model, saved_base)
+        for config in model.peft_config.values():
+            config.base_model_name_or_path = saved_base
+
+    result: Any = set_peft_model_state_dict(model, load_file(directory / "adapter_model.safetensors"))
+    unexpected = list(getattr(result, "unexpected_keys", None) or [])
+    if unexpected:
+        raise ValueError(f"{directory}: adapter weights this model does not have: {unexpected[:5]}")
+
+
+def is_adapter(name: str) -> bool:
+    return name.endswith(A_SUFFIX) or name.endswith(B_SUFFIX)
+
+
+class AdapterMerger:
+    """The inference side: turns the adapter tensors of a sync into merged weights.
+
+    ``merge(bucket)`` returns the bucket's plain tensors as they are and, for each layer whose ``A``
+    and ``B`` have both arrived (they may come in different buckets), ``m.weight = W + (s B) A``,
+    with ``W`` read from ``model_path`` the first time it is needed and kept (the targeted weights
+    only). A plain tensor for a targeted weight (a full sync) replaces the kept ``W``."""
+
+    def __init__(self, model_path: str):
+        self.model_path = model_path
+        self.base: dict[str, torch.Tensor] = {}
+        self.pending: dict[str, dict[str, torch.Tensor]] = {}  # module -> {"A": ..., "B": ...}
+        self._files: dict[str, Path] | None = None
+
+    def merge(self, bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        out = []
+        for name, tensor in bucket:
+            if not is_adapter(name):
+                if name in self.base:
+                    self.base[name] = tensor.detach().float().cpu()
+                out.append((name, tensor))
+                continue
+            module, half = (name[: -len(A_SUFFIX)], "A") if name.endswith(A_SUFFIX) else (name[: -len(B_SUFFIX)], "B")
+            halves = self.pending.setdefault(module, {})
+            halves[half] = tensor.float().cpu()
+            if len(halves) == 2:
+                del self.pending[module]
+                weight = module + ".weight"
+                out.append((weight, self._base(weight) + halves["B"] @ halves["A"]))
+        return out
+
+    def finish(self) -> None:
+        """End of a sync: every adapter came with its other half."""
+        if self.pending:
+            modules = sorted(self.pending)
+            self.pending.clear()
+            raise RuntimeError(f"a weight sync ended with half-sent adapters for {modules[:5]}")
+
+    def _base(self, weight: str) -> torch.Tensor:
+        if weight not in self.base:
+            from safetensors import safe_open
+
+            path = self._checkpoint_files().get(weight)
+            if path is None:
+                raise KeyError(f"{self.model_path} has no weight {weight!r} to merge an adapter onto")
+            with safe_open(str(path), framework="pt") as f:
+                self.base[weight] = f.get_tensor(weight).float()
+        return self.base[weight]
+
+    def _checkpoint_files(self) -> dict[str, Path]:
+        """Which safetensors file holds each weight (one file, or the index of a sharded checkpoint)."""
+        if self._files is None:
+            root = Path(self.model_path)
+            index = root / "model.safetensors.index.json"
+            if index.exists():
+                weight_map = json.loads(index.read_text())["weight_map"]
+                self._files = {name: root / file for name, file in weight_map.items()}
+            else:
+                from safetensors import safe_open
+
+                with safe_open(str(root / "model.safetensors"), framework="pt") as f:
+                    self._files = {name: root / "model.safetensors" for name in f.keys()}
+        return self._files
