@@ -906,6 +906,7 @@ def test_old_log_probs_are_only_reused_for_a_single_optimizer_step():
     assert not reuse("algorithm.ppo_epochs=2")
     assert not reuse("algorithm.kl_penalty.coef=0.1")  # the reward penalty reads them first
     assert not reuse("algorithm.advantage_estimator=opd")  # registered with reads_old_log_probs
+    assert not reuse("algorithm.opd_coef=0.5")  # the distillation term reads them beside any estimator
     assert not reuse("algorithm.old_log_probs=recompute")
     # the two halves a pipeline calls separately: the config's part once, the batch size per batch
     algo = load_config(None, ["algorithm.ppo_mini_batch_size=64"]).algorithm

@@ -375,3 +375,24 @@ def test_an_options_model_that_does_not_import_is_named_by_validate(roll_plugins
     with pytest.raises(ConfigError, match=r"advantage estimator 'broken' \(plugin 'brk'\) registered options that "
                                           r"failed to load: ModuleNotFoundError"):
         check_registry_names(cfg, plugins)
+
+
+def test_opd_coef_adds_the_distillation_advantage_to_the_estimators():
+    """grpo on scores [1, 0] in one group gives +-1/sqrt(2) per token (unbiased std of [1, 0] is
+    1/sqrt(2), so (1 - 0.5) / 0.7071 = 0.7071); opd_coef 0.5 adds half of teacher minus old."""
+    teacher = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]])
+    old = torch.tensor([[-1.5, -1.0], [-0.5, -1.0]])
+    batch = scored([1.0, 0.0], [0, 0], ref_log_probs=teacher)
+    batch.update(old_log_probs=old)
+    metrics = shaper(opd_coef=0.5).shape(batch)
+    a = 1 / math.sqrt(2)
+    expected = torch.tensor([[a + 0.25, a - 0.5], [-a + 0.0, -a - 1.0]])
+    torch.testing.assert_close(batch["advantages"], expected)
+    assert metrics["advantage/opd_abs_mean"] == pytest.approx((0.5 + 1.0 + 0.0 + 2.0) / 4)
+
+
+def test_opd_coef_needs_a_teacher():
+    from roll_core.config import load_config
+
+    with pytest.raises(ConfigError, match="algorithm.opd_coef > 0 needs a teacher: roles.reference"):
+        load_config(None, ["algorithm.opd_coef=1.0", "roles.reference=null"])

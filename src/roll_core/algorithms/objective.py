@@ -98,7 +98,7 @@ def old_log_probs_reusable(config, plugins=None) -> bool:
     """The part of :func:`reuses_update_log_probs` that depends on the config only."""
     from roll_core.plugins import get_plugins
 
-    if config.old_log_probs != "auto" or config.ppo_epochs != 1 or config.kl_penalty.coef > 0:
+    if config.old_log_probs != "auto" or config.ppo_epochs != 1 or config.kl_penalty.coef > 0 or config.opd_coef > 0:
         return False
     plugins = plugins or get_plugins()
     return not plugins.advantage_estimators.entry(config.advantage_estimator).metadata.get("reads_old_log_probs")

@@ -13,7 +13,9 @@ pipeline calls :meth:`RewardShaper.shape`, which does, in this order:
   5. KL penalty            ``kl_penalty``: ``r_t -= beta * kl_t(actor_old || reference)``, fixed beta or
                            the adaptive controller of Ziegler et al. 2019 (arXiv:1909.08593)
   6. reward whitening      ``whiten_rewards``: ``(r - mean) / sqrt(var + eps) + mean`` (spread rescaled, mean kept)
-  7. advantage estimator   the registered ``advantage_estimator``
+  7. advantage estimator   the registered ``advantage_estimator``, plus ``opd_coef`` times the
+                           ``opd`` advantage ``log pi_teacher - log pi_old`` per token (on-policy
+                           distillation beside a reward; the teacher is ``roles.reference``)
   8. advantage whitening   ``whiten_advantages``: over the valid tokens of unmasked samples
   9. advantage clip        ``advantage_clip``: advantages clamped to ``[-c, c]``
 
@@ -29,7 +31,7 @@ import math
 
 import torch
 
-from roll_core.algorithms.advantages import AdvantageInput, group_stats, masked_whiten
+from roll_core.algorithms.advantages import AdvantageInput, group_stats, masked_whiten, opd
 
 EPS = 1e-6
 
@@ -203,7 +205,7 @@ class RewardShaper:
         if cfg.whiten_rewards:
             rewards = masked_whiten(rewards, mask, shift_mean=False)
 
-        adv, returns = self.estimator(AdvantageInput(
+        inputs = AdvantageInput(
             token_level_rewards=rewards,
             response_mask=mask,
             group_index=batch["group_index"],
@@ -212,7 +214,12 @@ class RewardShaper:
             teacher_log_probs=batch["ref_log_probs"] if "ref_log_probs" in batch else None,
             turn_index=batch["turn_index"] if "turn_index" in batch else None,
             state_hash=batch["state_hash"] if "state_hash" in batch else None,
-        ), cfg)
+        )
+        adv, returns = self.estimator(inputs, cfg)
+        if cfg.opd_coef > 0:
+            distill, _ = opd(inputs, cfg)
+            adv = adv + cfg.opd_coef * distill
+            metrics["advantage/opd_abs_mean"] = float(distill.abs().sum() / mask.sum().clamp(min=1))
         if cfg.whiten_advantages:
             adv = masked_whiten(adv, loss_mask)
         if cfg.advantage_clip is not None:
