@@ -57,9 +57,11 @@ def test_read_jsonl_errors_name_file_and_line(tmp_path):
     p.write_text(json.dumps({"prompt": "a", "ground_truth": "b"}) + "\n{oops\n")
     with pytest.raises(ConfigError, match=r"d.jsonl' line 2: invalid JSON"):
         read_jsonl(p)
-    p.write_text(json.dumps({"prompt": "a"}) + "\n")
-    with pytest.raises(ConfigError, match="line 1: missing key 'ground_truth'"):
+    p.write_text(json.dumps({"ground_truth": "a"}) + "\n")
+    with pytest.raises(ConfigError, match=r"line 1: missing key 'prompt' \(or 'messages', a conversation\)"):
         read_jsonl(p)
+    p.write_text(json.dumps({"messages": [{"role": "user", "content": "a"}]}) + "\n")
+    assert read_jsonl(p)[0]["messages"][0]["content"] == "a"  # a conversation needs no ground truth (sft)
 
 
 def test_even_slices_give_the_remainder_to_the_first_slices():

@@ -96,9 +96,8 @@ def read_jsonl(path: str | Path) -> list[dict]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"data file '{path}' line {lineno}: invalid JSON ({exc.msg})") from None
-            for key in ("prompt", "ground_truth"):
-                if key not in row:
-                    raise ConfigError(f"data file '{path}' line {lineno}: missing key '{key}'")
+            if "prompt" not in row and "messages" not in row:
+                raise ConfigError(f"data file '{path}' line {lineno}: missing key 'prompt' (or 'messages', a conversation)")
             rows.append(row)
     if not rows:
         raise ConfigError(f"data file '{path}' has no rows")

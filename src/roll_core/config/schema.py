@@ -46,6 +46,11 @@ class DataConfig(Strict):
     train_file: str | None = Field(None, description="JSONL rows with prompt, ground_truth[, demonstration, domain]")
     eval_file: str | None = None
     eval_size: int | None = Field(None, ge=1, description="evaluate on the first N held-out rows (per domain)")
+    chat_template: str | None = Field(
+        None, description="a Jinja chat template for rows with 'messages' (replaces the tokenizer's own; needed "
+        "when it has none)")
+    apply_chat_template: bool = Field(
+        False, description="render plain 'prompt' strings as one user turn through the chat template (instruct models)")
     domains: dict[str, DomainDataConfig] = Field(
         default_factory=dict, description="multi-domain data, one source per domain (replaces dataset/train_file)"
     )
@@ -205,6 +210,9 @@ class AlgorithmConfig(Strict):
     whiten_rewards: bool = False
     whiten_advantages: bool = False
     advantage_clip: float | None = Field(None, gt=0)
+    opd_coef: float = Field(0.0, ge=0, description="add this times the opd advantage (log pi_teacher - log pi_old "
+                            "per token, the teacher being roles.reference) to the estimator's: on-policy "
+                            "distillation beside a reward")
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
 
 
@@ -443,6 +451,8 @@ class RollConfig(Strict):
             raise ValueError("rollout.async_generation_ratio > 0 needs rollout.scheduler: async")
         if self.data.domains and (self.data.train_file or self.data.eval_file):
             raise ValueError("data.domains replaces data.train_file / data.eval_file: give each domain its own files")
+        if algo.opd_coef > 0 and self.roles.reference is None:
+            raise ValueError("algorithm.opd_coef > 0 needs a teacher: roles.reference (with its model_path)")
         if (algo.kl_loss_coef > 0 or algo.kl_penalty.coef > 0) and self.roles.reference is None:
             raise ValueError("algorithm.kl_loss_coef / kl_penalty.coef > 0 need a reference role (roles.reference is null)")
         self._check_placement()

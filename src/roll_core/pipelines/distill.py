@@ -46,11 +46,11 @@ class DistillPipeline(ActorLoop):
             raise ConfigError("pipeline distill: the teacher is roles.reference, which is not configured")
         self.model = self.model_path()
         self.teacher_path = cfg.roles.reference.model_path or self.model
-        self.tokenizer = load_tokenizer(self.model)
+        self.tokenizer = load_tokenizer(self.model, cfg.data.chat_template)
         if load_tokenizer(self.teacher_path).get_vocab() != self.tokenizer.get_vocab():
             raise ConfigError(f"key 'roles.reference.model_path': the teacher's tokenizer ({self.teacher_path}) "
                               f"differs from the student's; distillation compares distributions token by token")
-        self.train_rows, self.eval_rows = load_rows(cfg.data, self.plugins)
+        self.train_rows, self.eval_rows = load_rows(cfg.data, self.plugins, self.tokenizer)
         self.loss_fn = DistillObjective.from_config(cfg.distill, self.plugins)
         self.spec = UpdateSpec(max_grad_norm=cfg.algorithm.max_grad_norm,
                                micro_batch_size=cfg.roles.actor_train.micro_batch_size, metric_prefix="distill")

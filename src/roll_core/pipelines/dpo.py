@@ -49,8 +49,8 @@ class DPOPipeline(ActorLoop):
     def prepare(self) -> None:
         cfg = self.config
         self.model = self.model_path()
-        self.tokenizer = load_tokenizer(self.model)
-        train_rows, eval_rows = load_rows(cfg.data, self.plugins)
+        self.tokenizer = load_tokenizer(self.model, cfg.data.chat_template)
+        train_rows, eval_rows = load_rows(cfg.data, self.plugins, self.tokenizer)
         self.train_pairs, self.eval_pairs = preference_pairs(train_rows), preference_pairs(eval_rows)
         if not self.train_pairs:
             raise ConfigError("pipeline dpo: no training row is a preference pair (a row with 'rejected', and "

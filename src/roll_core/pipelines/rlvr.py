@@ -29,7 +29,7 @@ from roll_core.data import DomainMixer, PromptStream
 from roll_core.pipelines.runtime import (TrainingLoop, load_tokenizer, log_probs, start_update, values,
                                         warn_if_oversubscribed)
 from roll_core.pipelines.sft import SupervisedTrainer
-from roll_core.pipelines.sources import check_domains, load_rows
+from roll_core.pipelines.sources import check_domains, check_ground_truth, load_rows
 from roll_core.rollout import overlaps_training
 from roll_core.rollout.metrics import accuracy_summary, batch_metrics, heldout_accuracy, idle_times
 from roll_core.runtime import weight_sync
@@ -43,8 +43,10 @@ class RLVRPipeline(TrainingLoop):
     def prepare(self) -> None:
         cfg = self.config
         self.model = self.model_path()
-        self.tokenizer = load_tokenizer(self.model)
-        self.train_rows, self.eval_rows = load_rows(cfg.data, self.plugins)
+        self.tokenizer = load_tokenizer(self.model, cfg.data.chat_template)
+        self.train_rows, self.eval_rows = load_rows(cfg.data, self.plugins, self.tokenizer)
+        check_ground_truth(self.train_rows, "training")
+        check_ground_truth(self.eval_rows, "held-out")
         check_domains(self.train_rows, cfg.roles.domain_rewards)
         self.multi_domain = len({r.get("domain", "default") for r in self.train_rows}) > 1 or bool(cfg.roles.domain_rewards)
         self.overlapping = overlaps_training(cfg.rollout.scheduler, self.plugins)

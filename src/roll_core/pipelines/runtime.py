@@ -60,12 +60,16 @@ def progress_bar(total: int, description: str):
     return progress, task
 
 
-def load_tokenizer(model_path: str):
+def load_tokenizer(model_path: str, chat_template: str | None = None):
+    """The model's tokenizer (EOS pads when it has no pad token), with ``data.chat_template`` installed."""
     from transformers import AutoTokenizer
+
+    from roll_core.chat import use_template
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    use_template(tokenizer, chat_template)
     return tokenizer
 
 

@@ -31,7 +31,10 @@ from roll_core.training import UpdateSpec
 def demonstration_batch(tokenizer, rows: list[dict], target: str = "demonstration") -> Batch:
     """Left-padded prompts and right-padded ``row[target] + EOS`` responses (the supervised targets)."""
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, [r["prompt"] for r in rows])
-    resp = tokenizer([r[target] + tokenizer.eos_token for r in rows], return_tensors="pt",
+    # EOS ends each target, unless a chat template's end of turn already put it there
+    texts = [r[target] if r[target].rstrip().endswith(tokenizer.eos_token) else r[target] + tokenizer.eos_token
+             for r in rows]
+    resp = tokenizer(texts, return_tensors="pt",
                      padding=True, add_special_tokens=False, padding_side="right")
     return Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
                   "responses": resp["input_ids"], "response_mask": resp["attention_mask"]})
@@ -97,8 +100,8 @@ class SFTPipeline(ActorLoop):
 
     def prepare(self) -> None:
         self.model = self.model_path()
-        self.tokenizer = load_tokenizer(self.model)
-        self.train_rows, self.eval_rows = load_rows(self.config.data, self.plugins)
+        self.tokenizer = load_tokenizer(self.model, self.config.data.chat_template)
+        self.train_rows, self.eval_rows = load_rows(self.config.data, self.plugins, self.tokenizer)
 
     def build(self) -> None:
         role = self.config.roles.actor_train
