@@ -154,6 +154,17 @@ def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
     return problems
 
 
+def _packing_requirements(cfg: RollConfig, plugins) -> list[str]:
+    """Packed rows need a train strategy registered with ``packed_sequences=True`` (one that passes
+    ``position_ids`` and no attention mask, so each example attends to itself only)."""
+    train, name = plugins.registry("train_strategies"), cfg.roles.actor_train.strategy
+    if not cfg.warmup.packing or name not in train or train.entry(name).metadata.get("packed_sequences", False):
+        return []
+    able = [n for n in train.names() if train.entry(n).metadata.get("packed_sequences", False)]
+    return [f"key 'warmup.packing': train strategy '{name}' does not take packed sequences; strategies that do: "
+            f"{', '.join(able)}"]
+
+
 def _lora_requirements(cfg: RollConfig, plugins) -> list[str]:
     """LoRA needs a train strategy registered with ``lora=True`` and peft; its reference (no
     ``model_path``) runs on actor_train's workers, so a placement of its own would go unused."""
@@ -351,6 +362,7 @@ def check_registry_names(cfg: RollConfig, plugins=None) -> None:
             problems.append(f"key '{key}': {exc}{hint}")
     problems += _role_requirements(cfg, plugins)
     problems += _lora_requirements(cfg, plugins)
+    problems += _packing_requirements(cfg, plugins)
     problems += _reward_options(cfg, plugins)
     problems += _component_options(cfg, plugins)
     problems += _strategy_options(cfg, plugins)

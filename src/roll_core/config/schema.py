@@ -80,6 +80,10 @@ class WarmupConfig(Strict):
     steps: int = Field(500, ge=0)
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(64, ge=1)
+    packing: bool = Field(False, description="pack each batch's examples into rows of max_length tokens, each "
+                          "attending to itself only (position ids restart per example): no padding computed")
+    max_length: int = Field(512, ge=2, description="tokens per packed row (packing: true); an example longer "
+                            "than this is an error")
 
 
 class DPOConfig(Strict):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from roll_core.algorithms.objective import SupervisedObjective
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
@@ -40,6 +42,49 @@ def demonstration_batch(tokenizer, rows: list[dict], target: str = "demonstratio
                   "responses": resp["input_ids"], "response_mask": resp["attention_mask"]})
 
 
+def packed_demonstration_batch(tokenizer, rows: list[dict], max_length: int, multiple_of: int = 1) -> Batch:
+    """``rows``' prompt + demonstration + EOS sequences packed into as few rows of ``max_length``
+    tokens as first-fit over the longest first gives, so no compute goes to padding.
+
+    ``position_ids`` restart at 0 with every example, which is how the model tells the examples of
+    a row apart: with no attention mask, transformers makes each attend to itself only. The loss
+    mask (``response_mask``) covers the demonstrations; the prompt is each row's first token only.
+    Rows of padding alone make the row count a multiple of ``multiple_of`` (data-parallel ranks)."""
+    padded = demonstration_batch(tokenizer, rows)
+    examples = []
+    for p_ids, p_mask, r_ids, r_mask in zip(padded["prompt_ids"], padded["prompt_mask"], padded["responses"],
+                                            padded["response_mask"]):
+        prompt, target = p_ids[p_mask.bool()].tolist(), r_ids[r_mask.bool()].tolist()
+        if len(prompt) + len(target) > max_length:
+            raise ConfigError(f"an example of {len(prompt) + len(target)} tokens does not fit warmup.max_length="
+                              f"{max_length}; raise it")
+        examples.append((prompt, target))
+    bins: list[list[tuple[list[int], list[int]]]] = []
+    for example in sorted(examples, key=lambda e: -(len(e[0]) + len(e[1]))):
+        size = len(example[0]) + len(example[1])
+        home = next((b for b in bins if sum(len(p) + len(t) for p, t in b) + size <= max_length), None)
+        if home is None:
+            bins.append([example])
+        else:
+            home.append(example)
+    bins += [[] for _ in range(-len(bins) % multiple_of)]
+    width = max(sum(len(p) + len(t) for p, t in b) for b in bins)
+    ids = torch.full((len(bins), width), tokenizer.pad_token_id, dtype=torch.long)
+    target = torch.zeros(len(bins), width, dtype=torch.long)
+    positions = torch.zeros(len(bins), width, dtype=torch.long)
+    for row, examples_in_row in enumerate(bins):
+        at = 0
+        for prompt, answer in examples_in_row:
+            n = len(prompt) + len(answer)
+            ids[row, at:at + n] = torch.tensor(prompt + answer)
+            target[row, at + len(prompt):at + n] = 1
+            positions[row, at:at + n] = torch.arange(n)
+            at += n
+        positions[row, at:] = torch.arange(width - at)  # the padding: one more sequence, out of the loss
+    return Batch({"prompt_ids": ids[:, :1], "prompt_mask": torch.ones(len(bins), 1, dtype=torch.long),
+                  "responses": ids[:, 1:], "response_mask": target[:, 1:], "position_ids": positions})
+
+
 class SupervisedTrainer:
     """Supervised steps on ``actor`` over the rows that have a demonstration."""
 
@@ -58,7 +103,9 @@ class SupervisedTrainer:
                                optimizer="warmup", lr=config.warmup.lr, metric_prefix="warmup")
 
     def step(self) -> dict[str, float]:
-        batch = demonstration_batch(self.tokenizer, self.stream.next(self.settings.batch_size))
+        rows = self.stream.next(self.settings.batch_size)
+        batch = (packed_demonstration_batch(self.tokenizer, rows, self.settings.max_length, self.actor.dp_size)
+                 if self.settings.packing else demonstration_batch(self.tokenizer, rows))
         return self.executor.get(start_update(self.actor, batch, self.loss_fn, self.spec))[0]
 
     def export(self, directory: Path) -> None:

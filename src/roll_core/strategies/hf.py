@@ -66,8 +66,11 @@ class _Sampling(TorchOffloading):
     def _outputs(self, batch: Batch, wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
         """The causal LM's outputs for ``batch`` (on the device), unmasked."""
         ids, mask = (self._to(t) for t in full_sequence(batch))
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                            use_cache=False).logits
+        if "position_ids" in batch:  # packed rows: no mask, so each example attends to itself (its positions restart)
+            logits = self.model(input_ids=ids, position_ids=self._to(batch["position_ids"]), use_cache=False).logits
+        else:
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                                use_cache=False).logits
         return causal_lm_outputs(logits, ids, batch["responses"].shape[1], wanted, temperature)
 
     @torch.no_grad()
