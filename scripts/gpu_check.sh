@@ -23,7 +23,8 @@ python3 -c "import torch, transformers, deepspeed, megatron.core as m; print('to
 python3 -m roll_core.cli list-plugins 2>&1 | tee -a "$OUT/gpu.txt"
 if [ -z "$NO_TESTS" ]; then
   python3 -m pytest -p no:cacheprovider -q -rs -m "not ray and not slow" -o addopts="" -W ignore::DeprecationWarning \
-    tests/test_cuda.py plugins/roll_deepspeed/tests plugins/roll_megatron/tests $PYTEST_ARGS 2>&1 | tee "$OUT/pytest.txt" \
+    tests/test_cuda.py tests/test_lora.py tests/test_packing.py tests/test_chat.py plugins/roll_deepspeed/tests \
+    plugins/roll_megatron/tests $PYTEST_ARGS 2>&1 | tee "$OUT/pytest.txt" \
     | grep -v "Warning\|warn" | tail -40
 fi
 /usr/bin/time -v timeout "${RUN_S:-420}" python3 -m roll_core.cli run executor=local output_dir=/tmp/gpu-run $RUN_ARGS \
