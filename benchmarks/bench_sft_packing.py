@@ -49,7 +49,7 @@ def main() -> None:
     from roll_core.config import load_config
     from roll_core.embedded.model import TinyModelConfig, build_tiny_model
     from roll_core.pipelines.runtime import load_tokenizer
-    from roll_core.pipelines.sft import demonstration_batch, packed_demonstration_batch
+    from roll_core.pipelines.batches import demonstration_batch, packed_demonstration_batch
     from roll_core.strategies.hf import HFTrainStrategy
     from roll_core.training import UpdateSpec, update
 

@@ -59,7 +59,7 @@ def test_malformed_messages_are_refused(tiny_model_path, messages):
 
 
 def test_the_demonstration_ends_with_one_eos_and_the_loss_covers_the_answer_only(tiny_model_path):
-    from roll_core.pipelines.sft import demonstration_batch
+    from roll_core.pipelines.batches import demonstration_batch
 
     tokenizer = load_tokenizer(str(tiny_model_path), TEMPLATE)
     rows = render_rows(tokenizer, [{"messages": conversation("12+34=", "46")}, {"prompt": "1+1=", "demonstration": "2"}])

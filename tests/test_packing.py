@@ -13,7 +13,7 @@ from roll_core.algorithms.objective import SupervisedObjective
 from roll_core.config import load_and_check, load_config
 from roll_core.errors import ConfigError
 from roll_core.pipelines.runtime import load_tokenizer
-from roll_core.pipelines.sft import demonstration_batch, packed_demonstration_batch
+from roll_core.pipelines.batches import demonstration_batch, packed_demonstration_batch
 from roll_core.strategies.hf import HFTrainStrategy
 from roll_core.strategies.models import load_causal_lm
 from roll_core.testing import full_weights

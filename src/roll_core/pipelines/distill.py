@@ -22,7 +22,7 @@ from roll_core.algorithms.objective import DistillObjective
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
 from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, load_tokenizer, log_probs, start_update
-from roll_core.pipelines.sft import demonstration_batch
+from roll_core.pipelines.batches import demonstration_batch
 from roll_core.pipelines.sources import load_rows
 from roll_core.rollout.sync import tokenize_prompts
 from roll_core.training import UpdateSpec
