@@ -21,7 +21,7 @@ def tests(session):
 
 
 @nox.session
-@nox.parametrize("plugin", ["roll_rewards", "roll_sglang", "roll_deepspeed", "roll_megatron"])
+@nox.parametrize("plugin", ["roll_rewards", "roll_sglang", "roll_deepspeed", "roll_megatron", "roll_envs"])
 def plugin(session, plugin):
     """One plugin installed alone on top of roll-core, running its own tests."""
     session.install(TORCH)
@@ -54,7 +54,7 @@ def vllm(session):
 
 
 DISTRIBUTIONS = [".", "plugins/roll_rewards", "plugins/roll_vllm", "plugins/roll_sglang", "plugins/roll_deepspeed",
-                 "plugins/roll_megatron", "examples/reward-plugin"]
+                 "plugins/roll_megatron", "plugins/roll_envs", "examples/reward-plugin"]
 
 
 @nox.session

@@ -140,3 +140,38 @@ def test_preference_and_distillation_losses_are_checked_on_sample_inputs(roll_pl
     assert set(failures) == {"preference_losses:per_batch", "distill_losses:ce"}, report.results
     assert "per pair, [B] = [4]" in failures["preference_losses:per_batch"]
     assert "equal distributions must give 0" in failures["distill_losses:ce"]
+
+
+def test_environments_are_checked_for_the_contract_and_determinism_under_a_seed(roll_plugins):
+    import itertools
+
+    from roll_core.envs import Env
+
+    counter = itertools.count()
+
+    class Deterministic(Env):
+        def reset(self, seed=None):
+            self.n = seed or 0
+            return f"at {self.n}", {}
+
+        def step(self, action):
+            self.n += 1
+            return f"at {self.n}", 0.0, self.n > 3, False, {}
+
+    class IgnoresTheSeed(Deterministic):  # wrong: a process-wide counter, not the seed, draws the start
+        def reset(self, seed=None):
+            self.n = next(counter)
+            return f"at {self.n}", {}
+
+    class ReturnsFour(Deterministic):  # wrong: gym's old 4-tuple
+        def step(self, action):
+            return "x", 0.0, True, {}
+
+    plugin = types.SimpleNamespace(roll_register_envs=hookimpl(lambda register: (
+        register("good", Deterministic), register("seedless", IgnoresTheSeed), register("four", ReturnsFour))))
+    report = check_plugin("myenvs", roll_plugins(("myenvs", plugin)))
+    failures = {(r.component, r.check): r.detail for r in report.results if r.status == "failed"}
+    assert {("envs:seedless", "determinism under a seed"), ("envs:four", "episode")} <= set(failures), report.results
+    assert not any(component == "envs:good" for component, _ in failures)
+    assert "with seed 1234 and the same actions differ" in failures[("envs:seedless", "determinism under a seed")]
+    assert "step() must return 5 values" in failures[("envs:four", "episode")]

@@ -294,9 +294,27 @@ def _env_checks(target) -> list[tuple[str, Callable[[], str]]]:
         out = env.step("")
         _expect(isinstance(out, tuple) and len(out) == 5, "step() must return 5 values")
         _finite_number(out[1], "step() reward")
+        _expect(isinstance(out[0], str) and isinstance(out[4], dict), "step() must return (str, reward, bool, bool, dict)")
         return "reset and one step"
 
-    return [("episode", run)]
+    def same_seed():
+        actions = ["", "L", "D", "R", "U", "1", "left", "a"]
+        episodes = []
+        for _ in range(2):
+            env = target()
+            trace = [env.reset(seed=1234)[0]]
+            for action in actions:
+                obs, reward, terminated, truncated, _ = env.step(action)
+                trace.append((obs, reward, terminated, truncated))
+                if terminated or truncated:
+                    break
+            env.close()
+            episodes.append(trace)
+        _expect(episodes[0] == episodes[1], "two episodes with seed 1234 and the same actions differ: reset(seed) "
+                                            "must make the episode deterministic")
+        return f"{len(episodes[0]) - 1} steps replayed identically"
+
+    return [("episode", run), ("determinism under a seed", same_seed)]
 
 
 def _tracker_checks(target) -> list[tuple[str, Callable[[], str]]]:

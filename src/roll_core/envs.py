@@ -1,7 +1,10 @@
 """Environment interface for agentic, multi-turn RL (GEM-style, after gymnasium).
 
 Observations and actions are text. Environments are registered through ``roll_register_envs``;
-the ``roll_envs`` plugin brings FrozenLake, Sokoban, GEM and tool-use environments.
+the ``roll-envs`` plugin brings ``frozen_lake``. ``reset(seed)`` must make an episode deterministic
+(``roll check-plugin`` replays one twice). Two ``info`` keys carry meaning for training:
+``success`` (the episode reached its goal: success-rate metrics) and ``state_hash`` (an int naming
+the state the next action is taken in: GiGPO's step groups).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""roll-envs: environments for agentic RL with roll (registered through ``roll_register_envs``)."""

@@ -1,0 +1,96 @@
+"""FrozenLake as a text environment, on gymnasium's own implementation.
+
+The agent walks a square of frozen tiles from the start to the goal without stepping into a hole.
+Each seed draws its own map (gymnasium's ``generate_random_map``, always solvable), so held-out
+seeds are held-out maps. Dynamics, rewards and termination are gymnasium's ``FrozenLakeEnv``; this
+class only turns its state into text and text into its actions.
+
+* **Observation**: the map, rows joined by ``|``, the agent's tile shown as ``P``: ``P_O_|____|...``
+  (``_`` frozen, ``O`` hole, ``G`` goal; a character set every tokenizer has, the embedded one too).
+* **Action**: the first word of the text that is one of ``L``, ``D``, ``R``, ``U`` or ``left``,
+  ``down``, ``right``, ``up``, case-insensitive (``"I go left"`` is left; ``"refuse"`` is no move).
+* **Bad action** (text with no move in it): the documented penalty ``invalid_action_penalty``
+  (default -0.1) as the step's reward; the agent stays put and the step counts toward ``max_steps``.
+* **Reward**: 1 on reaching the goal, 0 otherwise (gymnasium's schedule). ``terminated`` on a hole
+  or the goal; ``truncated`` after ``max_steps`` moves.
+* **info**: ``success`` (the goal was reached) and ``state_hash`` (a stable hash of the map and the
+  agent's tile: GiGPO's step groups).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from typing import Any
+
+from roll_core.envs import Env
+
+MOVES = {"L": 0, "D": 1, "R": 2, "U": 3}
+_WORDS = {"LEFT": "L", "DOWN": "D", "RIGHT": "R", "UP": "U"}
+_TILES = {"S": "_", "F": "_", "H": "O", "G": "G"}
+
+
+def parse_action(text: str) -> int | None:
+    """gymnasium's action for the first move named in ``text`` (a letter or a word), or None."""
+    for token in re.findall(r"[A-Za-z]+", text):
+        word = token.upper()
+        if word in _WORDS:
+            return MOVES[_WORDS[word]]
+        if word in MOVES:  # a single letter; other words ("refuse") name no move
+            return MOVES[word]
+    return None
+
+
+class FrozenLake(Env):
+    def __init__(self, size: int = 4, frozen_fraction: float = 0.8, is_slippery: bool = False,
+                 max_steps: int = 10, invalid_action_penalty: float = -0.1):
+        if size < 2:
+            raise ValueError(f"size must be at least 2, got {size}")
+        if not 0 < frozen_fraction <= 1:
+            raise ValueError(f"frozen_fraction must be in (0, 1], got {frozen_fraction}")
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+        self.size, self.frozen_fraction, self.is_slippery = size, frozen_fraction, is_slippery
+        self.max_steps, self.invalid_action_penalty = max_steps, invalid_action_penalty
+        self._env: Any = None
+        self._map: list[str] = []
+        self._position, self._steps = 0, 0
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv, generate_random_map
+
+        self._map = generate_random_map(self.size, self.frozen_fraction, seed=seed)
+        self._env = FrozenLakeEnv(desc=self._map, is_slippery=self.is_slippery)
+        self._position, _ = self._env.reset(seed=seed)
+        self._steps = 0
+        return self.render(), self._info(success=False)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._env is None:
+            raise RuntimeError("step() before reset()")
+        self._steps += 1
+        move = parse_action(action)
+        if move is None:
+            return self.render(), self.invalid_action_penalty, False, self._steps >= self.max_steps, \
+                self._info(success=False, invalid_action=True)
+        self._position, reward, terminated, _, _ = self._env.step(move)
+        success = self._tile() == "G"
+        return self.render(), float(reward), bool(terminated), not terminated and self._steps >= self.max_steps, \
+            self._info(success=success)
+
+    def render(self) -> str:
+        rows = []
+        for r, row in enumerate(self._map):
+            rows.append("".join("P" if r * self.size + c == self._position else _TILES[t] for c, t in enumerate(row)))
+        return "|".join(rows)
+
+    def _tile(self) -> str:
+        return self._map[self._position // self.size][self._position % self.size]
+
+    def _info(self, success: bool, invalid_action: bool = False) -> dict[str, Any]:
+        state = zlib.crc32(f"{''.join(self._map)}:{self._position}".encode())
+        return {"success": success, "state_hash": state, "invalid_action": invalid_action}
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()

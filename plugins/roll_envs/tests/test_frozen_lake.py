@@ -1,0 +1,120 @@
+"""FrozenLake as text, on gymnasium's implementation: maps per seed, parsing, the bad-action
+penalty, the goal's reward, the contract `roll check-plugin` applies, and discovery by name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import deque
+
+import pytest
+
+from roll_envs.frozen_lake import FrozenLake, parse_action
+
+
+def shortest_moves(env: FrozenLake) -> str:
+    """Breadth-first search over the rendered map: the moves from P to G around the holes."""
+    rows = env.render().split("|")
+    n = len(rows)
+    start = next((r, c) for r in range(n) for c in range(n) if rows[r][c] == "P")
+    steps = {"L": (0, -1), "D": (1, 0), "R": (0, 1), "U": (-1, 0)}
+    queue, seen = deque([(start, "")]), {start}
+    while queue:
+        (r, c), path = queue.popleft()
+        if rows[r][c] == "G":
+            return path
+        for move, (dr, dc) in steps.items():
+            nr, nc = r + dr, c + dc
+            if 0 <= nr < n and 0 <= nc < n and (nr, nc) not in seen and rows[nr][nc] != "O":
+                seen.add((nr, nc))
+                queue.append(((nr, nc), path + move))
+    raise AssertionError("gymnasium's maps are solvable")
+
+
+@pytest.mark.parametrize("text, move", [("R", 2), ("I go left", 0), ("down.", 1), ("u", 3), ("Up!", 3),
+                                        ("", None), ("123 ?", None), ("xyz", None),
+                                        ("I refuse", None), ("Rightly so", None)])
+def test_actions_are_read_from_text(text, move):
+    assert parse_action(text) == move
+
+
+def test_each_seed_draws_its_own_map_and_the_same_seed_the_same_one():
+    maps = {FrozenLake().reset(seed=s)[0] for s in range(20)}
+    assert len(maps) > 10
+    assert FrozenLake().reset(seed=7) == FrozenLake().reset(seed=7)
+    obs, info = FrozenLake(size=4).reset(seed=7)
+    assert obs.startswith("P") and len(obs.split("|")) == 4 and set(obs) <= set("P_OG|")
+    assert info["success"] is False and isinstance(info["state_hash"], int)
+
+
+def test_the_shortest_path_reaches_the_goal_for_reward_one():
+    for seed in range(10):
+        env = FrozenLake(max_steps=20)
+        env.reset(seed=seed)
+        moves = shortest_moves(env)
+        for i, move in enumerate(moves):
+            obs, reward, terminated, truncated, info = env.step(move)
+            assert not truncated
+            assert terminated == (i == len(moves) - 1)
+        assert reward == 1.0 and info["success"] and "P" in obs and "G" not in obs
+
+
+def test_a_hole_ends_the_episode_without_reward():
+    env = FrozenLake(size=4)
+    for seed in range(50):
+        obs, _ = env.reset(seed=seed)
+        rows = obs.split("|")
+        if rows[0][1] == "O":  # a hole right of the start
+            _, reward, terminated, _, info = env.step("R")
+            assert terminated and reward == 0.0 and not info["success"]
+            return
+    pytest.skip("no map with a hole next to the start in 50 seeds")
+
+
+def test_a_bad_action_costs_the_penalty_and_leaves_the_agent_in_place():
+    env = FrozenLake(invalid_action_penalty=-0.25, max_steps=2)
+    obs, info = env.reset(seed=0)
+    after, reward, terminated, truncated, new_info = env.step("I refuse")
+    assert (after, reward, terminated, truncated) == (obs, -0.25, False, False)
+    assert new_info["invalid_action"] and new_info["state_hash"] == info["state_hash"]
+    assert env.step("???")[3]  # the second step reaches max_steps: truncated
+
+
+def test_moving_changes_the_state_hash():
+    env = FrozenLake()
+    _, info = env.reset(seed=0)
+    moves = shortest_moves(env)
+    _, _, _, _, moved = env.step(moves[0])
+    assert moved["state_hash"] != info["state_hash"]
+
+
+@pytest.mark.parametrize("options, message", [({"size": 1}, "size must be at least 2"),
+                                              ({"frozen_fraction": 0}, "frozen_fraction must be in"),
+                                              ({"max_steps": 0}, "max_steps must be at least 1")])
+def test_bad_options_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        FrozenLake(**options)
+
+
+def roll(*args):
+    return subprocess.run([sys.executable, "-m", "roll_core.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_listed_by_name_and_passes_check_plugin():
+    out = roll("list-plugins", "--json")
+    assert out.returncode == 0, out.stderr
+    mine = {p["name"]: p for p in json.loads(out.stdout)["plugins"]}["envs"]
+    assert mine["distribution"] == "roll-envs" and mine["status"] == "ok"
+    assert mine["provides"] == {"envs": ["frozen_lake"]}
+    out = roll("check-plugin", "envs")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "determinism under a seed" in out.stdout
+
+
+def test_listing_does_not_import_gymnasium():
+    code = ("import sys; from roll_core.plugins import get_plugins; assert 'frozen_lake' in get_plugins().envs; "
+            "print('gymnasium' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
