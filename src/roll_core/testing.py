@@ -304,12 +304,14 @@ def _vocab(trainer) -> int:
 
 def assert_registered_lazily(kind: str, name: str, module: str) -> None:
     """In a fresh interpreter the installed plugins register ``name`` as a ``kind`` strategy
-    (``train``, ``infer``, ``critic``) and ``module`` (the engine) is still not imported."""
+    (``train``, ``infer``, ``critic``) or in the registry ``kind`` (``envs``, ``rewards``, ...), and
+    ``module`` (the engine, the heavy dependency) is still not imported."""
     import subprocess
     import sys
 
+    registry = f"{kind}_strategies" if kind in ("train", "infer", "critic") else kind
     code = (f"import sys; from roll_core.plugins import get_plugins; p = get_plugins(); "
-            f"assert {name!r} in p.registry('{kind}_strategies'), p.registry('{kind}_strategies'); "
+            f"assert {name!r} in p.registry('{registry}'), p.registry('{registry}'); "
             f"assert {module!r} not in sys.modules, 'imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
