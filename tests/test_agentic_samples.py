@@ -24,7 +24,8 @@ def test_the_response_mask_covers_exactly_the_generated_tokens_and_turns_line_up
     assert batch["prompt_ids"].tolist() == [[11, 12, 13], [PAD, PAD, 14]]
     assert batch["prompt_mask"].tolist() == [[1, 1, 1], [0, 0, 1]]
     assert batch["responses"].tolist() == [[21, 22, 31, 41, 42, 43], [51, PAD, PAD, PAD, PAD, PAD]]
-    assert batch["response_mask"].tolist() == [[1, 1, 0, 1, 1, 1], [1, 0, 0, 0, 0, 0]]  # the reply 31 is context
+    assert batch["response_mask"].tolist() == [[1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0]]  # attended: every real token
+    assert batch["action_mask"].tolist() == [[1, 1, 0, 1, 1, 1], [1, 0, 0, 0, 0, 0]]  # trained: the reply 31 is context
     assert batch["turn_index"].tolist() == [[0, 0, -1, 1, 1, 1], [0, -1, -1, -1, -1, -1]]
     assert batch["infer_log_probs"].tolist() == [[-0.5, -0.5, 0, -0.5, -0.5, -0.5], [-0.5, 0, 0, 0, 0, 0]]
     assert batch["turn_rewards"].tolist() == [[0.0, 1.0], [0.5, 0.0]]
@@ -32,7 +33,7 @@ def test_the_response_mask_covers_exactly_the_generated_tokens_and_turns_line_up
     # each turn's reward lands on its action's last token, and the estimators read it back per turn
     tokens = turn_token_rewards(batch["turn_rewards"], batch["turn_index"])
     assert tokens.tolist() == [[0, 0, 0, 0, 0, 1.0], [0.5, 0, 0, 0, 0, 0]]
-    per_turn, valid, _ = turn_rewards(AdvantageInput(tokens, batch["response_mask"].float(), batch["group_index"],
+    per_turn, valid, _ = turn_rewards(AdvantageInput(tokens, batch["action_mask"].float(), batch["group_index"],
                                                      turn_index=batch["turn_index"]))
     assert per_turn.tolist() == [[0.0, 1.0], [0.5, 0.0]] and valid.tolist() == [[True, True], [True, False]]
 
@@ -48,7 +49,7 @@ def test_gigpo_step_groups_are_keyed_by_the_state():
     batch = episode_batch([a, b], PAD, max_length=64)
     tokens = turn_token_rewards(batch["turn_rewards"], batch["turn_index"])
     cfg = AlgorithmConfig(gigpo_step_weight=1.0, gamma=1.0)
-    adv, _ = gigpo(AdvantageInput(tokens, batch["response_mask"].float(), batch["group_index"],
+    adv, _ = gigpo(AdvantageInput(tokens, batch["action_mask"].float(), batch["group_index"],
                                   turn_index=batch["turn_index"], state_hash=batch["state_hash"]), cfg)
     e = s = 0.5 / (0.5 ** 0.5)
     torch.testing.assert_close(adv, torch.tensor([[e + s, 0.0, e + 0.0], [-e - s, 0.0, -e + 0.0]]), atol=1e-4, rtol=0)
@@ -56,7 +57,7 @@ def test_gigpo_step_groups_are_keyed_by_the_state():
     c = Episode([turn([1], [2], state=5), turn([3], [4], reward=1.0, state=5)], group=3)
     batch = episode_batch([c, b], PAD, max_length=64)
     tokens = turn_token_rewards(batch["turn_rewards"], batch["turn_index"])
-    joined, _ = gigpo(AdvantageInput(tokens, batch["response_mask"].float(), batch["group_index"],
+    joined, _ = gigpo(AdvantageInput(tokens, batch["action_mask"].float(), batch["group_index"],
                                      turn_index=batch["turn_index"], state_hash=batch["state_hash"]), cfg)
     assert float(joined[0, 2]) != pytest.approx(float(adv[0, 2]))
 

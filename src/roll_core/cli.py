@@ -97,6 +97,49 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _cmd_play(args) -> int:
+    """One episode in this process, printed turn by turn: the environment's debugging loop."""
+    import json
+
+    from roll_core.agentic.episodes import TurnFormat, engine_policy, play, scripted_policy, transcript
+    from roll_core.errors import ConfigError
+    from roll_core.plugins import get_plugins
+    from roll_core.pipelines.runtime import load_tokenizer
+
+    env_cls = get_plugins().envs.get(args.env)
+    try:
+        options = json.loads(args.options)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--options must be a JSON object: {exc.msg}") from None
+    env = env_cls(**options)
+    model = args.model
+    if model is None:
+        import tempfile
+        from pathlib import Path
+
+        from roll_core.embedded.model import build_tiny_model
+
+        model = str(build_tiny_model(Path(tempfile.mkdtemp()) / "model"))
+    tokenizer = load_tokenizer(model)
+    actions = [a for a in args.actions.split(",") if a]
+    if args.policy == "model":
+        from roll_core.config.schema import InferRoleConfig
+        from roll_core.strategies.hf import HFInferStrategy
+
+        engine = HFInferStrategy(model, InferRoleConfig(), seed=args.seed)
+        policy = engine_policy(engine.generate, tokenizer.pad_token_id, max_new_tokens=args.max_new_tokens,
+                               temperature=args.temperature, top_p=1.0)
+    elif not actions:
+        raise ConfigError(f"--policy {args.policy} needs --actions, e.g. --actions L,D,R,U")
+    else:
+        policy = scripted_policy(actions, tokenizer, randomly=args.policy == "random", seed=args.seed)
+    (episode,) = play([env], [args.seed], [0], policy, tokenizer, max_turns=args.max_turns,
+                      turn_format=TurnFormat(instruction=args.instruction))
+    env.close()
+    print(transcript(episode, tokenizer))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="roll", description="roll: plugin-based RL post-training for LLMs")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -118,6 +161,20 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("check-plugin", help="run a plugin's contract checks on sample inputs")
     cp.add_argument("name", help="plugin name (as in list-plugins) or distribution name")
     cp.set_defaults(func=_cmd_check_plugin)
+
+    pl = sub.add_parser("play", help="play one episode of an environment in this process and print it")
+    pl.add_argument("env", help="a registered environment (roll list-plugins)")
+    pl.add_argument("--options", default="{}", help="the environment's options as a JSON object")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--policy", choices=["scripted", "random", "model"], default="model",
+                    help="scripted: --actions in order; random: drawn from --actions; model: --model generates")
+    pl.add_argument("--actions", default="", help="comma-separated replies for scripted and random policies")
+    pl.add_argument("--model", help="a Hugging Face model directory (default: the embedded tiny model, untrained)")
+    pl.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (model policy)")
+    pl.add_argument("--max-new-tokens", type=int, default=8)
+    pl.add_argument("--max-turns", type=int, default=10)
+    pl.add_argument("--instruction", default="", help="text before the first observation")
+    pl.set_defaults(func=_cmd_play)
     return parser
 
 

@@ -116,3 +116,16 @@ def test_listing_does_not_import_gymnasium():
     from roll_core.testing import assert_registered_lazily
 
     assert_registered_lazily("envs", "frozen_lake", "gymnasium")
+
+
+def test_roll_play_prints_one_episode_turn_by_turn():
+    out = roll("play", "frozen_lake", "--policy", "scripted", "--actions", "R,R,D", "--seed", "0")
+    assert out.returncode == 0, out.stderr
+    assert "[turn 0] P___|OO__|_OO_|O__G>" in out.stdout and "[turn 2] __P_|OO__|_OO_|O__G>" in out.stdout
+    # the last action repeats: down into the hole below, and the environment ends the episode
+    assert out.stdout.strip().endswith("return 0, 4 turns, success False, ended by the environment")
+    out = roll("play", "frozen_lake", "--policy", "model", "--max-turns", "2", "--seed", "1")  # the untrained tiny model
+    assert out.returncode == 0, out.stderr
+    assert "[turn 1]" in out.stdout and "2 turns" in out.stdout
+    out = roll("play", "frozen_lake", "--policy", "random")
+    assert out.returncode == 2 and "--policy random needs --actions" in out.stderr

@@ -8,7 +8,9 @@ lays an :class:`Episode` out as one training row, the layout the multi-turn esti
 
     prompt_ids      the first observation (left-padded across the batch)
     responses       action_0, observation_1, action_1, observation_2, ..., action_{T-1}
-    response_mask   1 on action tokens only: the loss never trains the environment's text
+    response_mask   1 on every real token of ``responses``: the model attends to the whole conversation
+    action_mask     1 on action tokens only: the loss (and its entropy and KL terms) never trains the
+                    environment's text; the multi-turn estimators take it as their response mask
     turn_index      k on the tokens of action k, -1 elsewhere
     turn_rewards    [T] the reward of each turn, later placed on the last token of its action
     state_hash      [T] the environment state each turn acted in (GiGPO's step groups)
@@ -71,6 +73,9 @@ class Episode:
 def fit_turns(episode: Episode, max_length: int) -> Episode:
     """The longest prefix of whole turns whose tokens fit in ``max_length`` (``truncated`` when any
     turn was dropped)."""
+    if not episode.turns:
+        raise ValueError("an episode without turns (its environment failed at reset) is not a training row; "
+                         "leave it out of the batch")
     kept, used = [], 0
     for turn in episode.turns:
         if used + turn.length > max_length:
@@ -114,6 +119,7 @@ def episode_batch(episodes: list[Episode], pad_token_id: int, max_length: int) -
     prompt_mask = torch.zeros(n, p, dtype=torch.long)
     responses = torch.full((n, width), pad_token_id, dtype=torch.long)
     response_mask = torch.zeros(n, width, dtype=torch.long)
+    action_mask = torch.zeros(n, width, dtype=torch.long)
     turn_index = torch.full((n, width), -1, dtype=torch.long)
     infer_log_probs = torch.zeros(n, width)
     turn_rewards = torch.zeros(n, turns)
@@ -123,13 +129,14 @@ def episode_batch(episodes: list[Episode], pad_token_id: int, max_length: int) -
         prompt_ids[i, p - a:] = torch.tensor(row["prompt"], dtype=torch.long)
         prompt_mask[i, p - a:] = 1
         responses[i, :b] = torch.tensor(row["response"], dtype=torch.long)
-        response_mask[i, :b] = torch.tensor(row["mask"], dtype=torch.long)
+        response_mask[i, :b] = 1
+        action_mask[i, :b] = torch.tensor(row["mask"], dtype=torch.long)
         turn_index[i, :b] = torch.tensor(row["turn_index"], dtype=torch.long)
         infer_log_probs[i, :b] = torch.tensor(row["log_probs"])
         turn_rewards[i, :len(episode.turns)] = torch.tensor([t.reward for t in episode.turns])
         state_hash[i, :len(episode.turns)] = torch.tensor([t.state_hash for t in episode.turns], dtype=torch.long)
     return Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "responses": responses,
-                  "response_mask": response_mask, "turn_index": turn_index, "infer_log_probs": infer_log_probs,
+                  "response_mask": response_mask, "action_mask": action_mask, "turn_index": turn_index, "infer_log_probs": infer_log_probs,
                   "turn_rewards": turn_rewards, "state_hash": state_hash,
                   "group_index": torch.tensor([e.group for e in episodes], dtype=torch.long),
                   "truncated": torch.tensor([e.truncated for e in episodes]),
