@@ -80,3 +80,20 @@ def test_a_turn_must_carry_one_log_prob_per_action_token():
         Turn([1], [2, 3], [-0.1])
     with pytest.raises(ValueError, match="a turn needs at least one action token"):
         Turn([1], [], [])
+
+
+def test_shaping_trains_the_actions_with_each_turns_reward():
+    """agentic_reinforce, gamma 1, one group of two: episode A earns 0 then 1, B earns 0.5.
+    Returns: A (1, 1), B (0.5); group mean of full returns 0.75; advantages A (0.25, 0.25), B -0.25,
+    on action tokens only, and the loss mask is the action mask."""
+    from roll_core.algorithms.shaping import RewardShaper
+    from roll_core.plugins import get_plugins
+
+    a = Episode([turn([11], [21, 22], state=1), turn([31], [41], reward=1.0, state=2)], group=0)
+    b = Episode([turn([12], [51], reward=0.5, state=1)], group=0)
+    batch = episode_batch([a, b], PAD, max_length=64)
+    RewardShaper(AlgorithmConfig(advantage_estimator="agentic_reinforce", gamma=1.0), get_plugins()).shape(batch)
+    torch.testing.assert_close(batch["advantages"], torch.tensor([[0.25, 0.25, 0.0, 0.25], [-0.25, 0, 0, 0]]))
+    assert batch["loss_mask"].tolist() == batch["action_mask"].float().tolist()
+    assert batch["token_level_rewards"].tolist() == [[0, 0, 0, 1.0], [0.5, 0, 0, 0]]
+    assert batch["scores"].tolist() == [1.0, 0.5]

@@ -14,6 +14,7 @@ lays an :class:`Episode` out as one training row, the layout the multi-turn esti
     turn_index      k on the tokens of action k, -1 elsewhere
     turn_rewards    [T] the reward of each turn, later placed on the last token of its action
     state_hash      [T] the environment state each turn acted in (GiGPO's step groups)
+    scores          the episode's return (group filters and difficulty masks read it)
     infer_log_probs the sampler's log-probs of the action tokens, 0 elsewhere
 
 Every token of the row is exactly what the model saw or produced when it acted, so the trainer's
@@ -139,6 +140,7 @@ def episode_batch(episodes: list[Episode], pad_token_id: int, max_length: int) -
                   "response_mask": response_mask, "action_mask": action_mask, "turn_index": turn_index, "infer_log_probs": infer_log_probs,
                   "turn_rewards": turn_rewards, "state_hash": state_hash,
                   "group_index": torch.tensor([e.group for e in episodes], dtype=torch.long),
+                  "scores": torch.tensor([e.reward for e in episodes], dtype=torch.float32),
                   "truncated": torch.tensor([e.truncated for e in episodes]),
                   "failed": torch.tensor([e.failed for e in episodes])})
 

@@ -9,7 +9,10 @@ pipeline calls :meth:`RewardShaper.shape`, which does, in this order:
                            taken over the ``batch``, the prompt's ``group``, a ``running`` estimate
                            across steps, or ``none`` (LitePPO: mean over group, std over batch)
   3. reward clip           ``reward_clip``: scores clamped to ``[-c, c]``
-  4. token placement       each score on its response's last valid token
+  4. token placement       each score on its response's last valid token; multi-turn rows
+                           (``turn_rewards``, :mod:`roll_core.agentic.samples`) put each turn's
+                           reward on its action's last token instead, skipping steps 2-3, and
+                           train their ``action_mask`` only
   5. KL penalty            ``kl_penalty``: ``r_t -= beta * kl_t(actor_old || reference)``, fixed beta or
                            the adaptive controller of Ziegler et al. 2019 (arXiv:1909.08593)
   6. reward whitening      ``whiten_rewards``: ``(r - mean) / sqrt(var + eps) + mean`` (spread rescaled, mean kept)
@@ -31,6 +34,7 @@ import math
 
 import torch
 
+from roll_core.agentic.samples import turn_token_rewards
 from roll_core.algorithms.advantages import AdvantageInput, group_stats, masked_whiten, opd
 
 EPS = 1e-6
@@ -190,15 +194,19 @@ class RewardShaper:
     def shape(self, batch) -> dict[str, float]:
         """Run steps 1-9 on ``batch`` (in place) and return metrics."""
         cfg = self.config
-        mask = batch["response_mask"].float()
+        # multi-turn rows (roll_core.agentic.samples): the loss covers the actions, not the replies
+        mask = (batch["action_mask"] if "action_mask" in batch else batch["response_mask"]).float()
         sample_mask = self.sample_mask(batch)
         loss_mask = mask * sample_mask[:, None]
         metrics = {"shaping/masked_samples": float(len(batch) - sample_mask.sum())}
 
-        scores = self.normalize(batch["scores"].float(), batch["group_index"])
-        if cfg.reward_clip is not None:
-            scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
-        rewards = outcome_token_rewards(scores, batch["response_mask"])
+        if "turn_rewards" in batch:  # each turn's reward, as the environment gave it, on its action's last token
+            rewards = turn_token_rewards(batch["turn_rewards"].float(), batch["turn_index"])
+        else:
+            scores = self.normalize(batch["scores"].float(), batch["group_index"])
+            if cfg.reward_clip is not None:
+                scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
+            rewards = outcome_token_rewards(scores, batch["response_mask"])
         if cfg.kl_penalty.coef > 0:
             rewards, seq_kl, beta = self.kl_penalty(rewards, batch, mask)
             metrics.update({"shaping/kl_penalty_kl": seq_kl, "shaping/kl_coef": beta})
