@@ -100,6 +100,25 @@ class DPOConfig(Strict):
     batch_size: int = Field(32, ge=1, description="pairs per optimizer step")
 
 
+class AgenticConfig(Strict):
+    """The ``agentic`` pipeline: episodes of a registered environment, played turn by turn by the
+    policy (actor_infer) and trained with a multi-turn estimator (``agentic_reinforce``: trajectory-
+    wise, StarPO; ``gigpo``: step-wise). Each step plays ``groups_per_step`` seeds, ``group_size``
+    episodes each (a group: the same start, for the group baselines); validation plays the held-out
+    seeds ``0 .. validation_episodes - 1`` greedily (training seeds start at 1,000,000)."""
+
+    env: str = Field("frozen_lake", description="a registered environment (roll list-plugins)")
+    env_options: dict[str, Any] = Field(default_factory=dict, description="the environment's constructor options")
+    groups_per_step: int = Field(8, ge=1)
+    group_size: int = Field(8, ge=1, description="episodes per seed (GRPO-style groups)")
+    max_turns: int = Field(10, ge=1)
+    max_length: int = Field(512, ge=8, description="tokens of a whole conversation; longer ones are cut at a turn")
+    validation_episodes: int = Field(64, ge=0, description="held-out seeds played greedily at each evaluation")
+    instruction: str = Field("", description="text before the first observation")
+    observation_prefix: str = ""
+    observation_suffix: str = Field(">", description="text after each observation, before the action")
+
+
 class DistillConfig(Strict):
     """The ``distill`` pipeline: a student (actor_train) pulled toward a teacher (roles.reference,
     usually with its own ``model_path``) on responses given with the data or written by the teacher."""
@@ -441,6 +460,7 @@ class RollConfig(Strict):
     warmup: WarmupConfig = WarmupConfig()
     dpo: DPOConfig = DPOConfig()
     distill: DistillConfig = DistillConfig()
+    agentic: AgenticConfig = AgenticConfig()
     rollout: RolloutConfig = RolloutConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     roles: RolesConfig = RolesConfig()

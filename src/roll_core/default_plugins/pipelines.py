@@ -10,5 +10,7 @@ def roll_register_pipelines(register):
              description="supervised fine-tuning on demonstrations (rlvr's warm-up, on its own)")
     register("dpo", "roll_core.pipelines.dpo:DPOPipeline",
              description="direct preference optimisation on (prompt, chosen, rejected) pairs (DPO, IPO, ...)")
+    register("agentic", "roll_core.pipelines.agentic:AgenticPipeline",
+             description="multi-turn episodes of a registered environment (agentic_reinforce, gigpo)")
     register("distill", "roll_core.pipelines.distill:DistillPipeline",
              description="knowledge distillation from a teacher role (forward/reverse/skewed/adaptive KL, JSD, top-k)")
