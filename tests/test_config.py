@@ -110,16 +110,21 @@ def test_example_configs_validate(path, tiny_model_path):
     from roll_core.config.loader import PLUGIN_PACKAGES
     from roll_core.plugins import get_plugins
 
-    roles = (yaml.safe_load(path.read_text()) or {}).get("roles", {})
+    config = yaml.safe_load(path.read_text()) or {}
+    roles = config.get("roles", {})
     for role in roles.values():
         name = (role or {}).get("strategy")
         if name in PLUGIN_PACKAGES and name not in get_plugins().infer_strategies \
                 and name not in get_plugins().train_strategies:
             pytest.skip(f"{path.name} needs the {PLUGIN_PACKAGES[name]} plugin, not installed here (its own "
                         "nox session validates it)")
-    # a model another run writes (opd.yaml's teacher: the quickstart's policy) stands in as a tiny model
+    # a model another run writes (opd.yaml's teacher: the quickstart's policy; lora.yaml's base: its
+    # warmed-up model) is replaced by a tiny model when that run has not happened here
     written = [f"roles.{name}.model_path={tiny_model_path}" for name, role in roles.items()
                if (role or {}).get("model_path") and not (ROOT / role["model_path"]).exists()]
+    base = (config.get("model") or {}).get("path", "tiny")
+    if base != "tiny" and not (ROOT / base).exists():
+        written.append(f"model.path={tiny_model_path}")
     load_and_check(path, written)
 
 
