@@ -94,3 +94,16 @@ def test_without_top_k_the_support_is_the_whole_vocabulary():
     torch.testing.assert_close(t, (teacher / 1.5).log_softmax(-1))
     expected = torch.nn.functional.kl_div(s, t, log_target=True, reduction="none").sum(-1)
     torch.testing.assert_close(forward_kl(s, t), expected)
+
+
+def test_the_documented_defaults():
+    """alpha 0.1 for the skewed KLs (DistiLLM), beta 0.5 for JSD, head mass 0.5 for AKL, temperature 1."""
+    assert _value(skewed_forward_kl(Q, P)) == pytest.approx(_value(skewed_forward_kl(Q, P, alpha=0.1)))
+    assert _value(skewed_reverse_kl(Q, P)) == pytest.approx(_value(skewed_reverse_kl(Q, P, alpha=0.1)))
+    assert _value(skewed_forward_kl(Q, P)) != pytest.approx(_value(skewed_forward_kl(Q, P, alpha=0.3)))
+    assert _value(jsd(Q, P)) == pytest.approx(_value(jsd(Q, P, beta=0.5)))
+    assert _value(adaptive_kl(Q, P)) == pytest.approx(_value(adaptive_kl(Q, P, head_mass=0.5)))
+    logits = torch.tensor([[[2.0, 0.5, -1.0]]])
+    default, explicit = kd_log_probs(logits, logits * 2), kd_log_probs(logits, logits * 2, temperature=1.0)
+    torch.testing.assert_close(default[0], explicit[0])
+    torch.testing.assert_close(default[0], torch.log_softmax(logits, -1))
