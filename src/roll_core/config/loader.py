@@ -146,21 +146,27 @@ def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
             if getattr(cfg.roles, role) is None:
                 problems.append(f"key '{key}': '{name}' needs roles.{role}, which is not configured")
     # an inference strategy registered with generates=False serves log-probs only (a reference)
-    infer, name = plugins.registry("infer_strategies"), cfg.roles.actor_infer.strategy
-    if name in infer and not infer.entry(name).metadata.get("generates", True):
-        able = [n for n in infer.names() if infer.entry(n).metadata.get("generates", True)]
+    name = cfg.roles.actor_infer.strategy
+    able = _registered_with(plugins, "infer_strategies", "generates", default=True)
+    if name in plugins.registry("infer_strategies") and name not in able:
         problems.append(f"key 'roles.actor_infer.strategy': '{name}' computes log-probs only (for roles.reference) "
                         f"and cannot generate; strategies that generate: {', '.join(able)}")
     return problems
 
 
+def _registered_with(plugins, registry: str, flag: str, default: bool = False) -> list[str]:
+    """Names in ``registry`` whose registration metadata sets ``flag`` (``default`` when it says nothing)."""
+    entries = plugins.registry(registry)
+    return [n for n in entries.names() if entries.entry(n).metadata.get(flag, default)]
+
+
 def _packing_requirements(cfg: RollConfig, plugins) -> list[str]:
     """Packed rows need a train strategy registered with ``packed_sequences=True`` (one that passes
     ``position_ids`` and no attention mask, so each example attends to itself only)."""
-    train, name = plugins.registry("train_strategies"), cfg.roles.actor_train.strategy
-    if not cfg.warmup.packing or name not in train or train.entry(name).metadata.get("packed_sequences", False):
+    name = cfg.roles.actor_train.strategy
+    able = _registered_with(plugins, "train_strategies", "packed_sequences")
+    if not cfg.warmup.packing or name not in plugins.registry("train_strategies") or name in able:
         return []
-    able = [n for n in train.names() if train.entry(n).metadata.get("packed_sequences", False)]
     return [f"key 'warmup.packing': train strategy '{name}' does not take packed sequences; strategies that do: "
             f"{', '.join(able)}"]
 
@@ -171,13 +177,13 @@ def _lora_requirements(cfg: RollConfig, plugins) -> list[str]:
     if cfg.roles.actor_train.lora is None:
         return []
     problems = []
-    train, name = plugins.registry("train_strategies"), cfg.roles.actor_train.strategy
-    if name in train and not train.entry(name).metadata.get("lora", False):
-        able = [n for n in train.names() if train.entry(n).metadata.get("lora", False)]
+    name = cfg.roles.actor_train.strategy
+    able = _registered_with(plugins, "train_strategies", "lora")
+    if name in plugins.registry("train_strategies") and name not in able:
         problems.append(f"key 'roles.actor_train.lora': train strategy '{name}' does not train LoRA adapters; "
                         f"strategies that do: {', '.join(able) or 'none installed'}")
     ref = cfg.roles.reference
-    if ref is not None and ref.model_path is None and ref.device_mapping is not None:
+    if ref is not None and cfg.reference_on_actor() and ref.device_mapping is not None:
         problems.append("key 'roles.reference.device_mapping': under roles.actor_train.lora the reference is the "
                         "base model on actor_train's workers (adapters disabled); drop its device_mapping")
     if importlib.util.find_spec("peft") is None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from roll_core.algorithms.objective import SupervisedObjective
 from roll_core.data import PromptStream
 from roll_core.errors import ConfigError

@@ -237,10 +237,8 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
         root = Path(path)
         if self.lora is not None:
             lora.save_adapter(self.model, root / "adapter")
-            if self.lora.save == "merged":
-                self.export_model(str(root / "model"))
-        else:
-            self.model.save_pretrained(root / "model", safe_serialization=True)
+        if self.lora is None or self.lora.save == "merged":
+            self.export_model(str(root / "model"))
         torch.save({"optimizer": self.optimizers["default"].state_dict(), "generator": self.generator.get_state()},
                    root / "train_state.pt")
 

@@ -225,16 +225,14 @@ class AdapterMerger:
         return self.base[weight]
 
     def _checkpoint_files(self) -> dict[str, Path]:
-        """Which safetensors file holds each weight (one file, or the index of a sharded checkpoint)."""
+        """Which safetensors file holds each weight (read from the files' headers once)."""
         if self._files is None:
-            root = Path(self.model_path)
-            index = root / "model.safetensors.index.json"
-            if index.exists():
-                weight_map = json.loads(index.read_text())["weight_map"]
-                self._files = {name: root / file for name, file in weight_map.items()}
-            else:
-                from safetensors import safe_open
+            from safetensors import safe_open
 
-                with safe_open(str(root / "model.safetensors"), framework="pt") as f:
-                    self._files = {name: root / "model.safetensors" for name in f.keys()}
+            from roll_core.strategies.models import safetensors_files
+
+            self._files = {}
+            for path in safetensors_files(self.model_path):
+                with safe_open(str(path), framework="pt") as f:
+                    self._files.update(dict.fromkeys(f.keys(), path))
         return self._files

@@ -3,6 +3,8 @@ plugins that start from the same weights): one place for dtype, device and the v
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,6 +15,15 @@ from roll_core.data import Batch
 def default_device() -> torch.device:
     """The first visible GPU when there is one (a worker sees only its mapped devices), else CPU."""
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def safetensors_files(model_path: str) -> list[Path]:
+    """The safetensors files of a Hugging Face checkpoint: its one file, or those its index names."""
+    root = Path(model_path)
+    index = root / "model.safetensors.index.json"
+    if index.exists():
+        return [root / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return [root / "model.safetensors"]
 
 
 def load_causal_lm(model_path: str, device: torch.device | None = None) -> Any:

@@ -27,7 +27,6 @@ roles.actor_train.strategy_options.tensor_parallel_size=2``.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from pathlib import Path
@@ -40,7 +39,7 @@ from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, ensure_process_group, rank_world
 from roll_core.strategies.engines import check_engine_version, import_engine
 from roll_core.strategies.hf import TorchOffloading, TorchPrimitives
-from roll_core.strategies.models import default_device, full_sequence
+from roll_core.strategies.models import default_device, full_sequence, safetensors_files
 from roll_core.strategies.sequences import causal_lm_outputs
 from roll_core.strategy import InferStrategy, TrainStrategy
 from roll_megatron import SUPPORTED_MEGATRON
@@ -71,13 +70,9 @@ def hf_tensors(model_path: str) -> dict[str, torch.Tensor]:
     """Every tensor of a Hugging Face checkpoint's safetensors files (one file or an index)."""
     from safetensors.torch import load_file
 
-    root = Path(model_path)
-    index = root / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else [
-        "model.safetensors"]
     tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        tensors.update(load_file(str(root / name)))
+    for path in safetensors_files(model_path):
+        tensors.update(load_file(str(path)))
     return tensors
 
 
