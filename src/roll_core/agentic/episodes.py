@@ -51,52 +51,55 @@ def _ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+@dataclass
+class _Playing:
+    """An episode in progress: its environment, the conversation the policy sees next, and the
+    observation ids and state the next turn starts from."""
+
+    env: Env
+    episode: Episode
+    conversation: list[int]
+    pending: list[int]
+    state: int
+
+
 def play(envs: Sequence[Env], seeds: Sequence[int], groups: Sequence[int], policy: Policy, tokenizer, *,
          turn_format: TurnFormat = TurnFormat(), max_turns: int = 10, max_length: int = 512) -> list[Episode]:
     """Play one episode in each of ``envs`` (reset with its seed) to the end; see the module docstring."""
     episodes = [Episode([], group) for group in groups]
-    conversation: list[list[int]] = []
-    pending: list[list[int]] = []  # the observation ids the next turn starts with
-    states: list[int] = []
-    live: list[int] = []
-    for i, (env, seed) in enumerate(zip(envs, seeds)):
+    live: list[_Playing] = []
+    for env, seed, episode in zip(envs, seeds, episodes):
         try:
             observation, info = env.reset(seed=seed)
         except Exception as exc:  # noqa: BLE001 - an environment's bug ends its episode, not the run
-            episodes[i].failed, episodes[i].info = True, {"error": f"reset: {type(exc).__name__}: {exc}"}
-            conversation.append([])
-            pending.append([])
-            states.append(0)
+            episode.failed, episode.info = True, {"error": f"reset: {type(exc).__name__}: {exc}"}
             continue
         ids = turn_format.first(tokenizer, observation)
-        conversation.append(list(ids))
-        pending.append(ids)
-        states.append(int(info.get("state_hash", 0)))
-        live.append(i)
+        live.append(_Playing(env, episode, list(ids), ids, int(info.get("state_hash", 0))))
     while live:
-        actions = policy([conversation[i] for i in live])
+        actions = policy([p.conversation for p in live])
         still = []
-        for i, (action_ids, log_probs) in zip(live, actions):
-            episode = episodes[i]
+        for p, (action_ids, log_probs) in zip(live, actions):
+            episode = p.episode
             text = tokenizer.decode(action_ids, skip_special_tokens=True)
             try:
-                observation, reward, terminated, truncated, info = envs[i].step(text)
+                observation, reward, terminated, truncated, info = p.env.step(text)
             except Exception as exc:  # noqa: BLE001
-                episode.turns.append(Turn(pending[i], action_ids, log_probs, 0.0, states[i]))
+                episode.turns.append(Turn(p.pending, action_ids, log_probs, 0.0, p.state))
                 episode.failed, episode.info = True, {"error": f"step: {type(exc).__name__}: {exc}"}
                 continue
-            episode.turns.append(Turn(pending[i], action_ids, log_probs, float(reward), states[i]))
+            episode.turns.append(Turn(p.pending, action_ids, log_probs, float(reward), p.state))
             episode.info = {"success": bool(info.get("success", False))}
             if terminated or truncated:
                 episode.truncated = bool(truncated) and not terminated
                 continue
             reply = turn_format.next(tokenizer, observation)
-            if len(episode.turns) >= max_turns or len(conversation[i]) + len(action_ids) + len(reply) >= max_length:
+            if len(episode.turns) >= max_turns or len(p.conversation) + len(action_ids) + len(reply) >= max_length:
                 episode.truncated = True
                 continue
-            conversation[i] += list(action_ids) + reply
-            pending[i], states[i] = reply, int(info.get("state_hash", 0))
-            still.append(i)
+            p.conversation += list(action_ids) + reply
+            p.pending, p.state = reply, int(info.get("state_hash", 0))
+            still.append(p)
         live = still
     return episodes
 

@@ -44,15 +44,18 @@ def packed_demonstration_batch(tokenizer, rows: list[dict], max_length: int, mul
                               f"{max_length}; raise it")
         examples.append((prompt, target))
     bins: list[list[tuple[list[int], list[int]]]] = []
+    used: list[int] = []  # tokens in each bin
     for example in sorted(examples, key=lambda e: -(len(e[0]) + len(e[1]))):
         size = len(example[0]) + len(example[1])
-        home = next((b for b in bins if sum(len(p) + len(t) for p, t in b) + size <= max_length), None)
+        home = next((b for b, n in enumerate(used) if n + size <= max_length), None)
         if home is None:
             bins.append([example])
+            used.append(size)
         else:
-            home.append(example)
+            bins[home].append(example)
+            used[home] += size
     bins += [[] for _ in range(-len(bins) % multiple_of)]
-    width = max(sum(len(p) + len(t) for p, t in b) for b in bins)
+    width = max(used)
     ids = torch.full((len(bins), width), tokenizer.pad_token_id, dtype=torch.long)
     target = torch.zeros(len(bins), width, dtype=torch.long)
     positions = torch.zeros(len(bins), width, dtype=torch.long)
