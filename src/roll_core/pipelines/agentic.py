@@ -21,7 +21,7 @@ from roll_core.algorithms.objective import ActorObjective
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
-from roll_core.pipelines.runtime import TrainingLoop, load_tokenizer, log_probs, start_update
+from roll_core.pipelines.runtime import TrainingLoop, log_probs, start_update
 from roll_core.runtime import weight_sync
 from roll_core.training import UpdateSpec
 
@@ -43,8 +43,7 @@ class AgenticPipeline(TrainingLoop):
 
     def prepare(self) -> None:
         cfg = self.config
-        self.model = self.model_path()
-        self.tokenizer = load_tokenizer(self.model, cfg.data.chat_template)
+        self.model, self.tokenizer = self.policy()
         self.env_cls = self.plugins.envs.get(cfg.agentic.env)
         try:
             self.env_cls(**cfg.agentic.env_options).close()

@@ -21,8 +21,8 @@ from roll_core.algorithms.distill import forward_kl
 from roll_core.algorithms.objective import DistillObjective
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
-from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, load_tokenizer, log_probs, start_update
 from roll_core.pipelines.batches import demonstration_batch
+from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, load_tokenizer, log_probs, start_update
 from roll_core.pipelines.sources import load_rows
 from roll_core.rollout.sync import tokenize_prompts
 from roll_core.training import UpdateSpec
@@ -44,9 +44,8 @@ class DistillPipeline(ActorLoop):
         cfg = self.config
         if cfg.roles.reference is None:
             raise ConfigError("pipeline distill: the teacher is roles.reference, which is not configured")
-        self.model = self.model_path()
+        self.model, self.tokenizer = self.policy()
         self.teacher_path = cfg.roles.reference.model_path or self.model
-        self.tokenizer = load_tokenizer(self.model, cfg.data.chat_template)
         if load_tokenizer(self.teacher_path).get_vocab() != self.tokenizer.get_vocab():
             raise ConfigError(f"key 'roles.reference.model_path': the teacher's tokenizer ({self.teacher_path}) "
                               f"differs from the student's; distillation compares distributions token by token")

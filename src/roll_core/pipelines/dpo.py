@@ -20,8 +20,8 @@ import torch
 from roll_core.algorithms.objective import PreferenceObjective, sequence_log_probs
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
-from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, load_tokenizer, log_probs, start_update
 from roll_core.pipelines.batches import demonstration_batch
+from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, log_probs, start_update
 from roll_core.pipelines.sources import load_rows
 from roll_core.training import UpdateSpec
 
@@ -48,8 +48,7 @@ class DPOPipeline(ActorLoop):
 
     def prepare(self) -> None:
         cfg = self.config
-        self.model = self.model_path()
-        self.tokenizer = load_tokenizer(self.model, cfg.data.chat_template)
+        self.model, self.tokenizer = self.policy()
         train_rows, eval_rows = load_rows(cfg.data, self.plugins, self.tokenizer)
         self.train_pairs, self.eval_pairs = preference_pairs(train_rows), preference_pairs(eval_rows)
         if not self.train_pairs:

@@ -26,7 +26,7 @@ from roll_core.algorithms.objective import (ActorObjective, CriticObjective, dis
                                            old_log_probs_reusable, single_mini_batch)
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import DomainMixer, PromptStream
-from roll_core.pipelines.runtime import (TrainingLoop, load_tokenizer, log_probs, start_update, values,
+from roll_core.pipelines.runtime import (TrainingLoop, log_probs, start_update, values,
                                         warn_if_oversubscribed)
 from roll_core.pipelines.sft import SupervisedTrainer
 from roll_core.pipelines.sources import check_domains, check_ground_truth, load_rows
@@ -42,8 +42,7 @@ class RLVRPipeline(TrainingLoop):
     # -- set-up ---------------------------------------------------------------------------------
     def prepare(self) -> None:
         cfg = self.config
-        self.model = self.model_path()
-        self.tokenizer = load_tokenizer(self.model, cfg.data.chat_template)
+        self.model, self.tokenizer = self.policy()
         self.train_rows, self.eval_rows = load_rows(cfg.data, self.plugins, self.tokenizer)
         check_ground_truth(self.train_rows, "training")
         check_ground_truth(self.eval_rows, "held-out")

@@ -272,6 +272,11 @@ class TrainingLoop(Pipeline):
             return str(build_tiny_model(self.run_dir / "tiny-model", self.config.model.tiny))
         return self.config.model.path
 
+    def policy(self) -> tuple[str, Any]:
+        """The policy's model directory (:meth:`model_path`) and its tokenizer, with the run's chat template."""
+        path = self.model_path()
+        return path, load_tokenizer(path, self.config.data.chat_template)
+
     def save(self, step: int) -> Path:
         state = {"seed": self.config.seed, "config": self.config.model_dump(mode="json")}
         return self.checkpoints.save(step, self.write_checkpoint, state)

@@ -21,7 +21,7 @@ from roll_core.algorithms.objective import SupervisedObjective
 from roll_core.data import PromptStream
 from roll_core.errors import ConfigError
 from roll_core.pipelines.batches import demonstration_batch, packed_demonstration_batch
-from roll_core.pipelines.runtime import (SEED_OFFSETS, ActorLoop, load_tokenizer, log_probs, progress_bar,
+from roll_core.pipelines.runtime import (SEED_OFFSETS, ActorLoop, log_probs, progress_bar,
                                          replace_dir, start_update)
 from roll_core.pipelines.sources import load_rows
 from roll_core.runtime.executor import WorkerGroup
@@ -89,8 +89,7 @@ class SFTPipeline(ActorLoop):
         return self.config.warmup.steps
 
     def prepare(self) -> None:
-        self.model = self.model_path()
-        self.tokenizer = load_tokenizer(self.model, self.config.data.chat_template)
+        self.model, self.tokenizer = self.policy()
         self.train_rows, self.eval_rows = load_rows(self.config.data, self.plugins, self.tokenizer)
 
     def build(self) -> None:
