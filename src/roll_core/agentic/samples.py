@@ -1,8 +1,8 @@
 """Training samples from multi-turn episodes: the whole conversation as one sequence.
 
 An environment manager plays an episode turn by turn: the model sees the conversation so far (the
-first observation, its earlier actions and the environment's replies, rendered through the chat
-template) and generates an action. What it saw and what it generated are token ids; this module
+first observation, its earlier actions and the environment's replies, formatted as text by the
+manager's ``TurnFormat``: :mod:`roll_core.agentic.episodes`) and generates an action. What it saw and what it generated are token ids; this module
 lays an :class:`Episode` out as one training row, the layout the multi-turn estimators read
 (:mod:`roll_core.algorithms.advantages`)::
 
