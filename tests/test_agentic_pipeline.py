@@ -4,8 +4,12 @@ seeds, and an environment that raises costs its episode only, counted in the met
 from __future__ import annotations
 
 import json
+import threading
+import time
 import types
 from pathlib import Path
+
+import pytest
 
 from roll_core import hookimpl
 from roll_core.envs import Env
@@ -57,3 +61,39 @@ def test_agentic_resumes_from_its_checkpoint(roll_plugins, tiny_config):
     summary = AgenticPipeline(cfg, LocalExecutor()).run()
     steps = [json.loads(line)["step"] for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     assert summary["steps"] == 3 and steps.count(3) >= 1 and steps.count(1) == 1  # step 3 after the resume only
+
+
+class Flaky(Echo):
+    """Echo without its crash, but seeds with seed % 4 == 1 hang at their first step, and % 4 == 2 raise there."""
+
+    def step(self, action):
+        if self.seed % 4 == 1:
+            threading.Event().wait()  # forever: only the step timeout gets the run past it
+        if self.seed % 4 == 2:
+            raise ValueError("bad state")
+        self.n += 1
+        hit = action.strip().startswith(self.letter)
+        return f"say {self.letter}", float(hit), self.n >= 2, False, {"success": hit, "state_hash": self.seed % 3}
+
+
+@pytest.mark.parametrize("rollout", ["sync", "async"])
+def test_a_raising_and_a_hanging_environment_fail_their_episodes_and_the_run_finishes(roll_plugins, tiny_config,
+                                                                                      rollout):
+    from roll_core.pipelines.agentic import AgenticPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    roll_plugins(("flaky", types.SimpleNamespace(roll_register_envs=hookimpl(lambda register: register("flaky", Flaky)))))
+    cfg = tiny_config("pipeline=agentic", "agentic.env=flaky", "warmup.steps=0", f"agentic.rollout={rollout}",
+                      "agentic.step_timeout_s=0.5", "agentic.env_workers=2", "trainer.max_steps=3",
+                      "agentic.groups_per_step=4", "agentic.group_size=2", "agentic.validation_episodes=0",
+                      "rollout.max_new_tokens=2")
+    t0 = time.perf_counter()
+    summary = AgenticPipeline(cfg, LocalExecutor()).run()
+    assert summary["steps"] == 3
+    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0]
+    # each step's 4 groups (seeds g = 0..3 of the step, x2 episodes): one hangs, one raises, both fail
+    assert [r["episode/hung"] for r in steps] == [2.0, 2.0, 2.0]
+    assert [r["episode/failed"] for r in steps] == [4.0, 4.0, 4.0]
+    assert all("train/pg_loss" in r for r in steps)
+    assert time.perf_counter() - t0 < 60  # hung steps cost their timeout, not forever

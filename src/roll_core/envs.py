@@ -5,6 +5,11 @@ the ``roll-envs`` plugin brings ``frozen_lake``. ``reset(seed)`` must make an ep
 (``roll check-plugin`` replays one twice). Two ``info`` keys carry meaning for training:
 ``success`` (the episode reached its goal: success-rate metrics) and ``state_hash`` (an int naming
 the state the next action is taken in: GiGPO's step groups).
+
+Two optional members serve agentic training without a model: ``actions``, the action texts of an
+environment with a small fixed set (random policies and careless teachers draw from it), and
+``expert_action()``, the action a solver would take now (the supervised warm-up imitates a teacher
+that follows it, ``agentic.teacher_noise`` of the time taking a random action instead).
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from typing import Any
 class Env(ABC):
     """Constructed with the config's env options as keyword arguments."""
 
+    #: the action texts, for an environment with a small fixed set (empty: free text)
+    actions: tuple[str, ...] = ()
+
     @abstractmethod
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         """Start an episode: ``(observation, info)``."""
@@ -23,6 +31,10 @@ class Env(ABC):
     @abstractmethod
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Apply the model's action: ``(observation, reward, terminated, truncated, info)``."""
+
+    def expert_action(self) -> str | None:
+        """The action a solver would take in the current state, or None: no expert (the default)."""
+        return None
 
     def close(self) -> None:
         """Release resources (processes, sandboxes)."""

@@ -10,27 +10,34 @@ raises (``failed``: no reward for the failing step, the episode kept for the met
 on). The result is a list of :class:`~roll_core.agentic.samples.Episode` for
 :func:`~roll_core.agentic.samples.episode_batch`.
 
-A policy is any ``policy(conversations: list[list[int]]) -> list[(action_ids, log_probs)]``:
-:func:`engine_policy` wraps an inference strategy's ``generate``; tests and ``roll play`` use
-scripted ones. This loop steps every live episode once per policy call (a synchronous batch);
-environment-level asynchronous rollout is not built yet.
+A policy is any ``policy(conversations: list[list[int]], envs) -> list[(action_ids, log_probs)]``,
+given the live episodes' conversations and their environments: :func:`engine_policy` wraps an
+inference strategy's ``generate`` (and ignores the environments); :func:`teacher_policy` reads the
+state through ``env.expert_action()`` (the warm-up's demonstrations); tests and ``roll play`` use
+scripted ones. :func:`play` steps every live episode once per policy call (a synchronous batch
+rollout); :func:`play_one` is one environment's own loop, which environment-level asynchronous
+rollout (:mod:`roll_core.agentic.async_rollout`) runs for every environment at once, with no barrier.
+An environment that raises, or (on an env worker) hangs past its timeout, fails its episode only
+(``info["error"]``, ``info["hung"]``).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
+from roll_core.agentic.env_workers import EnvFailed, EnvHung
 from roll_core.agentic.samples import Episode, Turn
 from roll_core.data import Batch
 from roll_core.envs import Env
 
-Policy = Callable[[list[list[int]]], list[tuple[list[int], list[float]]]]
+Policy = Callable[[list[list[int]], list[Env]], list[tuple[list[int], list[float]]]]
 
 
-@dataclass
+@dataclass(frozen=True)
 class TurnFormat:
     """How observations become prompt text: the first is ``instruction + prefix + observation +
     suffix``, each later one ``prefix + observation + suffix`` (appended after the action, whose
@@ -63,51 +70,99 @@ class _Playing:
     state: int
 
 
+@dataclass(frozen=True)
+class Rules:
+    """How turns are written and when an episode is cut (the module docstring)."""
+
+    tokenizer: Any
+    turn_format: TurnFormat = TurnFormat()
+    max_turns: int = 10
+    max_length: int = 512
+
+
+def _fail(episode: Episode, what: str, exc: Exception) -> None:
+    episode.failed = True
+    episode.info = {"error": str(exc) if isinstance(exc, EnvFailed) else f"{what}: {type(exc).__name__}: {exc}",
+                    "hung": isinstance(exc, EnvHung)}
+
+
+def start(env: Env, seed: int | None, episode: Episode, rules: Rules) -> _Playing | None:
+    """Reset ``env``; the episode in progress, or None when the reset failed (``episode.failed``)."""
+    try:
+        observation, info = env.reset(seed=seed)
+    except Exception as exc:  # noqa: BLE001 - an environment's bug ends its episode, not the run
+        _fail(episode, "reset", exc)
+        return None
+    ids = rules.turn_format.first(rules.tokenizer, observation)
+    return _Playing(env, episode, list(ids), ids, int(info.get("state_hash", 0)))
+
+
+def advance(p: _Playing, action_ids: list[int], log_probs: list[float], rules: Rules) -> bool:
+    """Apply the policy's reply to ``p``'s environment and record the turn; True while the episode goes on."""
+    episode, tokenizer = p.episode, rules.tokenizer
+    text = tokenizer.decode(action_ids, skip_special_tokens=True)
+    try:
+        observation, reward, terminated, truncated, info = p.env.step(text)
+    except Exception as exc:  # noqa: BLE001
+        episode.turns.append(Turn(p.pending, action_ids, log_probs, 0.0, p.state))
+        _fail(episode, "step", exc)
+        return False
+    episode.turns.append(Turn(p.pending, action_ids, log_probs, float(reward), p.state))
+    episode.info = {"success": bool(info.get("success", False))}
+    if terminated or truncated:
+        episode.truncated = bool(truncated) and not terminated
+        return False
+    reply = rules.turn_format.next(tokenizer, observation)
+    if len(episode.turns) >= rules.max_turns or len(p.conversation) + len(action_ids) + len(reply) >= rules.max_length:
+        episode.truncated = True
+        return False
+    p.conversation += list(action_ids) + reply
+    p.pending, p.state = reply, int(info.get("state_hash", 0))
+    return True
+
+
 def play(envs: Sequence[Env], seeds: Sequence[int], groups: Sequence[int], policy: Policy, tokenizer, *,
-         turn_format: TurnFormat = TurnFormat(), max_turns: int = 10, max_length: int = 512) -> list[Episode]:
-    """Play one episode in each of ``envs`` (reset with its seed) to the end; see the module docstring."""
+         turn_format: TurnFormat = TurnFormat(), max_turns: int = 10, max_length: int = 512,
+         concurrent_steps: bool = False) -> list[Episode]:
+    """Play one episode in each of ``envs`` (reset with its seed) to the end, all in lockstep: one
+    policy call per turn for every live episode (a synchronous batch rollout; see the module
+    docstring). With ``concurrent_steps`` the environments of a turn step at once, each in a thread
+    (remote or slow environments); the turn still waits for the slowest."""
+    rules = Rules(tokenizer, turn_format, max_turns, max_length)
     episodes = [Episode([], group) for group in groups]
-    live: list[_Playing] = []
-    for env, seed, episode in zip(envs, seeds, episodes):
-        try:
-            observation, info = env.reset(seed=seed)
-        except Exception as exc:  # noqa: BLE001 - an environment's bug ends its episode, not the run
-            episode.failed, episode.info = True, {"error": f"reset: {type(exc).__name__}: {exc}"}
-            continue
-        ids = turn_format.first(tokenizer, observation)
-        live.append(_Playing(env, episode, list(ids), ids, int(info.get("state_hash", 0))))
-    while live:
-        actions = policy([p.conversation for p in live])
-        still = []
-        for p, (action_ids, log_probs) in zip(live, actions):
-            episode = p.episode
-            text = tokenizer.decode(action_ids, skip_special_tokens=True)
-            try:
-                observation, reward, terminated, truncated, info = p.env.step(text)
-            except Exception as exc:  # noqa: BLE001
-                episode.turns.append(Turn(p.pending, action_ids, log_probs, 0.0, p.state))
-                episode.failed, episode.info = True, {"error": f"step: {type(exc).__name__}: {exc}"}
-                continue
-            episode.turns.append(Turn(p.pending, action_ids, log_probs, float(reward), p.state))
-            episode.info = {"success": bool(info.get("success", False))}
-            if terminated or truncated:
-                episode.truncated = bool(truncated) and not terminated
-                continue
-            reply = turn_format.next(tokenizer, observation)
-            if len(episode.turns) >= max_turns or len(p.conversation) + len(action_ids) + len(reply) >= max_length:
-                episode.truncated = True
-                continue
-            p.conversation += list(action_ids) + reply
-            p.pending, p.state = reply, int(info.get("state_hash", 0))
-            still.append(p)
-        live = still
+    pool = ThreadPoolExecutor(max(len(envs), 1)) if concurrent_steps else None
+    try:
+        def each(fn, *columns):
+            return list(pool.map(fn, *columns)) if pool else list(map(fn, *columns))
+
+        live = [p for p in each(lambda env, seed, e: start(env, seed, e, rules), envs, seeds, episodes) if p]
+        while live:
+            replies = policy([p.conversation for p in live], [p.env for p in live])
+            going = each(lambda p, reply: advance(p, reply[0], reply[1], rules), live, replies)
+            live = [p for p, on in zip(live, going) if on]
+    finally:
+        if pool:
+            pool.shutdown(wait=False)
     return episodes
+
+
+def play_one(env: Env, seed: int | None, group: int, ask: Callable[[list[int], Env], tuple[list[int], list[float]]],
+             rules: Rules) -> Episode:
+    """One episode on its own, each turn's reply from ``ask(conversation, env)``: the loop of one
+    environment in environment-level asynchronous rollout (:mod:`roll_core.agentic.async_rollout`)."""
+    episode = Episode([], group)
+    p = start(env, seed, episode, rules)
+    while p is not None:
+        action_ids, log_probs = ask(p.conversation, p.env)
+        if not advance(p, action_ids, log_probs, rules):
+            break
+    return episode
 
 
 def engine_policy(generate: Callable[..., Batch], pad_token_id: int, **sampling) -> Policy:
     """A policy from an inference strategy's ``generate(batch, **sampling)`` (or a worker's): the
     conversations left-padded into one batch, each reply's generated tokens and log-probs back."""
-    def policy(conversations: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    def policy(conversations: list[list[int]], envs=None) -> list[tuple[list[int], list[float]]]:
         width = max(len(c) for c in conversations)
         ids = torch.full((len(conversations), width), pad_token_id, dtype=torch.long)
         mask = torch.zeros(len(conversations), width, dtype=torch.long)
@@ -130,7 +185,7 @@ def scripted_policy(actions: Sequence[str], tokenizer, *, randomly: bool = False
     has log-probs 0. The turn is read off the conversation (one EOS per earlier reply)."""
     rng = torch.Generator().manual_seed(seed)
 
-    def policy(conversations: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    def policy(conversations: list[list[int]], envs=None) -> list[tuple[list[int], list[float]]]:
         replies = []
         for tokens in conversations:
             if randomly:
@@ -138,6 +193,31 @@ def scripted_policy(actions: Sequence[str], tokenizer, *, randomly: bool = False
             else:
                 text = actions[min(tokens.count(tokenizer.eos_token_id), len(actions) - 1)]
             ids = _ids(tokenizer, text) + [tokenizer.eos_token_id]
+            replies.append((ids, [0.0] * len(ids)))
+        return replies
+
+    return policy
+
+
+def teacher_policy(tokenizer, *, noise: float = 0.0, seed: int = 0) -> Policy:
+    """A careless teacher: each turn the environment's ``expert_action()``, except that with
+    probability ``noise`` (and whenever the expert has no answer) a uniform draw from
+    ``env.actions``; replies end with EOS and have log-probs 0. Its episodes are the agentic
+    warm-up's demonstrations: mostly good, with mistakes for RL to unlearn."""
+    if not 0 <= noise <= 1:
+        raise ValueError(f"noise must be in [0, 1], got {noise}")
+    rng = torch.Generator().manual_seed(seed)
+
+    def policy(conversations: list[list[int]], envs: list[Env]) -> list[tuple[list[int], list[float]]]:
+        replies = []
+        for env in envs:
+            action = env.expert_action()
+            if action is None or float(torch.rand((), generator=rng)) < noise:
+                if not env.actions:
+                    raise ValueError(f"{type(env).__name__} has no expert action here and no 'actions' to draw "
+                                     f"from; a teacher needs one of them")
+                action = env.actions[int(torch.randint(len(env.actions), (1,), generator=rng))]
+            ids = _ids(tokenizer, action) + [tokenizer.eos_token_id]
             replies.append((ids, [0.0] * len(ids)))
         return replies
 

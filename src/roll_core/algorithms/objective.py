@@ -272,8 +272,10 @@ def critic_loss(values: torch.Tensor, micro: Batch, objective: CriticObjective, 
 
 @dataclass(frozen=True)
 class SupervisedObjective:
-    """Cross-entropy of the responses (demonstrations) where ``response_mask`` is 1, averaged over
-    the mini-batch's target tokens:  ``loss = -sum(log pi(y_t | x, y_<t) * mask) / tokens``."""
+    """Cross-entropy of the responses (demonstrations) where the loss mask (:func:`loss_mask_of`:
+    ``loss_mask``, else ``response_mask``) is 1, averaged over the mini-batch's target tokens:
+    ``loss = -sum(log pi(y_t | x, y_<t) * mask) / tokens``. A multi-turn demonstration sets
+    ``loss_mask`` to its actions, so the environment's replies are context, not targets."""
 
     metric: str = "warmup/loss"
     outputs: frozenset[str] = frozenset({"log_probs"})
@@ -284,7 +286,7 @@ class SupervisedObjective:
         return frozenset({self.metric})
 
     def __call__(self, out, micro, tokens, seqs):
-        mask = micro["response_mask"].to(out["log_probs"].dtype)
+        mask = loss_mask_of(micro).to(out["log_probs"].dtype)
         loss = -(out["log_probs"] * mask).sum() / max(tokens, 1.0)
         return loss, {self.metric: loss.item()}
 

@@ -105,7 +105,10 @@ class AgenticConfig(Strict):
     policy (actor_infer) and trained with a multi-turn estimator (``agentic_reinforce``: trajectory-
     wise, StarPO; ``gigpo``: step-wise). Each step plays ``groups_per_step`` seeds, ``group_size``
     episodes each (a group: the same start, for the group baselines); validation plays the held-out
-    seeds ``0 .. validation_episodes - 1`` greedily (training seeds start at 1,000,000)."""
+    seeds ``0 .. validation_episodes - 1`` greedily (training seeds start at 1,000,000). With
+    ``warmup.steps``, actor_train first imitates a careless teacher (the environment's
+    ``expert_action``, ``teacher_noise`` of the time a random action) on ``warmup.batch_size``
+    episodes per step (seeds from 2,000,000)."""
 
     env: str = Field("frozen_lake", description="a registered environment (roll list-plugins)")
     env_options: dict[str, Any] = Field(default_factory=dict, description="the environment's constructor options")
@@ -117,6 +120,17 @@ class AgenticConfig(Strict):
     instruction: str = Field("", description="text before the first observation")
     observation_prefix: str = ""
     observation_suffix: str = Field(">", description="text after each observation, before the action")
+    rollout: Literal["sync", "async"] = Field(
+        "sync", description="sync: each turn waits for every environment of the step; async: each environment "
+        "plays its own loop, generation batches whatever is waiting, and a step takes the first complete groups, "
+        "up to rollout.async_generation_ratio steps ahead of training")
+    env_workers: int = Field(1, ge=1, description="environment workers (Ray actors on the ray executor)")
+    envs_per_worker: int | None = Field(None, ge=1, description="environment slots per worker; None: enough for "
+                                        "every episode in flight")
+    step_timeout_s: float = Field(60.0, gt=0, description="a reset or step that takes longer is abandoned, its "
+                                  "episode fails (episode/hung) and the environment is replaced")
+    teacher_noise: float = Field(0.25, ge=0, le=1, description="the warm-up teacher's chance per turn of a random "
+                                 "action instead of the expert's (its mistakes are what RL then unlearns)")
 
 
 class DistillConfig(Strict):
@@ -471,7 +485,10 @@ class RollConfig(Strict):
     def _cross_checks(self):
         algo = self.algorithm
         r = self.rollout
-        if r.async_generation_ratio > 0 and r.scheduler == "sync":
+        if self.pipeline == "agentic":
+            if r.async_generation_ratio > 0 and self.agentic.rollout == "sync":
+                raise ValueError("rollout.async_generation_ratio > 0 needs agentic.rollout: async")
+        elif r.async_generation_ratio > 0 and r.scheduler == "sync":
             raise ValueError("rollout.async_generation_ratio > 0 needs rollout.scheduler: async")
         if self.data.domains and (self.data.train_file or self.data.eval_file):
             raise ValueError("data.domains replaces data.train_file / data.eval_file: give each domain its own files")

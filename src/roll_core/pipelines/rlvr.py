@@ -28,7 +28,7 @@ from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import DomainMixer, PromptStream
 from roll_core.pipelines.runtime import (TrainingLoop, log_probs, start_update, values,
                                         warn_if_oversubscribed)
-from roll_core.pipelines.sft import SupervisedTrainer
+from roll_core.pipelines.sft import DemonstrationSource, WarmStart
 from roll_core.pipelines.sources import check_domains, check_ground_truth, load_rows
 from roll_core.rollout import overlaps_training
 from roll_core.rollout.metrics import accuracy_summary, batch_metrics, heldout_accuracy, idle_times
@@ -36,7 +36,7 @@ from roll_core.runtime import weight_sync
 from roll_core.training import UpdateSpec
 
 
-class RLVRPipeline(TrainingLoop):
+class RLVRPipeline(WarmStart, TrainingLoop):
     step_label = "RL step"
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -49,7 +49,6 @@ class RLVRPipeline(TrainingLoop):
         check_domains(self.train_rows, cfg.roles.domain_rewards)
         self.multi_domain = len({r.get("domain", "default") for r in self.train_rows}) > 1 or bool(cfg.roles.domain_rewards)
         self.overlapping = overlaps_training(cfg.rollout.scheduler, self.plugins)
-        self.warm_dir = self.run_dir / "warm-model"
 
     def build(self) -> None:
         cfg, roles = self.config, self.config.roles
@@ -82,29 +81,11 @@ class RLVRPipeline(TrainingLoop):
         if critic is not None:
             self.critic = self.roles.model_role("critic", "critic", model_path, critic)
 
-    def warmup(self) -> dict[str, float]:
-        """The ``sft`` pipeline's supervised steps on actor_train; the result becomes ``warm-model/``,
-        the policy RL starts from (and the reference's model)."""
-        self.phase = "supervised warm-up"
-        self.roles.use("actor_train")
-        trainer = SupervisedTrainer(self.executor, self.actor, self.tokenizer, self.train_rows, self.config)
-        metrics = trainer.run(self.config.warmup.steps)
-        self.push_weights()
-        trainer.export(self.warm_dir)
-        if self.config.roles.actor_train.lora is not None:
-            # The warm-up trained adapters: they fold into the base (warm-model/), so the reference,
-            # the base with the adapters disabled, is the warmed-up policy, and RL trains fresh ones.
-            self.executor.get(self.actor.call("fold_adapters", str(self.warm_dir)) + self._rebase_inference())
-            self.push_weights()
-        return metrics
-
-    def _rebase_inference(self) -> list:
-        """Under LoRA after a warm-up, the inference workers merge adapters onto warm-model/."""
-        return self.infer.call("rebase_adapters", str(self.warm_dir))
-
     def begin(self) -> dict[str, float]:
-        first = self.warmup() if self.config.warmup.steps else {}
-        self._spawn_policy_copies(str(self.warm_dir) if self.config.warmup.steps else self.model)
+        first = {}
+        if self.config.warmup.steps:
+            first = self.warmup(DemonstrationSource(self.tokenizer, self.train_rows, self.config, self.actor.dp_size))
+        self._spawn_policy_copies(self.start_model())
         self.before_rl = self.evaluate()
         if self.before_rl:
             print(f"held-out accuracy before RL (greedy): {self.before_rl['eval/accuracy']:.1%}", flush=True)
@@ -203,15 +184,14 @@ class RLVRPipeline(TrainingLoop):
         return {"data": self.stream.state(), "before_rl": self.before_rl, "shaping": self.shaper.state_dict()}
 
     def restore(self, path: Path, state: dict) -> None:
-        self._spawn_policy_copies(str(self.warm_dir) if (self.warm_dir / "config.json").exists() else self.model)
+        self._spawn_policy_copies(self.start_model())
         self.executor.get([h for name, group in self._trained().items()
                            for h in group.call("load_checkpoint", str(path / name))])
         self.roles.load_rng("actor_infer", path / "infer_rng.pt")
         self.stream.load_state(state["data"])
         self.before_rl = state["before_rl"]
         self.shaper.load_state_dict(state["shaping"])
-        if self.config.roles.actor_train.lora is not None and (self.warm_dir / "config.json").exists():
-            self.executor.get(self._rebase_inference())  # the trainer's adapter names its base itself
+        self.executor.get(self.rebase_inference())
         self.push_weights()
 
     def summary(self, final_step: int, after: dict[str, float]) -> dict:

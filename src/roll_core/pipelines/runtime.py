@@ -369,9 +369,7 @@ class ActorLoop(TrainingLoop):
 
     def write_checkpoint(self, tmp: Path) -> dict:
         self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
-        for saved in ("model", "adapter"):  # each a directory that loads whole (transformers, peft)
-            if (tmp / "actor_train" / saved).is_dir():
-                self.tokenizer.save_pretrained(tmp / "actor_train" / saved)
+        save_tokenizer_beside(self.tokenizer, tmp / "actor_train")
         return {"data": self.stream.state(), "before": self.before}
 
     def restore(self, path: Path, state: dict) -> None:
@@ -385,6 +383,14 @@ class ActorLoop(TrainingLoop):
             print(f"{label}: {fmt.format(self.before[key])} -> {fmt.format(evaluation[key])} after {final_step} "
                   f"{steps}", flush=True)
         return {"steps": final_step, "before": self.before, "after": evaluation}
+
+
+def save_tokenizer_beside(tokenizer, checkpoint: Path) -> None:
+    """The tokenizer into a trained role's checkpoint ``model/`` and ``adapter/``, so each loads whole
+    (transformers, peft)."""
+    for saved in ("model", "adapter"):
+        if (checkpoint / saved).is_dir():
+            tokenizer.save_pretrained(checkpoint / saved)
 
 
 def replace_dir(src: Path, dst: Path) -> None:

@@ -16,9 +16,10 @@ pipelines that train actor_train alone). Run it alone::
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 from roll_core.algorithms.objective import SupervisedObjective
-from roll_core.data import PromptStream
+from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
 from roll_core.pipelines.batches import demonstration_batch, packed_demonstration_batch
 from roll_core.pipelines.runtime import (SEED_OFFSETS, ActorLoop, log_probs, progress_bar,
@@ -28,16 +29,31 @@ from roll_core.runtime.executor import WorkerGroup
 from roll_core.training import UpdateSpec
 
 
-class SupervisedTrainer:
-    """Supervised steps on ``actor`` over the rows that have a demonstration."""
+class DemonstrationSource:
+    """Batches of ``warmup.batch_size`` rows that carry a demonstration, in a seeded, resumable order
+    (``stream``), padded or packed as ``warmup.packing`` says."""
 
-    def __init__(self, executor, actor: WorkerGroup, tokenizer, rows: list[dict], config):
+    def __init__(self, tokenizer, rows: list[dict], config, multiple_of: int = 1):
         demonstrated = [r for r in rows if r.get("demonstration") is not None]
         if not demonstrated:
             raise ConfigError("warmup.steps > 0 but no training row has a 'demonstration'; set warmup.steps=0")
-        self.executor, self.actor, self.tokenizer, self.settings = executor, actor, tokenizer, config.warmup
-        self.lora = config.roles.actor_train.lora is not None
+        self.tokenizer, self.settings, self.multiple_of = tokenizer, config.warmup, multiple_of
         self.stream = PromptStream(demonstrated, config.seed + SEED_OFFSETS["warmup_data"])
+
+    def __call__(self) -> Batch:
+        rows = self.stream.next(self.settings.batch_size)
+        if self.settings.packing:
+            return packed_demonstration_batch(self.tokenizer, rows, self.settings.max_length, self.multiple_of)
+        return demonstration_batch(self.tokenizer, rows)
+
+
+class SupervisedTrainer:
+    """Supervised steps on ``actor``, each on the next batch of ``batches`` (a
+    :class:`DemonstrationSource`, or the agentic pipeline's teacher episodes)."""
+
+    def __init__(self, executor, actor: WorkerGroup, tokenizer, config, batches: Callable[[], Batch]):
+        self.executor, self.actor, self.tokenizer, self.batches = executor, actor, tokenizer, batches
+        self.lora = config.roles.actor_train.lora is not None
         # One optimizer step per batch, with an optimizer of its own: carrying its Adam moments
         # (sized for cross-entropy gradients) into RL would shrink the first RL updates.
         self.loss_fn = SupervisedObjective("warmup/loss")
@@ -46,10 +62,7 @@ class SupervisedTrainer:
                                optimizer="warmup", lr=config.warmup.lr, metric_prefix="warmup")
 
     def step(self) -> dict[str, float]:
-        rows = self.stream.next(self.settings.batch_size)
-        batch = (packed_demonstration_batch(self.tokenizer, rows, self.settings.max_length, self.actor.dp_size)
-                 if self.settings.packing else demonstration_batch(self.tokenizer, rows))
-        return self.executor.get(start_update(self.actor, batch, self.loss_fn, self.spec))[0]
+        return self.executor.get(start_update(self.actor, self.batches(), self.loss_fn, self.spec))[0]
 
     def export(self, directory: Path) -> None:
         """The trained model, with its tokenizer, as a Hugging Face directory (replaced atomically)."""
@@ -70,6 +83,57 @@ class SupervisedTrainer:
                 metrics = self.step()
                 progress.update(task, advance=1, info=f"loss {metrics['warmup/loss']:.3f}")
         return metrics
+
+
+class WarmStart:
+    """For RL pipelines that may begin with a supervised warm-up of actor_train (``rlvr``, ``agentic``):
+    the warm-up itself, and where the policy RL starts from (``warm-model/`` after a warm-up, the
+    model before it), which the reference and critic load and LoRA's inference workers merge onto.
+    The pipeline sets ``actor``, ``infer``, ``model`` and ``tokenizer`` and says how weights are pushed."""
+
+    config: Any
+    executor: Any
+    roles: Any
+    run_dir: Path
+    phase: str
+    actor: WorkerGroup
+    infer: WorkerGroup
+    model: str
+    tokenizer: Any
+
+    @property
+    def warm_dir(self) -> Path:
+        return self.run_dir / "warm-model"
+
+    def start_model(self) -> str:
+        """The model RL starts from: ``warm-model/`` once a warm-up wrote it, else the policy's."""
+        return str(self.warm_dir) if (self.warm_dir / "config.json").exists() else self.model
+
+    def push_weights(self, policy_update: bool = False) -> None:
+        raise NotImplementedError
+
+    def warmup(self, batches: Callable[[], Batch]) -> dict[str, float]:
+        """``warmup.steps`` supervised steps on actor_train over ``batches``; the result becomes
+        ``warm-model/`` and reaches actor_infer."""
+        self.phase = "supervised warm-up"
+        self.roles.use("actor_train")
+        trainer = SupervisedTrainer(self.executor, self.actor, self.tokenizer, self.config, batches)
+        metrics = trainer.run(self.config.warmup.steps)
+        self.push_weights()
+        trainer.export(self.warm_dir)
+        if self.config.roles.actor_train.lora is not None:
+            # The warm-up trained adapters: they fold into the base (warm-model/), so the reference,
+            # the base with the adapters disabled, is the warmed-up policy, and RL trains fresh ones.
+            self.executor.get(self.actor.call("fold_adapters", str(self.warm_dir)) + self.rebase_inference())
+            self.push_weights()
+        return metrics
+
+    def rebase_inference(self) -> list:
+        """Under LoRA after a warm-up, the inference workers merge adapters onto warm-model/ (on
+        resume too: the trainer's adapter names its base itself); futures, none otherwise."""
+        if self.config.roles.actor_train.lora is None or self.start_model() == self.model:
+            return []
+        return self.infer.call("rebase_adapters", str(self.warm_dir))
 
 
 def heldout_loss(executor, actor: WorkerGroup, tokenizer, rows: list[dict]) -> float:
@@ -95,8 +159,9 @@ class SFTPipeline(ActorLoop):
     def build(self) -> None:
         role = self.config.roles.actor_train
         self.actor = self.roles.model_role("actor_train", "train", self.model, role)
-        self.trainer = SupervisedTrainer(self.executor, self.actor, self.tokenizer, self.train_rows, self.config)
-        self.stream = self.trainer.stream
+        source = DemonstrationSource(self.tokenizer, self.train_rows, self.config, self.actor.dp_size)
+        self.trainer = SupervisedTrainer(self.executor, self.actor, self.tokenizer, self.config, source)
+        self.stream = source.stream
 
     def evaluate(self) -> dict[str, float]:
         return {"eval/loss": heldout_loss(self.executor, self.actor, self.tokenizer, self.eval_rows)} if self.eval_rows else {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from roll_core.errors import RollError
 from roll_core.plugins import get_plugins
 from roll_core.rewards import RewardInput
 from roll_core.runtime import distributed
+from roll_core.runtime.deadline import Hung, call_with_deadline
 from roll_core.strategies import lora
 
 
@@ -238,7 +238,7 @@ class _Scorer:
     plugin: str
     weight: float
     options: dict
-    reward: object = None
+    reward: Any = None
 
 
 class RewardWorker(_Worker):
@@ -292,30 +292,20 @@ class RewardWorker(_Worker):
     def _score_one_reward(self, scorer: _Scorer, samples: list[RewardInput], counts: dict) -> list[float]:
         name, plugin = scorer.name, scorer.plugin
         deadline = self.failures["timeout_s"] * len(samples)
-        box: dict = {}
-
-        def work(reward=scorer.reward) -> None:
-            try:
-                box["scores"] = reward.score_batch(samples)
-            except BaseException as exc:  # handed to the calling thread below
-                box["error"] = exc
-
-        thread = threading.Thread(target=work, name=f"reward-{name}", daemon=True)
-        thread.start()
-        thread.join(deadline)
-        if thread.is_alive():  # hung: abandon the call, rebuild the reward; the driver replaces this worker
+        reward = scorer.reward
+        try:
+            scores = call_with_deadline(lambda: reward.score_batch(samples), deadline, f"reward-{name}")
+        except Hung:  # abandon the call, rebuild the reward; the driver replaces this worker
             counts["replace"] = True
             self._build(scorer)
             if self.failures["on_timeout"] == "error":
                 raise RewardError(f"reward '{name}' (plugin '{plugin}') did not score {len(samples)} sample(s) within "
                                   f"{deadline:g} s ({self.key}.timeout_s={self.failures['timeout_s']:g} per sample; "
-                                  f"{self.key}.on_timeout: zero scores them 0 and goes on)")
+                                  f"{self.key}.on_timeout: zero scores them 0 and goes on)") from None
             counts["timeouts"] += len(samples)
             return [0.0] * len(samples)
-        if "error" in box:
-            exc = box["error"]
+        except BaseException as exc:  # noqa: BLE001 - whatever the plugin raised, named
             raise RewardError(f"reward '{name}' (plugin '{plugin}') raised {type(exc).__name__}: {exc}") from exc
-        scores = box["scores"]
         if len(scores) != len(samples):
             raise RewardError(f"reward '{name}' (plugin '{plugin}') returned {len(scores)} scores "
                               f"for {len(samples)} samples")

@@ -7,12 +7,16 @@ class only turns its state into text and text into its actions.
 
 * **Observation**: the map, rows joined by ``|``, the agent's tile shown as ``P``: ``P_O_|____|...``
   (``_`` frozen, ``O`` hole, ``G`` goal; a character set every tokenizer has, the embedded one too).
+  With ``show_neighbors``, ``:`` and the four tiles around the agent follow, left, down, right, up
+  (``#``: the edge), e.g. ``P_O_|____|...:#_O#``: a view small models read more easily than the map.
 * **Action**: the first word of the text that is one of ``L``, ``D``, ``R``, ``U`` or ``left``,
   ``down``, ``right``, ``up``, case-insensitive (``"I go left"`` is left; ``"refuse"`` is no move).
 * **Bad action** (text with no move in it): the documented penalty ``invalid_action_penalty``
   (default -0.1) as the step's reward; the agent stays put and the step counts toward ``max_steps``.
 * **Reward**: 1 on reaching the goal, 0 otherwise (gymnasium's schedule). ``terminated`` on a hole
   or the goal; ``truncated`` after ``max_steps`` moves.
+* **Expert** (``expert_action``): the first move of a shortest path to the goal over frozen tiles
+  (breadth-first search on the map), for the warm-up's teacher; ``actions`` are ``L``, ``D``, ``R``, ``U``.
 * **info**: ``success`` (the goal was reached) and ``state_hash`` (a stable hash of the map and the
   agent's tile: GiGPO's step groups).
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections import deque
 from typing import Any
 
 from roll_core.envs import Env
@@ -28,6 +33,7 @@ from roll_core.envs import Env
 MOVES = {"L": 0, "D": 1, "R": 2, "U": 3}
 _WORDS = {"LEFT": "L", "DOWN": "D", "RIGHT": "R", "UP": "U"}
 _TILES = {"S": "_", "F": "_", "H": "O", "G": "G"}
+_STEPS = {"L": (0, -1), "D": (1, 0), "R": (0, 1), "U": (-1, 0)}
 
 
 def parse_action(text: str) -> int | None:
@@ -42,8 +48,10 @@ def parse_action(text: str) -> int | None:
 
 
 class FrozenLake(Env):
+    actions = tuple(MOVES)
+
     def __init__(self, size: int = 4, frozen_fraction: float = 0.8, is_slippery: bool = False,
-                 max_steps: int = 10, invalid_action_penalty: float = -0.1):
+                 max_steps: int = 10, invalid_action_penalty: float = -0.1, show_neighbors: bool = False):
         if size < 2:
             raise ValueError(f"size must be at least 2, got {size}")
         if not 0 < frozen_fraction <= 1:
@@ -52,6 +60,7 @@ class FrozenLake(Env):
             raise ValueError(f"max_steps must be at least 1, got {max_steps}")
         self.size, self.frozen_fraction, self.is_slippery = size, frozen_fraction, is_slippery
         self.max_steps, self.invalid_action_penalty = max_steps, invalid_action_penalty
+        self.show_neighbors = show_neighbors
         self._env: Any = None
         self._map: list[str] = []
         self._position, self._steps = 0, 0
@@ -78,11 +87,38 @@ class FrozenLake(Env):
         return self.render(), float(reward), bool(terminated), not terminated and self._steps >= self.max_steps, \
             self._info(success=success)
 
+    def expert_action(self) -> str | None:
+        """The first move of a shortest path to the goal that avoids holes (None: no path, or no episode)."""
+        if self._env is None:
+            return None
+        n = self.size
+        start = divmod(self._position, n)
+        first: dict[tuple[int, int], str | None] = {start: None}
+        queue = deque([start])
+        while queue:
+            r, c = queue.popleft()
+            if self._map[r][c] == "G":
+                return first[(r, c)]
+            if self._map[r][c] == "H":
+                continue
+            for move, (dr, dc) in _STEPS.items():
+                nxt = (r + dr, c + dc)
+                if 0 <= nxt[0] < n and 0 <= nxt[1] < n and nxt not in first:
+                    first[nxt] = first[(r, c)] or move
+                    queue.append(nxt)
+        return None
+
     def render(self) -> str:
         rows = []
         for r, row in enumerate(self._map):
             rows.append("".join("P" if r * self.size + c == self._position else _TILES[t] for c, t in enumerate(row)))
-        return "|".join(rows)
+        text = "|".join(rows)
+        if self.show_neighbors:
+            r, c = divmod(self._position, self.size)
+            around = [(r + dr, c + dc) for dr, dc in _STEPS.values()]
+            text += ":" + "".join(_TILES[self._map[y][x]] if 0 <= y < self.size and 0 <= x < self.size else "#"
+                                  for y, x in around)
+        return text
 
     def _tile(self) -> str:
         return self._map[self._position // self.size][self._position % self.size]
