@@ -129,3 +129,38 @@ def test_roll_play_prints_one_episode_turn_by_turn():
     assert "[turn 1]" in out.stdout and "2 turns" in out.stdout
     out = roll("play", "frozen_lake", "--policy", "random")
     assert out.returncode == 2 and "--policy random needs --actions" in out.stderr
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_expert_walks_a_shortest_safe_path_to_the_goal(seed):
+    env = FrozenLake(size=4, max_steps=20)
+    env.reset(seed=seed)
+    length = len(shortest_moves(env))
+    for moves in range(1, 20):
+        _, reward, terminated, _, info = env.step(env.expert_action())
+        if terminated:
+            break
+    assert info["success"] and reward == 1.0 and moves == length
+    assert env.expert_action() is None  # on the goal: nothing left to do
+
+
+def test_show_neighbors_appends_the_four_tiles_around_the_agent():
+    env = FrozenLake(size=4, show_neighbors=True)
+    obs, _ = env.reset(seed=0)
+    grid, around = obs.split(":")
+    assert grid == FrozenLake(size=4).reset(seed=0)[0]
+    rows = grid.split("|")
+    assert around == "#" + rows[1][0] + rows[0][1] + "#"  # left, down, right, up of the start (0, 0)
+
+
+def test_the_careless_teacher_makes_mistakes_in_proportion_to_its_noise(tiny_model_path):
+    from roll_core.agentic.episodes import play, teacher_policy
+    from roll_core.pipelines.runtime import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_model_path))
+    rates = []
+    for noise in (0.0, 0.3, 1.0):
+        episodes = play([FrozenLake(max_steps=8) for _ in range(100)], list(range(100)), list(range(100)),
+                        teacher_policy(tokenizer, noise=noise, seed=1), tokenizer, max_turns=8)
+        rates.append(sum(e.info["success"] for e in episodes) / 100)
+    assert rates[0] == 1.0 and 0.3 < rates[1] < 0.8 and rates[2] < 0.1
