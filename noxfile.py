@@ -1,4 +1,4 @@
-"""Developer sessions: `nox -s tests`, `nox -s plugin`, `nox -s vllm`, `nox -s wheels`, `nox -s example_plugin`,
+"""Developer sessions: `nox -s tests`, `nox -s plugin`, `nox -s vllm`, `nox -s wheels`, `nox -s example_plugins`,
 `nox -s lint`, `nox -s quickstart`.
 
 Each package is installed alone into its own session venv, which catches undeclared dependencies.
@@ -9,7 +9,7 @@ import tempfile
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "plugin", "vllm", "wheels", "example_plugin"]
+nox.options.sessions = ["lint", "tests", "plugin", "vllm", "wheels", "example_plugins"]
 TORCH = "torch==2.13.0"
 
 
@@ -89,13 +89,16 @@ print("listed:", sorted(plugins))
 
 
 @nox.session
-def example_plugin(session):
-    """The third-party example (examples/reward-plugin) installed like a user would, not editable."""
+def example_plugins(session):
+    """The third-party examples (examples/reward-plugin, examples/env-plugin) installed like a user
+    would, not editable, each checked by `roll check-plugin` and tested."""
     session.install(TORCH)
     session.install("-e", ".[test]")
-    session.install("./examples/reward-plugin")
+    session.install("./examples/reward-plugin", "./examples/env-plugin")
     session.run("roll", "check-plugin", "roll-numeric-reward")
-    session.run("pytest", "-q", "examples/reward-plugin/tests", *session.posargs)
+    session.run("roll", "check-plugin", "roll-guess-number")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "examples/reward-plugin/tests", "examples/env-plugin/tests",
+                *session.posargs)
 
 
 @nox.session

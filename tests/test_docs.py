@@ -17,12 +17,14 @@ def _quotes():
     return [(doc.name, path, body) for doc in DOCS for path, body in MARKER.findall(doc.read_text())]
 
 
-def test_the_tutorial_quotes_every_file_of_the_example_plugin():
-    quoted = {path for doc, path, _ in _quotes() if doc == "tutorial-reward-plugin.md"}
-    example = ROOT / "examples" / "reward-plugin"
-    files = {str(p.relative_to(ROOT)) for p in example.rglob("*") if p.suffix in (".py", ".toml", ".yaml")
-             and p.name != "__init__.py" and not {"__pycache__", "build"} & set(p.parts)}  # build/: pip wheel's
-    assert files <= quoted, f"not quoted in docs/tutorial-reward-plugin.md: {sorted(files - quoted)}"
+@pytest.mark.parametrize("tutorial, example", [("tutorial-reward-plugin.md", "reward-plugin"),
+                                               ("tutorial-env-plugin.md", "env-plugin")])
+def test_each_tutorial_quotes_every_file_of_its_example_package(tutorial, example):
+    quoted = {path for doc, path, _ in _quotes() if doc == tutorial}
+    files = {str(p.relative_to(ROOT)) for p in (ROOT / "examples" / example).rglob("*")
+             if p.suffix in (".py", ".toml", ".yaml") and p.name != "__init__.py"
+             and not {"__pycache__", "build"} & set(p.parts)}  # build/: pip wheel's
+    assert files <= quoted, f"not quoted in docs/{tutorial}: {sorted(files - quoted)}"
 
 
 @pytest.mark.parametrize("doc, path, body", _quotes(), ids=lambda x: x if isinstance(x, str) and "/" in x else None)
