@@ -11,6 +11,8 @@ import nox
 
 nox.options.sessions = ["lint", "tests", "plugin", "vllm", "wheels", "example_plugins"]
 TORCH = "torch==2.13.0"
+# A plugin's optional dependencies its own session tests too (roll-envs' GEM adapter: gem-llm).
+PLUGIN_EXTRAS = {"roll_envs": "[gem]"}
 
 
 @nox.session
@@ -25,7 +27,7 @@ def tests(session):
 def plugin(session, plugin):
     """One plugin installed alone on top of roll-core, running its own tests."""
     session.install(TORCH)
-    session.install("-e", ".[test]", "-e", f"plugins/{plugin}")
+    session.install("-e", ".[test]", "-e", f"plugins/{plugin}{PLUGIN_EXTRAS.get(plugin, '')}")
     session.run("pytest", "-q", f"plugins/{plugin}/tests", *session.posargs)
 
 

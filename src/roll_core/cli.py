@@ -134,7 +134,7 @@ def _cmd_play(args) -> int:
     else:
         policy = scripted_policy(actions, tokenizer, randomly=args.policy == "random", seed=args.seed)
     (episode,) = play([env], [args.seed], [0], policy, tokenizer, max_turns=args.max_turns,
-                      turn_format=TurnFormat(instruction=args.instruction))
+                      max_length=args.max_length, turn_format=TurnFormat(instruction=args.instruction))
     env.close()
     print(transcript(episode, tokenizer))
     return 0
@@ -173,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (model policy)")
     pl.add_argument("--max-new-tokens", type=int, default=8)
     pl.add_argument("--max-turns", type=int, default=10)
+    pl.add_argument("--max-length", type=int, default=512, help="tokens of the whole conversation (as agentic.max_length)")
     pl.add_argument("--instruction", default="", help="text before the first observation")
     pl.set_defaults(func=_cmd_play)
     return parser
