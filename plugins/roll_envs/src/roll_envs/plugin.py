@@ -11,3 +11,5 @@ def roll_register_envs(register):
              description="any gymnasium environment with discrete actions, as text (option id: CliffWalking-v1, ...)")
     register("sokoban", "roll_envs.sokoban:Sokoban",
              description="Sokoban as text: a solvable room per seed, push every box onto a target")
+    register("tool_use", "roll_envs.tool_use:ToolUse",
+             description="answer arithmetic with a calculator or sandboxed Python (roll-envs[tools] for python)")
