@@ -4,6 +4,7 @@ seeds, and an environment that raises costs its episode only, counted in the met
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import types
@@ -97,3 +98,29 @@ def test_a_raising_and_a_hanging_environment_fail_their_episodes_and_the_run_fin
     assert [r["episode/failed"] for r in steps] == [4.0, 4.0, 4.0]
     assert all("train/pg_loss" in r for r in steps)
     assert time.perf_counter() - t0 < 60  # hung steps cost their timeout, not forever
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("rollout", ["sync", "async"])
+def test_agentic_on_ray_with_env_workers(tiny_config, rollout):
+    """FrozenLake (installed: Ray workers find it through its entry point) on two env-worker actors."""
+    from roll_core.pipelines.agentic import AgenticPipeline
+    from roll_core.runtime.executor import make_executor
+
+    extra = ["rollout.async_generation_ratio=1"] if rollout == "async" else []
+    cfg = tiny_config("pipeline=agentic", "executor=ray", "agentic.env=frozen_lake", "warmup.steps=2",
+                      "warmup.batch_size=4", f"agentic.rollout={rollout}", "agentic.env_workers=2",
+                      "agentic.groups_per_step=2", "agentic.group_size=2", "agentic.validation_episodes=4",
+                      "trainer.max_steps=2", "rollout.max_new_tokens=2", "roles.reference=null", *extra)
+    executor = make_executor(cfg)
+    try:
+        pipeline = AgenticPipeline(cfg, executor)
+        summary = pipeline.run()
+        pids = {executor.get(executor.invoke(slot.handle, "pid", (), {})) for slot in pipeline.slots}
+    finally:
+        executor.shutdown()
+    assert summary["steps"] == 2 and len(pids) == 2 and os.getpid() not in pids  # two actors, not the driver
+    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["warmup/loss"] > 0 and "eval/success_rate" in rows[0]
+    steps = [r for r in rows if r["step"] > 0]
+    assert len(steps) == 2 and all(r["episode/failed"] == 0 and "train/pg_loss" in r for r in steps)

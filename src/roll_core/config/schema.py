@@ -125,6 +125,8 @@ class AgenticConfig(Strict):
         "plays its own loop, generation batches whatever is waiting, and a step takes the first complete groups, "
         "up to rollout.async_generation_ratio steps ahead of training")
     env_workers: int = Field(1, ge=1, description="environment workers (Ray actors on the ray executor)")
+    env_worker_cpus: float = Field(0.0, ge=0, description="CPUs Ray reserves for each env worker: 0 lets them "
+                                   "run anywhere; more makes Ray spread them over the cluster's nodes")
     envs_per_worker: int | None = Field(None, ge=1, description="environment slots per worker; None: enough for "
                                         "every episode in flight")
     step_timeout_s: float = Field(60.0, gt=0, description="a reset or step that takes longer is abandoned, its "

@@ -136,7 +136,8 @@ class AgenticPipeline(WarmStart, TrainingLoop):
         self.update = (ActorObjective.from_config(cfg.algorithm, cfg.rollout, self.plugins),
                        UpdateSpec.from_config(cfg.algorithm, roles.actor_train))
         args = (a.env, a.env_options, self.per_worker, a.step_timeout_s)
-        envs = self.executor.spawn("env", EnvWorker, [args] * a.env_workers, None, concurrency=self.per_worker + 1)
+        envs = self.executor.spawn("env", EnvWorker, [args] * a.env_workers, None, concurrency=self.per_worker + 1,
+                                   cpus=a.env_worker_cpus)
         self.slots = env_slots(self.executor, envs, self.env_cls, self.per_worker)
         n = max(a.validation_episodes, 1)  # validation: the driver's own slots, played greedily in lockstep
         self.eval_slots = env_slots(LocalExecutor(), LocalExecutor().spawn(

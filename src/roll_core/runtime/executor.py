@@ -112,9 +112,10 @@ class Executor(ABC):
 
     @abstractmethod
     def spawn(self, role: str, cls: type, args_per_worker: list[tuple], slots: list | None = None,
-              concurrency: int = 1) -> WorkerGroup:
+              concurrency: int = 1, cpus: float = 0.0) -> WorkerGroup:
         """One worker per entry of ``args_per_worker``; ``slots`` (:class:`~roll_core.runtime.placement.WorkerSlot`)
-        say on which node each one runs; ``concurrency`` calls may run at once on a worker."""
+        say on which node each one runs; ``concurrency`` calls may run at once on a worker; ``cpus``
+        CPUs are reserved for each (Ray spreads workers that reserve CPUs over the cluster's nodes)."""
 
     @abstractmethod
     def invoke(self, handle, method: str, args: tuple, kwargs: dict) -> Any: ...
@@ -130,9 +131,9 @@ class Executor(ABC):
         """Put a fresh worker, built with the same arguments, in place of ``group.handles[index]``
         and return the old handle. The old worker keeps running, so calls already queued on it still
         complete; the caller stops it (:meth:`stop`) once they have."""
-        cls, args_per_worker, slots, concurrency = group.spawned_with
+        cls, args_per_worker, slots, concurrency, cpus = group.spawned_with
         old = group.handles[index]
-        fresh = self.spawn(group.role, cls, [args_per_worker[index]], slots and [slots[index]], concurrency)
+        fresh = self.spawn(group.role, cls, [args_per_worker[index]], slots and [slots[index]], concurrency, cpus)
         group.handles[index] = fresh.handles[0]
         return old
 
@@ -164,9 +165,9 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def spawn(self, role, cls, args_per_worker, slots=None, concurrency=1):
+    def spawn(self, role, cls, args_per_worker, slots=None, concurrency=1, cpus=0.0):
         return WorkerGroup(role, [cls(*args) for args in args_per_worker], self,
-                           (cls, args_per_worker, slots, concurrency))
+                           (cls, args_per_worker, slots, concurrency, cpus))
 
     def invoke(self, handle, method, args, kwargs):
         return getattr(handle, method)(*args, **kwargs)
@@ -203,11 +204,11 @@ class RayExecutor(Executor):
             kwargs["runtime_env"] = {"env_vars": {**(worker_env or {}), **env}}
             ray.init(**kwargs)
 
-    def spawn(self, role, cls, args_per_worker, slots=None, concurrency=1):
+    def spawn(self, role, cls, args_per_worker, slots=None, concurrency=1, cpus=0.0):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        # CPU workers need no resources (num_cpus=0), so every role fits on a small machine.
-        remote_cls = self.ray.remote(num_cpus=0)(cls)
+        # CPU workers need no resources by default (num_cpus=0), so every role fits on a small machine.
+        remote_cls = self.ray.remote(num_cpus=cpus)(cls)
         handles = []
         for i, args in enumerate(args_per_worker):
             options: dict[str, Any] = {"name": None, "max_concurrency": concurrency}
@@ -222,7 +223,7 @@ class RayExecutor(Executor):
                     placement_group=self._node_groups[slot.node], placement_group_bundle_index=0))
             handles.append(remote_cls.options(**options).remote(*args))
         self._actors += handles
-        return WorkerGroup(role, handles, self, (cls, args_per_worker, slots, concurrency))
+        return WorkerGroup(role, handles, self, (cls, args_per_worker, slots, concurrency, cpus))
 
     def invoke(self, handle, method, args, kwargs):
         return getattr(handle, method).remote(*args, **kwargs)
