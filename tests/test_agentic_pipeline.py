@@ -101,17 +101,17 @@ def test_a_raising_and_a_hanging_environment_fail_their_episodes_and_the_run_fin
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("rollout", ["sync", "async"])
-def test_agentic_on_ray_with_env_workers(tiny_config, rollout):
-    """FrozenLake (installed: Ray workers find it through its entry point) on two env-worker actors."""
+def test_agentic_on_ray_with_env_workers(tiny_config):
+    """FrozenLake (installed: Ray workers find it through its entry point) on two env-worker actors;
+    async rollout, whose slots call the actors from many threads at once (sync makes the same calls)."""
     from roll_core.pipelines.agentic import AgenticPipeline
     from roll_core.runtime.executor import make_executor
 
-    extra = ["rollout.async_generation_ratio=1"] if rollout == "async" else []
     cfg = tiny_config("pipeline=agentic", "executor=ray", "agentic.env=frozen_lake", "warmup.steps=2",
-                      "warmup.batch_size=4", f"agentic.rollout={rollout}", "agentic.env_workers=2",
+                      "warmup.batch_size=4", "agentic.rollout=async", "agentic.env_workers=2",
                       "agentic.groups_per_step=2", "agentic.group_size=2", "agentic.validation_episodes=4",
-                      "trainer.max_steps=2", "rollout.max_new_tokens=2", "roles.reference=null", *extra)
+                      "trainer.max_steps=2", "rollout.max_new_tokens=2", "roles.reference=null",
+                      "rollout.async_generation_ratio=1")
     executor = make_executor(cfg)
     try:
         pipeline = AgenticPipeline(cfg, executor)
@@ -124,3 +124,14 @@ def test_agentic_on_ray_with_env_workers(tiny_config, rollout):
     assert rows[0]["warmup/loss"] > 0 and "eval/success_rate" in rows[0]
     steps = [r for r in rows if r["step"] > 0]
     assert len(steps) == 2 and all(r["episode/failed"] == 0 and "train/pg_loss" in r for r in steps)
+
+
+def test_a_warm_up_needs_an_environment_with_an_expert(roll_plugins, tiny_config):
+    from roll_core.errors import ConfigError
+    from roll_core.pipelines.agentic import AgenticPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    roll_plugins(("echo", types.SimpleNamespace(roll_register_envs=hookimpl(lambda register: register("echo", Echo)))))
+    cfg = tiny_config("pipeline=agentic", "agentic.env=echo", "warmup.steps=3")
+    with pytest.raises(ConfigError, match="imitates the environment's expert, and 'echo' has none"):
+        AgenticPipeline(cfg, LocalExecutor()).run()
