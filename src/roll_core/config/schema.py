@@ -13,11 +13,21 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from roll_core.embedded.model import TinyModelConfig
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModelConfig(Strict):
+    """Shape of the embedded model (a Llama-architecture decoder). Defaults fit a 2-core CPU."""
+
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 64
+    init_seed: int = 0
 
 
 class ModelConfig(Strict):

@@ -22,26 +22,13 @@ import string
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from roll_core.config.schema import TinyModelConfig  # its shape is config (model.tiny); re-exported here
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)
 # Printable ASCII without the whitespace controls, plus a plain space: enough for arithmetic,
 # code-like tasks and short natural-language prompts.
 CHARACTERS = tuple(c for c in string.printable if c not in "\t\n\r\x0b\x0c")
-
-
-class TinyModelConfig(BaseModel):
-    """Shape of the embedded model (a Llama-architecture decoder). Defaults fit a 2-core CPU."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 512
-    max_position_embeddings: int = 64
-    init_seed: int = 0
 
 
 def build_char_tokenizer():
