@@ -135,3 +135,20 @@ def test_a_warm_up_needs_an_environment_with_an_expert(roll_plugins, tiny_config
     cfg = tiny_config("pipeline=agentic", "agentic.env=echo", "warmup.steps=3")
     with pytest.raises(ConfigError, match="imitates the environment's expert, and 'echo' has none"):
         AgenticPipeline(cfg, LocalExecutor()).run()
+
+
+class EchoWithExpert(Echo):
+    def expert_action(self):
+        return self.letter
+
+
+def test_a_noisy_teacher_needs_actions_to_draw_from(roll_plugins, tiny_config):
+    from roll_core.errors import ConfigError
+    from roll_core.pipelines.agentic import AgenticPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    roll_plugins(("echo", types.SimpleNamespace(
+        roll_register_envs=hookimpl(lambda register: register("echo", EchoWithExpert)))))
+    cfg = tiny_config("pipeline=agentic", "agentic.env=echo", "warmup.steps=3", "agentic.teacher_noise=0.2")
+    with pytest.raises(ConfigError, match="'echo' lists none; set agentic.teacher_noise=0"):
+        AgenticPipeline(cfg, LocalExecutor()).run()

@@ -108,12 +108,17 @@ class AgenticPipeline(WarmStart, TrainingLoop):
         self.model, self.tokenizer = self.policy()
         self.env_cls = self.plugins.envs.get(a.env)
         try:
-            self.env_cls(**a.env_options).close()
+            probe = self.env_cls(**a.env_options)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"key 'agentic.env_options' for environment '{a.env}': {exc}") from None
+        probe.close()
         if cfg.warmup.steps and self.env_cls.expert_action is Env.expert_action:
             raise ConfigError(f"warmup.steps={cfg.warmup.steps} imitates the environment's expert, and "
                               f"'{a.env}' has none (no expert_action()); set warmup.steps=0")
+        if cfg.warmup.steps and a.teacher_noise > 0 and not probe.actions:
+            raise ConfigError(f"agentic.teacher_noise={a.teacher_noise} makes the warm-up's teacher draw random "
+                              f"actions from the environment's 'actions', and '{a.env}' lists none; set "
+                              f"agentic.teacher_noise=0")
         if a.rollout == "async" and "actor_train" in colocated(cfg).get("actor_infer", set()):
             raise ConfigError("agentic.rollout: async generates while actor_train trains, so actor_infer needs "
                               "devices of its own; it shares them with actor_train here (roles.*.devices)")

@@ -20,6 +20,8 @@ class GuessNumber(Env):
         if high < 2:
             raise ValueError(f"high must be at least 2, got {high}")
         self.high, self.max_steps, self.invalid_action_penalty = high, max_steps, invalid_action_penalty
+        # every possible guess: a random policy and the warm-up's careless teacher draw from them
+        self.actions = tuple(str(n) for n in range(1, high + 1))
         self.secret = self.low = self.top = self.steps = 0
 
     def reset(self, seed=None):
