@@ -56,7 +56,7 @@ def vllm(session):
 
 
 DISTRIBUTIONS = [".", "plugins/roll_rewards", "plugins/roll_vllm", "plugins/roll_sglang", "plugins/roll_deepspeed",
-                 "plugins/roll_megatron", "plugins/roll_envs", "examples/reward-plugin"]
+                 "plugins/roll_megatron", "plugins/roll_envs", "examples/reward-plugin", "examples/env-plugin"]
 
 
 @nox.session

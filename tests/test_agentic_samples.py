@@ -78,8 +78,13 @@ def test_a_conversation_longer_than_the_context_is_cut_at_a_turn_boundary():
 def test_a_turn_must_carry_one_log_prob_per_action_token():
     with pytest.raises(ValueError, match="a turn has 2 action tokens but 1 log-probs"):
         Turn([1], [2, 3], [-0.1])
-    with pytest.raises(ValueError, match="a turn needs at least one action token"):
+    with pytest.raises(ValueError, match="^a turn needs at least one action token$"):
         Turn([1], [], [])
+
+
+def test_a_one_token_action_gets_its_turn_reward():
+    rewards = turn_token_rewards(torch.tensor([[0.5]]), torch.tensor([[0]]))
+    assert rewards.tolist() == [[0.5]]
 
 
 def test_shaping_trains_the_actions_with_each_turns_reward():
@@ -97,3 +102,29 @@ def test_shaping_trains_the_actions_with_each_turns_reward():
     assert batch["loss_mask"].tolist() == batch["action_mask"].float().tolist()
     assert batch["token_level_rewards"].tolist() == [[0, 0, 0, 1.0], [0.5, 0, 0, 0]]
     assert batch["scores"].tolist() == [1.0, 0.5]
+
+
+def test_every_index_and_mask_is_an_integer_tensor_and_state_hashes_stay_exact():
+    big = 4_000_000_123  # a CRC-32 near its top: a float32 tensor would round it to a neighbour's hash
+    episodes = [Episode([turn([11], [21], state=big), turn([31], [41], state=big + 1)], group=3, failed=True),
+                Episode([turn([12, 13], [22], reward=2.0)], group=5, truncated=True)]
+    batch = episode_batch(episodes, PAD, max_length=64)
+    for key in ("prompt_ids", "prompt_mask", "responses", "response_mask", "action_mask", "turn_index", "state_hash",
+                "group_index"):
+        assert batch[key].dtype == torch.long, key
+    assert batch["state_hash"][0].tolist() == [big, big + 1]
+    assert batch["group_index"].tolist() == [3, 5] and batch["scores"].dtype == torch.float32
+    assert batch["scores"].tolist() == [0.0, 2.0]
+    assert batch["failed"].tolist() == [True, False] and batch["truncated"].tolist() == [False, True]
+    assert turn_token_rewards(batch["turn_rewards"], batch["turn_index"]).dtype == torch.float32
+
+
+def test_fit_turns_names_what_cannot_become_a_row_and_keeps_the_episode_facts():
+    with pytest.raises(ValueError, match=r"an episode without turns \(its environment failed at reset\) is not a "
+                                         r"training row; leave it out of the batch"):
+        fit_turns(Episode([], group=0), 10)
+    with pytest.raises(ValueError, match="the first turn of an episode has 5 tokens, more than max_length=4"):
+        fit_turns(Episode([turn([1, 2, 3], [4, 5]), turn([6], [7])], group=0), 4)
+    cut = fit_turns(Episode([turn([1], [2]), turn([3], [4])], group=2, failed=True, info={"error": "x"}), 3)
+    assert len(cut.turns) == 1 and cut.truncated and cut.failed and cut.info == {"error": "x"} and cut.group == 2
+
