@@ -27,10 +27,10 @@ from roll_core.runtime import make_executor
 class RecordingPipeline(RLVRPipeline):
     """Keeps every batch handed to the trainer."""
 
-    def warmup(self):
+    def warmup(self, batches):
         if self.config.executor == "ray":
             self.warmup_threads = self.executor.get(self.actor.call("threads"))
-        return super().warmup()
+        return super().warmup(batches)
 
     def collect(self):
         batch, metrics = super().collect()
