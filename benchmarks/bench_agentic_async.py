@@ -96,7 +96,7 @@ def main() -> None:
             if step == 1:
                 t0, waited[0] = time.perf_counter(), 0.0
             seeds = [step * args.groups + g for g in range(args.groups) for _ in range(args.group_size)]
-            played = play(envs, seeds, [s for s in seeds], policy, tokenizer, turn_format=rules.turn_format,
+            played = play(envs, seeds, seeds, policy, tokenizer, turn_format=rules.turn_format,
                           max_turns=rules.max_turns, max_length=rules.max_length, concurrent_steps=True)
             time.sleep(args.train_s)
             episodes += len(played) if step else 0

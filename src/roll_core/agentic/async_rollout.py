@@ -113,7 +113,6 @@ class EnvLoops:
                  group_size: int, seed_of: Callable[[int], int], async_generation_ratio: float = 0.0):
         self.envs, self.ask, self.rules = envs, ask, rules
         self.groups_per_step, self.group_size, self.seed_of = groups_per_step, group_size, seed_of
-        self.ratio = async_generation_ratio
         self.max_staleness = math.ceil(async_generation_ratio)
         self.version = 0
         self.cond = threading.Condition()

@@ -133,6 +133,7 @@ class AgenticPipeline(WarmStart, TrainingLoop):
 
     def build(self) -> None:
         cfg, roles, a = self.config, self.config.roles, self.config.agentic
+        self._stop_loops()  # a restart after a lost worker: the last attempt's loops play on dead workers
         self.actor = self.roles.model_role("actor_train", "train", self.model, roles.actor_train)
         self.infer = self.roles.model_role("actor_infer", "infer", self.model, roles.actor_infer)
         self.weights = weight_sync.connect(cfg, self.executor, self.actor, self.infer, False, self.plugins)
@@ -202,6 +203,9 @@ class AgenticPipeline(WarmStart, TrainingLoop):
             self.loops.start()
 
     def after_steps(self) -> None:
+        self._stop_loops()
+
+    def _stop_loops(self) -> None:
         if self.loops is not None:
             self.loops.stop()
             self.loops.ask.close()
