@@ -53,7 +53,7 @@ def main() -> None:
 
     import torch
 
-    from roll_core.agentic.async_rollout import EnvLoops, RequestBatcher
+    from roll_core.agentic.async_rollout import EnvLoops, Lane, RequestBatcher
     from roll_core.agentic.episodes import Rules, engine_policy, play
     from roll_core.config.schema import InferRoleConfig
     from roll_core.embedded.model import build_tiny_model
@@ -105,8 +105,8 @@ def main() -> None:
     def run_async(ratio: float) -> tuple[float, int, float, int]:
         slots = math.ceil((1 + ratio) * per_step)
         batcher = RequestBatcher(policy)
-        loops = EnvLoops([SlowLake(**options) for _ in range(slots)], batcher, rules, groups_per_step=args.groups,
-                         group_size=args.group_size, seed_of=lambda g: g, async_generation_ratio=ratio)
+        lane = Lane("slow_lake", [SlowLake(**options) for _ in range(slots)], rules, args.groups, seed_of=lambda g: g)
+        loops = EnvLoops([lane], batcher, group_size=args.group_size, async_generation_ratio=ratio)
         loops.start()
         episodes, t0 = 0, 0.0
         for step in range(args.steps + 1):

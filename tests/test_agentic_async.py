@@ -84,7 +84,7 @@ def test_requests_waiting_together_go_to_the_policy_in_one_call():
 
 
 def _loops(ratio, groups_per_step=2, group_size=3, slots=6):
-    from roll_core.agentic.async_rollout import EnvLoops, RequestBatcher
+    from roll_core.agentic.async_rollout import EnvLoops, Lane, RequestBatcher
     from roll_core.agentic.episodes import Rules
 
     class Tok:
@@ -95,8 +95,9 @@ def _loops(ratio, groups_per_step=2, group_size=3, slots=6):
             return "0"
 
     batcher = RequestBatcher(lambda convs, envs: [([7], [0.0]) for _ in convs])
-    loops = EnvLoops([Sleepy() for _ in range(slots)], batcher, Rules(Tok(), max_turns=4), groups_per_step=groups_per_step,
-                     group_size=group_size, seed_of=lambda g: 100 + g, async_generation_ratio=ratio)
+    lane = Lane("sleepy", [Sleepy() for _ in range(slots)], Rules(Tok(), max_turns=4), groups_per_step,
+                seed_of=lambda g: 100 + g)
+    loops = EnvLoops([lane], batcher, group_size=group_size, async_generation_ratio=ratio)
     return loops, batcher
 
 
@@ -107,7 +108,7 @@ def test_on_policy_async_rollout_plays_one_step_of_groups_per_policy_version():
     assert len(episodes) == 6 and [e.group for e in episodes] == [0, 0, 0, 1, 1, 1]
     assert [e.reward for e in episodes] == [0.0] * 3 + [2.0] * 3  # seeds 100 and 101, two steps each
     time.sleep(0.2)
-    assert loops.next_episode == 6  # nothing more is handed out before the policy changes
+    assert loops.lanes[0].next_episode == 6  # nothing more is handed out before the policy changes
     loops.policy_updated()
     episodes, metrics = loops.take()
     assert sorted({e.group for e in episodes}) == [2, 3] and metrics["rollout/staleness_mean"] == 0.0

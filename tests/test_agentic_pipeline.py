@@ -152,3 +152,50 @@ def test_a_noisy_teacher_needs_actions_to_draw_from(roll_plugins, tiny_config):
     cfg = tiny_config("pipeline=agentic", "agentic.env=echo", "warmup.steps=3", "agentic.teacher_noise=0.2")
     with pytest.raises(ConfigError, match="'echo' lists none; set agentic.teacher_noise=0"):
         AgenticPipeline(cfg, LocalExecutor()).run()
+
+
+@pytest.mark.parametrize("rollout", ["sync", "async"])
+def test_several_environments_train_together_with_metrics_per_environment(roll_plugins, tiny_config, rollout):
+    from roll_core.pipelines.agentic import AgenticPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    roll_plugins(("two", types.SimpleNamespace(roll_register_envs=hookimpl(
+        lambda register: [register("echo", Echo), register("flaky", Flaky)]))))
+    envs = ("[{env: echo, groups_per_step: 2, validation_episodes: 5}, "
+            "{env: flaky, name: shaky, groups_per_step: 4, instruction: 'go '}]")
+    cfg = tiny_config("pipeline=agentic", f"agentic.envs={envs}", "warmup.steps=0", f"agentic.rollout={rollout}",
+                      "agentic.step_timeout_s=0.5", "trainer.max_steps=3", "trainer.eval_every=3",
+                      "agentic.group_size=2", "agentic.validation_episodes=0", "rollout.max_new_tokens=2")
+    summary = AgenticPipeline(cfg, LocalExecutor()).run()
+    assert summary["steps"] == 3
+    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0]
+    # echo: seeds 1,000,000 + g, g = 0..5 over three steps; g = 4 (step 3) crashes at its second turn.
+    # shaky: of each step's 4 groups, one hangs and one raises (Flaky's seeds % 4).
+    assert [r["episode/echo/failed"] for r in steps] == [0.0, 0.0, 2.0]
+    assert [r["episode/shaky/hung"] for r in steps] == [2.0, 2.0, 2.0]
+    assert [r["episode/shaky/failed"] for r in steps] == [4.0, 4.0, 4.0]
+    assert [r["episode/failed"] for r in steps] == [4.0, 4.0, 6.0]
+    assert all(r["episode/echo/turns_mean"] > 0 and "train/pg_loss" in r for r in steps)
+    # validation: echo's 5 held-out seeds only (shaky inherits validation_episodes=0)
+    assert "eval/echo/success_rate" not in summary["after"] and "eval/success_rate" in summary["after"]
+
+
+def test_episodes_of_different_environments_never_share_a_group():
+    from roll_core.agentic.samples import Episode
+    from roll_core.pipelines.agentic import distinct_groups
+
+    episodes = [Episode([], g, env=env) for env, g in [("a", 0), ("a", 0), ("b", 0), ("a", 1), ("b", 0), ("b", 7)]]
+    assert [e.group for e in distinct_groups(episodes)] == [0, 0, 1, 2, 1, 3]
+
+
+def test_the_environments_are_named_one_way_only_and_their_labels_differ(tiny_config):
+    from roll_core.errors import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match="either agentic.env"):
+        tiny_config("pipeline=agentic", "agentic.env=echo", "agentic.envs=[{env: flaky}]")
+    with pytest.raises((ConfigError, ValueError), match="repeat"):
+        tiny_config("pipeline=agentic", "agentic.envs=[{env: echo}, {env: echo}]")
+    cfg = tiny_config("pipeline=agentic", "agentic.envs=[{env: echo}, {env: echo, name: echo2, max_turns: 3}]")
+    first, second = cfg.agentic.environments()
+    assert (first.label, first.max_turns, second.label, second.max_turns) == ("echo", 10, "echo2", 3)

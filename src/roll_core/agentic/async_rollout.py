@@ -9,8 +9,9 @@ waiting as one batch to the policy the moment the previous batch returns (contin
 the level of turns).
 
 :class:`EnvLoops` keeps the slots busy across training steps. Episodes are handed out by group
-(``group_size`` episodes of one seed); a step takes the first ``groups_per_step`` *complete* groups,
-so a straggling group does not hold a step up. How far ahead of training the slots may play is
+(``group_size`` episodes of one seed); a step takes the first ``groups_per_step`` *complete* groups
+of each environment of the run (a :class:`Lane` each, with its own slots and counts), so a
+straggling group does not hold a step up. How far ahead of training the slots may play is
 the async scheduler's bound, ``rollout.async_generation_ratio`` (``r``): at most ``(1 + r)`` steps'
 worth of groups are out beyond those taken before the last policy update, so no group is older
 than ``ceil(r)`` policy versions when taken; an older one (it straggled) is dropped, counted and
@@ -94,6 +95,20 @@ class RequestBatcher:
             self.thread.join(timeout=60)
 
 
+@dataclass(frozen=True)
+class Lane:
+    """One environment of the run for :class:`EnvLoops`: its slots (local or
+    :class:`~roll_core.agentic.env_workers.RemoteEnv`), how its turns are written and cut, how many
+    of its groups a step takes, and the seed of its group ``g`` (0, 1, ...). ``label`` names its
+    episodes (``Episode.env``)."""
+
+    label: str
+    envs: Sequence[Env]
+    rules: Rules
+    groups_per_step: int
+    seed_of: Callable[[int], int]
+
+
 @dataclass
 class _Group:
     group: int
@@ -102,96 +117,109 @@ class _Group:
     episodes: list[Episode]
 
 
-class EnvLoops:
-    """Environment-level asynchronous rollout over ``envs`` (slots: local or
-    :class:`~roll_core.agentic.env_workers.RemoteEnv`); see the module docstring.
+class _LaneState:
+    """What :class:`EnvLoops` counts for one lane (all under its condition variable)."""
 
-    ``seed_of(group)`` is the seed of group ``group`` (0, 1, ...). :meth:`take` returns the next
-    step's groups; the pipeline bumps :attr:`version` after each weight update."""
-
-    def __init__(self, envs: Sequence[Env], ask: RequestBatcher, rules: Rules, *, groups_per_step: int,
-                 group_size: int, seed_of: Callable[[int], int], async_generation_ratio: float = 0.0):
-        self.envs, self.ask, self.rules = envs, ask, rules
-        self.groups_per_step, self.group_size, self.seed_of = groups_per_step, group_size, seed_of
-        self.max_staleness = math.ceil(async_generation_ratio)
-        self.version = 0
-        self.cond = threading.Condition()
+    def __init__(self, lane: Lane, released: int):
+        self.lane = lane
         self.next_episode = 0  # episode k belongs to group k // group_size
         # groups that may be handed out: one batch plus the run-ahead at first, then, at each policy
         # update, as many as were taken since the last one, and one more for each group dropped
-        self.released = math.ceil((1 + async_generation_ratio) * groups_per_step)
+        self.released = released
         self.taken_since_update = 0
         self.open: dict[int, _Group] = {}
         self.complete: list[_Group] = []
+
+
+class EnvLoops:
+    """Environment-level asynchronous rollout over the slots of every lane (one lane per
+    environment of the run); see the module docstring. :meth:`take` returns the next step's groups
+    of every lane; the pipeline calls :meth:`policy_updated` after each weight update."""
+
+    def __init__(self, lanes: Sequence[Lane], ask: RequestBatcher, *, group_size: int,
+                 async_generation_ratio: float = 0.0):
+        self.ask, self.group_size = ask, group_size
+        self.max_staleness = math.ceil(async_generation_ratio)
+        self.version = 0
+        self.cond = threading.Condition()
+        self.lanes = [_LaneState(lane, math.ceil((1 + async_generation_ratio) * lane.groups_per_step))
+                      for lane in lanes]
         self.dropped = 0  # groups too stale when complete
         self.stopping = False
-        self.threads = [threading.Thread(target=self._loop, args=(env,), name=f"env-loop-{i}", daemon=True)
-                        for i, env in enumerate(envs)]
+        self.threads = [threading.Thread(target=self._loop, args=(state, env), name=f"env-loop-{state.lane.label}-{i}",
+                                         daemon=True)
+                        for state in self.lanes for i, env in enumerate(state.lane.envs)]
 
     def start(self) -> None:
         for thread in self.threads:
             thread.start()
 
-    def _admitted(self) -> bool:
-        """Whether the next episode's group may be handed out (the run-ahead bound)."""
-        return self.next_episode // self.group_size < self.released
+    def _admitted(self, state: _LaneState) -> bool:
+        """Whether the lane's next episode's group may be handed out (the run-ahead bound)."""
+        return state.next_episode // self.group_size < state.released
 
     def policy_updated(self) -> None:
         """The policy's weights changed (after the pipeline pushed them): one more version, and the
         groups taken since the last update are replaced by new ones."""
         with self.cond:
             self.version += 1
-            self.released += self.taken_since_update
-            self.taken_since_update = 0
+            for state in self.lanes:
+                state.released += state.taken_since_update
+                state.taken_since_update = 0
             self.cond.notify_all()
 
-    def _next(self) -> tuple[_Group, int] | None:
+    def _next(self, state: _LaneState) -> _Group | None:
         with self.cond:
-            while not self.stopping and not self._admitted():
+            while not self.stopping and not self._admitted(state):
                 self.cond.wait()
             if self.stopping:
                 return None
-            g = self.next_episode // self.group_size
-            if g not in self.open:
-                self.open[g] = _Group(g, self.seed_of(g), self.version, [])
-            self.next_episode += 1
-            return self.open[g], self.seed_of(g)
+            g = state.next_episode // self.group_size
+            if g not in state.open:
+                state.open[g] = _Group(g, state.lane.seed_of(g), self.version, [])
+            state.next_episode += 1
+            return state.open[g]
 
-    def _loop(self, env: Env) -> None:
+    def _loop(self, state: _LaneState, env: Env) -> None:
+        lane = state.lane
         while True:
-            job = self._next()
-            if job is None:
+            group = self._next(state)
+            if group is None:
                 return
-            group, seed = job
-            episode = play_one(env, seed, group.group, self.ask, self.rules)
+            episode = play_one(env, group.seed, group.group, self.ask, lane.rules, label=lane.label)
             with self.cond:
                 group.episodes.append(episode)
                 if len(group.episodes) == self.group_size:
-                    del self.open[group.group]
-                    self.complete.append(group)
+                    del state.open[group.group]
+                    state.complete.append(group)
                     self.cond.notify_all()
 
-    def take(self) -> tuple[list[Episode], dict[str, float]]:
-        """The first ``groups_per_step`` complete groups no staler than ``ceil(r)`` versions (blocks
-        until there are), their episodes in group order, and the rollout's metrics."""
+    def _take_lane(self, state: _LaneState) -> list[_Group]:
+        """The lane's first ``groups_per_step`` complete groups no staler than ``ceil(r)`` versions
+        (under the condition variable; waits until there are)."""
         taken: list[_Group] = []
+        while len(taken) < state.lane.groups_per_step:
+            while not state.complete:
+                self.cond.wait()
+            group = state.complete.pop(0)
+            if self.version - group.version > self.max_staleness:
+                self.dropped += 1
+                state.released += 1
+                self.cond.notify_all()
+                continue
+            taken.append(group)
+        state.taken_since_update += len(taken)
+        return sorted(taken, key=lambda g: g.group)
+
+    def take(self) -> tuple[list[Episode], dict[str, float]]:
+        """The next step's groups, lane by lane (blocks until each lane has its ``groups_per_step``
+        complete groups), their episodes in group order, and the rollout's metrics."""
         with self.cond:
-            while len(taken) < self.groups_per_step:
-                while not self.complete:
-                    self.cond.wait()
-                group = self.complete.pop(0)
-                if self.version - group.version > self.max_staleness:
-                    self.dropped += 1
-                    self.released += 1
-                    self.cond.notify_all()
-                    continue
-                taken.append(group)
-            self.taken_since_update += len(taken)
+            taken = [g for state in self.lanes for g in self._take_lane(state)]
         staleness = [self.version - g.version for g in taken]
         metrics = {"rollout/staleness_mean": sum(staleness) / len(staleness),
                    "rollout/stale_groups_dropped": float(self.dropped),
                    "rollout/requests_per_call": self.ask.requests_served / max(self.ask.calls, 1)}
-        taken.sort(key=lambda g: g.group)
         return [e for g in taken for e in g.episodes], metrics
 
     def stop(self) -> None:

@@ -14,8 +14,8 @@ A policy is any ``policy(conversations: list[list[int]], envs) -> list[(action_i
 given the live episodes' conversations and their environments: :func:`engine_policy` wraps an
 inference strategy's ``generate`` (and ignores the environments); :func:`teacher_policy` reads the
 state through ``env.expert_action()`` (the warm-up's demonstrations); tests and ``roll play`` use
-scripted ones. :func:`play` steps every live episode once per policy call (a synchronous batch
-rollout); :func:`play_one` is one environment's own loop, which environment-level asynchronous
+scripted ones. :func:`play_jobs` steps every live episode once per policy call (a synchronous batch
+rollout, several environments' episodes together; :func:`play` for one environment); :func:`play_one` is one environment's own loop, which environment-level asynchronous
 rollout (:mod:`roll_core.agentic.async_rollout`) runs for every environment at once, with no barrier.
 An environment that raises, or (on an env worker) hangs past its timeout, fails its episode only
 (``info["error"]``, ``info["hung"]``).
@@ -60,10 +60,11 @@ def _ids(tokenizer, text: str) -> list[int]:
 
 @dataclass
 class _Playing:
-    """An episode in progress: its environment, the conversation the policy sees next, and the
-    observation ids and state the next turn starts from."""
+    """An episode in progress: its environment and rules, the conversation the policy sees next, and
+    the observation ids and state the next turn starts from."""
 
     env: Env
+    rules: Rules
     episode: Episode
     conversation: list[int]
     pending: list[int]
@@ -94,12 +95,12 @@ def start(env: Env, seed: int | None, episode: Episode, rules: Rules) -> _Playin
         _fail(episode, "reset", exc)
         return None
     ids = rules.turn_format.first(rules.tokenizer, observation)
-    return _Playing(env, episode, list(ids), ids, int(info.get("state_hash", 0)))
+    return _Playing(env, rules, episode, list(ids), ids, int(info.get("state_hash", 0)))
 
 
-def advance(p: _Playing, action_ids: list[int], log_probs: list[float], rules: Rules) -> bool:
+def advance(p: _Playing, action_ids: list[int], log_probs: list[float]) -> bool:
     """Apply the policy's reply to ``p``'s environment and record the turn; True while the episode goes on."""
-    episode, tokenizer = p.episode, rules.tokenizer
+    episode, rules, tokenizer = p.episode, p.rules, p.rules.tokenizer
     text = tokenizer.decode(action_ids, skip_special_tokens=True)
     try:
         observation, reward, terminated, truncated, info = p.env.step(text)
@@ -121,24 +122,43 @@ def advance(p: _Playing, action_ids: list[int], log_probs: list[float], rules: R
     return True
 
 
+@dataclass(frozen=True)
+class Job:
+    """One episode to play: on ``env``, reset with ``seed``, in group ``group``, under ``rules``,
+    labelled ``label`` (``Episode.env``)."""
+
+    env: Env
+    seed: int | None
+    group: int
+    rules: Rules
+    label: str = ""
+
+
 def play(envs: Sequence[Env], seeds: Sequence[int], groups: Sequence[int], policy: Policy, tokenizer, *,
          turn_format: TurnFormat = TurnFormat(), max_turns: int = 10, max_length: int = 512,
          concurrent_steps: bool = False) -> list[Episode]:
-    """Play one episode in each of ``envs`` (reset with its seed) to the end, all in lockstep: one
-    policy call per turn for every live episode (a synchronous batch rollout; see the module
-    docstring). With ``concurrent_steps`` the environments of a turn step at once, each in a thread
-    (remote or slow environments); the turn still waits for the slowest."""
+    """Play one episode in each of ``envs`` (reset with its seed) to the end, all in lockstep under
+    the same rules: :func:`play_jobs` for one environment's episodes."""
     rules = Rules(tokenizer, turn_format, max_turns, max_length)
-    episodes = [Episode([], group) for group in groups]
-    pool = ThreadPoolExecutor(max(len(envs), 1)) if concurrent_steps else None
+    return play_jobs([Job(env, seed, group, rules) for env, seed, group in zip(envs, seeds, groups)], policy,
+                     concurrent_steps=concurrent_steps)
+
+
+def play_jobs(jobs: Sequence[Job], policy: Policy, *, concurrent_steps: bool = False) -> list[Episode]:
+    """Play every job's episode to the end, all in lockstep: one policy call per turn for every live
+    episode, whatever its environment (a synchronous batch rollout; see the module docstring). The
+    episodes come back in the jobs' order. With ``concurrent_steps`` the environments of a turn step
+    at once, each in a thread (remote or slow environments); the turn still waits for the slowest."""
+    episodes = [Episode([], job.group, env=job.label) for job in jobs]
+    pool = ThreadPoolExecutor(max(len(jobs), 1)) if concurrent_steps else None
     try:
         def each(fn, *columns):
             return list(pool.map(fn, *columns)) if pool else list(map(fn, *columns))
 
-        live = [p for p in each(lambda env, seed, e: start(env, seed, e, rules), envs, seeds, episodes) if p]
+        live = [p for p in each(lambda job, e: start(job.env, job.seed, e, job.rules), jobs, episodes) if p]
         while live:
             replies = policy([p.conversation for p in live], [p.env for p in live])
-            going = each(lambda p, reply: advance(p, reply[0], reply[1], rules), live, replies)
+            going = each(lambda p, reply: advance(p, reply[0], reply[1]), live, replies)
             live = [p for p, on in zip(live, going) if on]
     finally:
         if pool:
@@ -147,14 +167,14 @@ def play(envs: Sequence[Env], seeds: Sequence[int], groups: Sequence[int], polic
 
 
 def play_one(env: Env, seed: int | None, group: int, ask: Callable[[list[int], Env], tuple[list[int], list[float]]],
-             rules: Rules) -> Episode:
+             rules: Rules, label: str = "") -> Episode:
     """One episode on its own, each turn's reply from ``ask(conversation, env)``: the loop of one
     environment in environment-level asynchronous rollout (:mod:`roll_core.agentic.async_rollout`)."""
-    episode = Episode([], group)
+    episode = Episode([], group, env=label)
     p = start(env, seed, episode, rules)
     while p is not None:
         action_ids, log_probs = ask(p.conversation, p.env)
-        if not advance(p, action_ids, log_probs, rules):
+        if not advance(p, action_ids, log_probs):
             break
     return episode
 

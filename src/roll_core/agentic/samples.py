@@ -27,7 +27,7 @@ what a shorter training context needs). An episode whose first turn does not fit
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -65,6 +65,7 @@ class Episode:
     truncated: bool = False
     failed: bool = False  # the environment raised or hung: no reward, counted in the metrics
     info: dict = field(default_factory=dict)
+    env: str = ""  # the label of the environment that played it (agentic.envs); metrics split by it
 
     @property
     def reward(self) -> float:
@@ -88,7 +89,7 @@ def fit_turns(episode: Episode, max_length: int) -> Episode:
                          f"max_length={max_length}")
     if len(kept) == len(episode.turns):
         return episode
-    return Episode(kept, episode.group, truncated=True, failed=episode.failed, info=episode.info)
+    return replace(episode, turns=kept, truncated=True)
 
 
 def _row(episode: Episode) -> dict[str, list]:

@@ -9,6 +9,7 @@ worker starts.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -110,19 +111,43 @@ class DPOConfig(Strict):
     batch_size: int = Field(32, ge=1, description="pairs per optimizer step")
 
 
+class AgenticEnvConfig(Strict):
+    """One environment of a run that trains on several at once (``agentic.envs``). A key left out
+    (None) takes the ``agentic`` section's value."""
+
+    env: str = Field(description="a registered environment (roll list-plugins)")
+    name: str | None = Field(None, description="its label in metrics (episode/NAME/..., eval/NAME/...); "
+                             "default: env")
+    env_options: dict[str, Any] = Field(default_factory=dict, description="the environment's constructor options")
+    groups_per_step: int | None = Field(None, ge=1, description="seeds of this environment played per step")
+    validation_episodes: int | None = Field(None, ge=0, description="its held-out seeds played at each evaluation")
+    max_turns: int | None = Field(None, ge=1, description="turns before its episodes are cut")
+    instruction: str | None = Field(None, description="text before its first observation")
+
+    @property
+    def label(self) -> str:
+        return self.name or self.env
+
+
 class AgenticConfig(Strict):
-    """The ``agentic`` pipeline: episodes of a registered environment, played turn by turn by the
+    """The ``agentic`` pipeline: episodes of registered environments, played turn by turn by the
     policy (actor_infer) and trained with a multi-turn estimator (``agentic_reinforce``: trajectory-
     wise, StarPO; ``gigpo``: step-wise). Each step plays ``groups_per_step`` seeds, ``group_size``
     episodes each (a group: the same start, for the group baselines); validation plays the held-out
     seeds ``0 .. validation_episodes - 1`` greedily (training seeds start at 1,000,000). With
     ``warmup.steps``, actor_train first imitates a careless teacher (the environment's
     ``expert_action``, ``teacher_noise`` of the time a random action) on ``warmup.batch_size``
-    episodes per step (seeds from 2,000,000)."""
+    episodes per step (seeds from 2,000,000). One environment is ``env`` with ``env_options``;
+    several are ``envs``, a list whose entries may override the per-environment keys, trained on
+    together with metrics per environment (:meth:`environments` resolves either form)."""
 
     env: str = Field("frozen_lake", description="a registered environment (roll list-plugins)")
     env_options: dict[str, Any] = Field(default_factory=dict, description="the environment's constructor options")
-    groups_per_step: int = Field(8, ge=1)
+    envs: list[AgenticEnvConfig] = Field(
+        default_factory=list, description="several environments in one run (replaces env and env_options); "
+        "each entry: env, name, env_options and overrides of groups_per_step, validation_episodes, max_turns, "
+        "instruction")
+    groups_per_step: int = Field(8, ge=1, description="seeds played per step, of each environment")
     group_size: int = Field(8, ge=1, description="episodes per seed (GRPO-style groups)")
     max_turns: int = Field(10, ge=1)
     max_length: int = Field(512, ge=8, description="tokens of a whole conversation; longer ones are cut at a turn")
@@ -143,6 +168,41 @@ class AgenticConfig(Strict):
                                   "episode fails (episode/hung) and the environment is replaced")
     teacher_noise: float = Field(0.25, ge=0, le=1, description="the warm-up teacher's chance per turn of a random "
                                  "action instead of the expert's (its mistakes are what RL then unlearns)")
+
+    @model_validator(mode="after")
+    def _one_way_to_name_environments(self):
+        if self.envs and self.model_fields_set & {"env", "env_options"}:
+            raise ValueError("give either agentic.env (with env_options) or agentic.envs, not both")
+        labels = [e.label for e in self.envs]
+        repeated = sorted({x for x in labels if labels.count(x) > 1})
+        if repeated:
+            raise ValueError(f"agentic.envs labels must differ; {repeated} repeat (give each entry a 'name')")
+        return self
+
+    def environments(self) -> list[EnvSettings]:
+        """Every environment of the run with every key filled in (the section's value where an
+        entry left it out); one entry for the ``env`` form."""
+        return [EnvSettings(e.env, e.label, dict(e.env_options), _or(e.groups_per_step, self.groups_per_step),
+                            _or(e.validation_episodes, self.validation_episodes), _or(e.max_turns, self.max_turns),
+                            _or(e.instruction, self.instruction))
+                for e in self.envs or [AgenticEnvConfig(env=self.env, env_options=self.env_options)]]
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """One environment of an agentic run, every setting resolved (:meth:`AgenticConfig.environments`)."""
+
+    env: str
+    label: str
+    env_options: dict[str, Any]
+    groups_per_step: int
+    validation_episodes: int
+    max_turns: int
+    instruction: str
 
 
 class DistillConfig(Strict):

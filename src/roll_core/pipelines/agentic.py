@@ -1,6 +1,8 @@
-"""``agentic``: multi-turn RL on a registered environment (the ``agentic`` config section).
+"""``agentic``: multi-turn RL on registered environments (the ``agentic`` config section).
 
-Each step plays ``groups_per_step`` seeds x ``group_size`` episodes against actor_infer, turn by
+Each step plays ``groups_per_step`` seeds x ``group_size`` episodes of each environment of the run
+(``agentic.env``, or several in ``agentic.envs``: an :class:`EnvLane` each, with its own env
+workers, turn format and metrics ``episode/LABEL/...``) against actor_infer, turn by
 turn (:mod:`roll_core.agentic.episodes`), lays them out as rows (:mod:`roll_core.agentic.samples`),
 and trains actor_train with the multi-turn estimator the config names (``agentic_reinforce``:
 trajectory-wise; ``gigpo``: step-wise, grouping turns by ``state_hash``), through the same shaping,
@@ -21,19 +23,24 @@ env worker object of its own (the same timeouts). Run::
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import zip_longest
 from pathlib import Path
 
 import math
 import time
 
-from roll_core.agentic.async_rollout import EnvLoops, RequestBatcher
+from roll_core.agentic.async_rollout import EnvLoops, Lane, RequestBatcher
 from roll_core.agentic.env_workers import EnvWorker, RemoteEnv
-from roll_core.agentic.episodes import Policy, Rules, TurnFormat, engine_policy, play, teacher_policy
+from roll_core.agentic.episodes import Job, Policy, Rules, TurnFormat, engine_policy, play_jobs, teacher_policy
 from roll_core.agentic.samples import Episode, episode_batch
 from roll_core.algorithms.objective import ActorObjective
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import Batch
 from roll_core.envs import Env
+from roll_core.config.schema import EnvSettings
 from roll_core.errors import ConfigError
 from roll_core.pipelines.runtime import (SEED_OFFSETS, TrainingLoop, log_probs, save_tokenizer_beside,
                                          start_update)
@@ -47,36 +54,77 @@ TRAINING_SEEDS = 1_000_000  # training seeds start here; validation uses 0, 1, .
 WARMUP_SEEDS = 2_000_000  # the warm-up teacher's seeds start here
 
 
-def play_new(env_cls, config, seeds: list[int], groups: list[int], policy: Policy, tokenizer,
-             turn_format: TurnFormat) -> list[Episode]:
-    """One episode per seed on a fresh environment each (``agentic.env_options``), closed afterwards."""
-    a = config.agentic
-    envs = [env_cls(**a.env_options) for _ in seeds]
-    try:
-        return play(envs, seeds, groups, policy, tokenizer, turn_format=turn_format, max_turns=a.max_turns,
-                    max_length=a.max_length)
-    finally:
-        for env in envs:
-            env.close()
+def training_seed(first_group: int, group: int) -> int:
+    """The seed of a step's group ``group`` whose first group is ``first_group`` (per environment)."""
+    return TRAINING_SEEDS + first_group + group
+
+
+@dataclass
+class EnvLane:
+    """One environment of the run (``agentic.environments()``): its settings, class and
+    rules, and once built its training slots (on env workers) and validation slots (in the driver)."""
+
+    spec: EnvSettings
+    env_cls: type[Env]
+    rules: Rules
+    per_worker: int  # environment slots per env worker
+    slots: list[RemoteEnv] = field(default_factory=list)
+    eval_slots: list[RemoteEnv] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
+
+def lane_rounds(lane: EnvLane, slots: list, seeds: list[int], groups: list[int]) -> list[list[Job]]:
+    """The lane's episodes as rounds of jobs, one round per ``len(slots)`` episodes."""
+    n = len(slots)
+    return [[Job(env, seed, group, lane.rules, lane.label)
+             for env, seed, group in zip(slots, seeds[i:i + n], groups[i:i + n])] for i in range(0, len(seeds), n)]
+
+
+def play_rounds(rounds_per_lane: list[list[list[Job]]], policy: Policy, concurrent_steps: bool) -> list[Episode]:
+    """Round k of every lane played together in lockstep, one round after the other."""
+    episodes: list[Episode] = []
+    for rounds in zip_longest(*rounds_per_lane, fillvalue=[]):
+        episodes += play_jobs([job for jobs in rounds for job in jobs], policy, concurrent_steps=concurrent_steps)
+    return episodes
+
+
+def distinct_groups(episodes: list[Episode]) -> list[Episode]:
+    """Renumber the episodes' groups 0, 1, ... by (environment, group) in order of first appearance:
+    each environment numbers its own groups, and two environments' groups must never share a baseline."""
+    ids: dict[tuple[str, int], int] = {}
+    for e in episodes:
+        e.group = ids.setdefault((e.env, e.group), len(ids))
+    return episodes
 
 
 class TeacherEpisodes:
     """The agentic warm-up's batches: each call plays ``warmup.batch_size`` episodes of the careless
-    teacher (:func:`~roll_core.agentic.episodes.teacher_policy`) on the next fresh seeds, laid out
-    as training rows whose loss covers the actions only."""
+    teacher (:func:`~roll_core.agentic.episodes.teacher_policy`), shared out over the run's
+    environments, on the next fresh seeds and fresh local environments, laid out as training rows
+    whose loss covers the actions only."""
 
-    def __init__(self, env_cls, config, tokenizer, turn_format: TurnFormat):
-        self.env_cls, self.config, self.tokenizer, self.turn_format = env_cls, config, tokenizer, turn_format
+    def __init__(self, lanes: list[EnvLane], config, tokenizer):
+        self.lanes, self.config, self.tokenizer = lanes, config, tokenizer
         self.policy = teacher_policy(tokenizer, noise=config.agentic.teacher_noise,
                                      seed=config.seed + SEED_OFFSETS["warmup_data"])
         self.next_seed = WARMUP_SEEDS
 
     def __call__(self) -> Batch:
         n = self.config.warmup.batch_size
-        seeds = list(range(self.next_seed, self.next_seed + n))
+        jobs = []
+        for i in range(n):
+            lane = self.lanes[i % len(self.lanes)]
+            env = lane.env_cls(**lane.spec.env_options)
+            jobs.append(Job(env, self.next_seed + i, i, lane.rules, lane.label))
         self.next_seed += n
-        episodes = play_new(self.env_cls, self.config, seeds, list(range(n)), self.policy, self.tokenizer,
-                            self.turn_format)
+        try:
+            episodes = play_jobs(jobs, self.policy)
+        finally:
+            for job in jobs:
+                job.env.close()
         batch = episode_batch([e for e in episodes if e.turns], self.tokenizer.pad_token_id,
                               self.config.agentic.max_length)
         batch.update(loss_mask=batch["action_mask"].float())
@@ -85,7 +133,17 @@ class TeacherEpisodes:
 
 def episode_metrics(episodes: list[Episode], prefix: str) -> dict[str, float]:
     """Success rate, return, length in turns, the share of truncated episodes, and counts of failed
-    ones (the environment raised or hung) and of hung ones."""
+    ones (the environment raised or hung) and of hung ones: over all episodes as ``prefix/...``, and
+    when several environments played, per environment as ``prefix/LABEL/...`` too."""
+    metrics = _episode_metrics(episodes, prefix)
+    labels = sorted({e.env for e in episodes})
+    if len(labels) > 1:
+        for label in labels:
+            metrics.update(_episode_metrics([e for e in episodes if e.env == label], f"{prefix}/{label}"))
+    return metrics
+
+
+def _episode_metrics(episodes: list[Episode], prefix: str) -> dict[str, float]:
     n = max(len(episodes), 1)
     return {f"{prefix}/success_rate": sum(bool(e.info.get("success")) for e in episodes) / n,
             f"{prefix}/return_mean": sum(e.reward for e in episodes) / n,
@@ -106,30 +164,36 @@ class AgenticPipeline(WarmStart, TrainingLoop):
     def prepare(self) -> None:
         cfg, a = self.config, self.config.agentic
         self.model, self.tokenizer = self.policy()
-        self.env_cls = self.plugins.envs.get(a.env)
-        try:
-            probe = self.env_cls(**a.env_options)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"key 'agentic.env_options' for environment '{a.env}': {exc}") from None
-        probe.close()
-        if cfg.warmup.steps and self.env_cls.expert_action is Env.expert_action:
-            raise ConfigError(f"warmup.steps={cfg.warmup.steps} imitates the environment's expert, and "
-                              f"'{a.env}' has none (no expert_action()); set warmup.steps=0")
-        if cfg.warmup.steps and a.teacher_noise > 0 and not probe.actions:
-            raise ConfigError(f"agentic.teacher_noise={a.teacher_noise} makes the warm-up's teacher draw random "
-                              f"actions from the environment's 'actions', and '{a.env}' lists none; set "
-                              f"agentic.teacher_noise=0")
         if a.rollout == "async" and "actor_train" in colocated(cfg).get("actor_infer", set()):
             raise ConfigError("agentic.rollout: async generates while actor_train trains, so actor_infer needs "
                               "devices of its own; it shares them with actor_train here (roles.*.devices)")
-        self.turn_format = TurnFormat(a.instruction, a.observation_prefix, a.observation_suffix)
-        self.rules = Rules(self.tokenizer, self.turn_format, a.max_turns, a.max_length)
-        in_flight = a.groups_per_step * a.group_size
-        if a.rollout == "async":
-            in_flight = math.ceil((1 + cfg.rollout.async_generation_ratio) * in_flight)
-        self.per_worker = a.envs_per_worker or math.ceil(in_flight / a.env_workers)
+        self.lanes = [self._lane(spec) for spec in a.environments()]
         self.before: dict[str, float] = {}
         self.loops: EnvLoops | None = None
+
+    def _lane(self, spec: EnvSettings) -> EnvLane:
+        """One environment's lane, its settings checked before any worker starts."""
+        cfg, a = self.config, self.config.agentic
+        where = "agentic" if not a.envs else f"agentic.envs[{spec.label}]"
+        env_cls = self.plugins.envs.get(spec.env)
+        try:
+            probe = env_cls(**spec.env_options)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"key '{where}.env_options' for environment '{spec.env}': {exc}") from None
+        probe.close()
+        if cfg.warmup.steps and env_cls.expert_action is Env.expert_action:
+            raise ConfigError(f"warmup.steps={cfg.warmup.steps} imitates the environment's expert, and "
+                              f"'{spec.env}' has none (no expert_action()); set warmup.steps=0")
+        if cfg.warmup.steps and a.teacher_noise > 0 and not probe.actions:
+            raise ConfigError(f"agentic.teacher_noise={a.teacher_noise} makes the warm-up's teacher draw random "
+                              f"actions from the environment's 'actions', and '{spec.env}' lists none; set "
+                              f"agentic.teacher_noise=0")
+        turn_format = TurnFormat(spec.instruction, a.observation_prefix, a.observation_suffix)
+        in_flight = spec.groups_per_step * a.group_size
+        if a.rollout == "async":
+            in_flight = math.ceil((1 + cfg.rollout.async_generation_ratio) * in_flight)
+        return EnvLane(spec, env_cls, Rules(self.tokenizer, turn_format, spec.max_turns, a.max_length),
+                       a.envs_per_worker or math.ceil(in_flight / a.env_workers))
 
     def build(self) -> None:
         cfg, roles, a = self.config, self.config.roles, self.config.agentic
@@ -141,13 +205,17 @@ class AgenticPipeline(WarmStart, TrainingLoop):
         self.shaper = RewardShaper(cfg.algorithm, self.plugins)
         self.update = (ActorObjective.from_config(cfg.algorithm, cfg.rollout, self.plugins),
                        UpdateSpec.from_config(cfg.algorithm, roles.actor_train))
-        args = (a.env, a.env_options, self.per_worker, a.step_timeout_s)
-        envs = self.executor.spawn("env", EnvWorker, [args] * a.env_workers, None, concurrency=self.per_worker + 1,
-                                   cpus=a.env_worker_cpus)
-        self.slots = env_slots(self.executor, envs, self.env_cls, self.per_worker)
-        n = max(a.validation_episodes, 1)  # validation: the driver's own slots, played greedily in lockstep
-        self.eval_slots = env_slots(LocalExecutor(), LocalExecutor().spawn(
-            "env_eval", EnvWorker, [(a.env, a.env_options, n, a.step_timeout_s)]), self.env_cls, n)
+        for lane in self.lanes:
+            spec, per_worker = lane.spec, lane.per_worker
+            args = (spec.env, spec.env_options, per_worker, a.step_timeout_s)
+            workers = self.executor.spawn(f"env_{spec.label}", EnvWorker, [args] * a.env_workers, None,
+                                          concurrency=per_worker + 1, cpus=a.env_worker_cpus)
+            lane.slots = env_slots(self.executor, workers, lane.env_cls, per_worker)
+            # validation: the driver's own slots, played greedily in lockstep
+            n = max(spec.validation_episodes, 1)
+            local = LocalExecutor()
+            lane.eval_slots = env_slots(local, local.spawn(f"env_eval_{spec.label}", EnvWorker, [
+                (spec.env, spec.env_options, n, a.step_timeout_s)]), lane.env_cls, n)
 
     def _policy(self, temperature: float) -> Policy:
         def generate(batch: Batch, **sampling) -> Batch:
@@ -156,16 +224,6 @@ class AgenticPipeline(WarmStart, TrainingLoop):
         r = self.config.rollout
         return engine_policy(generate, self.tokenizer.pad_token_id, max_new_tokens=r.max_new_tokens,
                              temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0)
-
-    def _play(self, slots: list[RemoteEnv], seeds: list[int], groups: list[int], temperature: float,
-              concurrent_steps: bool) -> list[Episode]:
-        """Lockstep episodes on ``slots``, as many at a time as there are slots."""
-        policy, episodes, n = self._policy(temperature), [], len(slots)
-        for i in range(0, len(seeds), n):
-            episodes += play(slots, seeds[i:i + n], groups[i:i + n], policy, self.tokenizer,
-                             turn_format=self.turn_format, max_turns=self.rules.max_turns,
-                             max_length=self.rules.max_length, concurrent_steps=concurrent_steps)
-        return episodes
 
     def push_weights(self, policy_update: bool = False) -> None:
         self.roles.use("actor_train", "actor_infer")
@@ -184,7 +242,7 @@ class AgenticPipeline(WarmStart, TrainingLoop):
     def begin(self) -> dict[str, float]:
         self.start_step, first = 0, {}
         if self.config.warmup.steps:
-            first = self.warmup(TeacherEpisodes(self.env_cls, self.config, self.tokenizer, self.turn_format))
+            first = self.warmup(TeacherEpisodes(self.lanes, self.config, self.tokenizer))
         self._spawn_reference()
         self.before = self.evaluate()
         if self.before:
@@ -194,12 +252,13 @@ class AgenticPipeline(WarmStart, TrainingLoop):
     def before_steps(self) -> None:
         cfg, a = self.config, self.config.agentic
         if a.rollout == "async":
-            first_group = self.start_step * a.groups_per_step  # resumed runs play new seeds
             self.roles.use("actor_infer")
-            self.loops = EnvLoops(self.slots, RequestBatcher(self._policy(cfg.rollout.temperature)), self.rules,
-                                  groups_per_step=a.groups_per_step, group_size=a.group_size,
-                                  seed_of=lambda g: TRAINING_SEEDS + first_group + g,
-                                  async_generation_ratio=cfg.rollout.async_generation_ratio)
+            lanes = [Lane(lane.label, lane.slots, lane.rules, lane.spec.groups_per_step,
+                          # resumed runs play new seeds
+                          seed_of=partial(training_seed, self.start_step * lane.spec.groups_per_step))
+                     for lane in self.lanes]
+            self.loops = EnvLoops(lanes, RequestBatcher(self._policy(cfg.rollout.temperature)),
+                                  group_size=a.group_size, async_generation_ratio=cfg.rollout.async_generation_ratio)
             self.loops.start()
 
     def after_steps(self) -> None:
@@ -212,19 +271,21 @@ class AgenticPipeline(WarmStart, TrainingLoop):
             self.loops = None
 
     def _rollout(self, step: int) -> tuple[list[Episode], dict[str, float]]:
-        a = self.config.agentic
         if self.loops is not None:
             return self.loops.take()
-        first = TRAINING_SEEDS + (step - 1) * a.groups_per_step
-        seeds = [first + g for g in range(a.groups_per_step) for _ in range(a.group_size)]
+        rounds = []
+        for lane in self.lanes:
+            n = lane.spec.groups_per_step
+            groups = [g for g in range(n) for _ in range(self.config.agentic.group_size)]
+            rounds.append(lane_rounds(lane, lane.slots, [training_seed((step - 1) * n, g) for g in groups], groups))
         self.roles.use("actor_infer")
-        return self._play(self.slots, seeds, [s - TRAINING_SEEDS for s in seeds], self.config.rollout.temperature,
-                          concurrent_steps=True), {}
+        return play_rounds(rounds, self._policy(self.config.rollout.temperature), concurrent_steps=True), {}
 
     def step(self, step: int) -> dict[str, float]:
         a, temperature = self.config.agentic, self.config.rollout.temperature
         t0 = time.perf_counter()
         episodes, metrics = self._rollout(step)
+        distinct_groups(episodes)
         t_rollout = time.perf_counter() - t0
         metrics.update(episode_metrics(episodes, "episode"))
         batch = episode_batch([e for e in episodes if e.turns], self.tokenizer.pad_token_id, a.max_length)
@@ -244,16 +305,14 @@ class AgenticPipeline(WarmStart, TrainingLoop):
 
     def evaluate(self) -> dict[str, float]:
         """The success rate on the held-out seeds, greedy (rollout generation paused meanwhile)."""
-        n = self.config.agentic.validation_episodes
-        if not n:
+        if not any(lane.spec.validation_episodes for lane in self.lanes):
             return {}
         self.roles.use("actor_infer")
         self.phase = "validation"
-        seeds = list(range(n))
-        if self.loops is None:
-            return episode_metrics(self._play(self.eval_slots, seeds, seeds, 0.0, False), "eval")
-        with self.loops.ask.paused():
-            return episode_metrics(self._play(self.eval_slots, seeds, seeds, 0.0, False), "eval")
+        rounds = [lane_rounds(lane, lane.eval_slots, list(range(lane.spec.validation_episodes)),
+                              list(range(lane.spec.validation_episodes))) for lane in self.lanes]
+        with self.loops.ask.paused() if self.loops is not None else nullcontext():
+            return episode_metrics(play_rounds(rounds, self._policy(0.0), concurrent_steps=False), "eval")
 
     def write_checkpoint(self, tmp: Path) -> dict:
         self.roles.use("actor_train")
