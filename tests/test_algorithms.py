@@ -1,6 +1,7 @@
 """Algorithms against numbers computed by hand (the arithmetic is in the comments)."""
 
 import math
+import types
 from types import SimpleNamespace
 
 import pytest
@@ -913,3 +914,20 @@ def test_old_log_probs_are_only_reused_for_a_single_optimizer_step():
     assert old_log_probs_reusable(algo)
     assert single_mini_batch(algo, 64) and single_mini_batch(algo, 32) and not single_mini_batch(algo, 65)
     assert single_mini_batch(load_config(None, []).algorithm, 10_000)  # no mini-batch size: the whole batch
+
+
+def test_the_reference_is_read_only_by_kl_terms_distillation_and_what_registers_a_need(roll_plugins):
+    from roll_core import hookimpl
+    from roll_core.algorithms.objective import reference_read
+    from roll_core.config import load_config
+
+    plugins = roll_plugins(("needy", types.SimpleNamespace(roll_register_policy_losses=hookimpl(
+        lambda register: register("needs_ref", lambda *a, **k: None, needs=("reference",))))))
+
+    def read(*overrides):
+        return reference_read(load_config(None, list(overrides)).algorithm, plugins)
+
+    assert not read()  # the quickstart: a reference is configured, nothing reads it
+    for reader in ("algorithm.kl_loss_coef=0.01", "algorithm.kl_penalty.coef=0.01", "algorithm.opd_coef=0.5",
+                   "algorithm.kl_metric=true", "algorithm.advantage_estimator=opd", "algorithm.policy_loss=needs_ref"):
+        assert read(reader), reader

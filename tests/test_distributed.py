@@ -75,10 +75,11 @@ LAYOUTS = {
     # the reference sits next to them and the reward on node 1.
     "colocated": ["roles.actor_train.strategy=fsdp2",
                   "roles.actor_train.device_mapping=[0,1]", "roles.actor_infer.device_mapping=[0,1]",
-                  "roles.reference.device_mapping=[2]", "roles.reward.device_mapping=[8]"],
+                  "roles.reference.device_mapping=[2]", "roles.reward.device_mapping=[8]", "algorithm.kl_metric=true"],
     # every role on its own GPUs, the inference workers on the second node.
     "disaggregated": ["roles.actor_train.device_mapping=[0,1]", "roles.actor_infer.device_mapping=[8,9]",
-                      "roles.reference.device_mapping=[2]", "roles.reward.device_mapping=[10]"],
+                      "roles.reference.device_mapping=[2]", "roles.reward.device_mapping=[10]",
+                      "algorithm.kl_metric=true"],
 }
 
 

@@ -231,7 +231,7 @@ def test_lora_rlvr_raises_accuracy_and_syncs_only_adapter_bytes(warm_policy, tmp
     cfg = load_config(None, [f"output_dir={tmp_path / 'run'}", "executor=local", f"model.path={warm_policy}",
                              "warmup.steps=0", "roles.actor_train.lora={rank: 8}", "roles.actor_train.lr=3e-3",
                              "trainer.max_steps=60", "trainer.eval_every=60", "trainer.save_every=0",
-                             "data.eval_size=128", "trackers=[jsonl]"])
+                             "data.eval_size=128", "trackers=[jsonl]", "algorithm.kl_metric=true"])
     pipeline = RLVRPipeline(cfg, LocalExecutor())
     summary = pipeline.run()
     assert "reference" not in pipeline.roles.groups  # the reference ran on actor_train's workers
@@ -257,7 +257,7 @@ def test_a_lora_warm_up_folds_into_the_base_the_reference_and_the_engines_use(tm
     cfg = load_config(None, [f"output_dir={tmp_path / 'run'}", "executor=local", "warmup.steps=20",
                              "roles.actor_train.lora={rank: 8}", "warmup.lr=1e-2", "trainer.max_steps=2",
                              "trainer.eval_every=0", "trainer.save_every=0", "data.eval_size=16",
-                             "rollout.prompts_per_step=4", "trackers=[jsonl]"])
+                             "rollout.prompts_per_step=4", "trackers=[jsonl]", "algorithm.kl_metric=true"])
     pipeline = RLVRPipeline(cfg, LocalExecutor())
     pipeline.run()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -18,8 +18,10 @@ def metrics_of(run_dir):
 
 
 def test_local_run_writes_metrics_checkpoints_and_tensorboard(tiny_config):
-    cfg = tiny_config("trackers=[jsonl,tensorboard,stdout]", "trainer.save_every=2")
-    summary = RLVRPipeline(cfg, LocalExecutor()).run()
+    cfg = tiny_config("trackers=[jsonl,tensorboard,stdout]", "trainer.save_every=2", "algorithm.kl_metric=true")
+    pipeline = RLVRPipeline(cfg, LocalExecutor())
+    summary = pipeline.run()
+    assert "reference" in pipeline.roles.groups  # kl_metric: train/kl needs its log-probs
     run = __import__("pathlib").Path(cfg.output_dir)
     rows = metrics_of(run)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
@@ -44,6 +46,17 @@ def test_local_run_writes_metrics_checkpoints_and_tensorboard(tiny_config):
     assert [round(e.value, 5) for e in reward] == [round(r["reward/mean"], 5) for r in rows[1:]]
 
 
+@pytest.mark.parametrize("reader", [None, "algorithm.kl_loss_coef=0.01"])
+def test_the_reference_starts_only_when_something_reads_it(tiny_config, reader):
+    """The quickstart configures roles.reference with no KL term: its log-probs would feed only a
+    metric, so no reference worker starts and no step computes them."""
+    cfg = tiny_config("trainer.max_steps=1", "warmup.steps=0", "trackers=[jsonl]", *([reader] if reader else []))
+    pipeline = RLVRPipeline(cfg, LocalExecutor())
+    pipeline.run()
+    step = metrics_of(__import__("pathlib").Path(cfg.output_dir))[1]
+    assert ("reference" in pipeline.roles.groups) == ("train/kl" in step) == bool(reader)
+
+
 def test_failing_reward_stops_with_a_clear_message(tiny_config, roll_plugins):
     import types
 
@@ -65,7 +78,8 @@ def test_failing_reward_stops_with_a_clear_message(tiny_config, roll_plugins):
 def _run_cli(run_dir, *overrides, executor="local"):
     return [sys.executable, "-m", "roll_core.cli", "run", f"output_dir={run_dir}", f"executor={executor}",
             "warmup.steps=5", "rollout.prompts_per_step=4", "rollout.num_return_sequences=4",
-            "trainer.eval_every=0", "data.eval_size=8", "trackers=[jsonl]", "torch_threads=1", *overrides]
+            "trainer.eval_every=0", "data.eval_size=8", "trackers=[jsonl]", "torch_threads=1",
+            "algorithm.kl_metric=true", *overrides]  # train/kl checks that the reference resumes too
 
 
 def test_kill_after_checkpoint_then_resume_continues(tmp_path):

@@ -81,6 +81,22 @@ def distributions_needed(config, plugins=None) -> tuple[bool, bool]:
     return needs_distribution(config, plugins), penalty
 
 
+def reference_read(config, plugins=None) -> bool:
+    """Whether anything reads the reference's log-probs: the KL loss term (``kl_loss_coef``), the KL
+    reward penalty, on-policy distillation (``opd_coef``), an advantage estimator or policy loss
+    registered with ``needs=("reference",)``, or ``kl_metric``. The RL pipelines start
+    ``roles.reference`` only when something does: its forward pass over every batch would
+    otherwise feed nothing but a metric."""
+    from roll_core.plugins import get_plugins
+
+    if config.kl_loss_coef > 0 or config.kl_penalty.coef > 0 or config.opd_coef > 0 or config.kl_metric:
+        return True
+    plugins = plugins or get_plugins()
+    return any("reference" in registry.entry(name).metadata.get("needs", ())
+               for registry, name in ((plugins.advantage_estimators, config.advantage_estimator),
+                                      (plugins.policy_losses, config.policy_loss)))
+
+
 def reuses_update_log_probs(config, batch_size: int, plugins=None) -> bool:
     """Whether the old log-probs can be the update's own (``algorithm.old_log_probs: auto``).
 

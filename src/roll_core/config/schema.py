@@ -288,6 +288,9 @@ class AlgorithmConfig(Strict):
         "(validated by that model: names, types and values)")
     kl_estimator: str = Field("k3", description="estimator of the KL loss term (kl_loss_coef)")
     kl_loss_coef: float = Field(0.0, ge=0, description="weight of the KL(actor || reference) loss term")
+    kl_metric: bool = Field(False, description="report train/kl against roles.reference even when nothing else "
+                            "reads it (a reference forward pass per step); otherwise a reference that no KL term, "
+                            "KL penalty, OPD or estimator reads is not started at all")
     entropy_coef: float = 0.0
     clip_ratio_low: float = Field(0.2, ge=0)
     clip_ratio_high: float = Field(0.2, ge=0)

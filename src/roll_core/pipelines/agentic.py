@@ -36,7 +36,7 @@ from roll_core.agentic.async_rollout import EnvLoops, Lane, RequestBatcher
 from roll_core.agentic.env_workers import EnvWorker, RemoteEnv
 from roll_core.agentic.episodes import Job, Policy, Rules, TurnFormat, engine_policy, play_jobs, teacher_policy
 from roll_core.agentic.samples import Episode, episode_batch
-from roll_core.algorithms.objective import ActorObjective
+from roll_core.algorithms.objective import ActorObjective, reference_read
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import Batch
 from roll_core.envs import Env
@@ -236,7 +236,7 @@ class AgenticPipeline(WarmStart, TrainingLoop):
                 self.loops.policy_updated()
 
     def _spawn_reference(self) -> None:
-        if self.config.roles.reference is not None:
+        if self.config.roles.reference is not None and reference_read(self.config.algorithm, self.plugins):
             self.reference = self.roles.reference(self.actor, self.start_model())
 
     def begin(self) -> dict[str, float]:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 
-from roll_core.algorithms.objective import (ActorObjective, CriticObjective, distributions_needed,
+from roll_core.algorithms.objective import (ActorObjective, CriticObjective, distributions_needed, reference_read,
                                            old_log_probs_reusable, single_mini_batch)
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import DomainMixer, PromptStream
@@ -76,7 +76,7 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         """Roles that start from the policy RL begins with (the warmed-up model): reference, critic.
         A reference with its own ``model_path`` is a different model (a distillation teacher)."""
         ref, critic = self.config.roles.reference, self.config.roles.critic
-        if ref is not None:
+        if ref is not None and reference_read(self.config.algorithm, self.plugins):
             self.reference = self.roles.reference(self.actor, model_path)
         if critic is not None:
             self.critic = self.roles.model_role("critic", "critic", model_path, critic)
