@@ -52,12 +52,14 @@ def test_every_name_the_config_uses_is_listed_with_its_key_and_registry():
 
 def test_unknown_names_and_missing_roles_are_reported_together():
     assert error(None, ["algorithm.advantage_estimator=gae", "algorithm.policy_loss=nope"]) == (
-        "config error: key 'algorithm.policy_loss': unknown policy loss 'nope'. Valid names: cispo, dual_clip, "
-        "gspo, kimi, ppo_clip, tis, topr, vanilla_pg; key 'algorithm.advantage_estimator': 'gae' needs "
+        "config error in the default config: key 'algorithm.policy_loss': unknown policy loss 'nope'. Valid names: cispo, dual_clip, "
+        "gspo, kimi, ppo_clip, tis, topr, vanilla_pg. If a plugin provides it: is it installed in this Python "
+        "environment (roll list-plugins), and not disabled by ROLL_DISABLE_PLUGINS?; "
+        "key 'algorithm.advantage_estimator': 'gae' needs "
         "roles.critic, which is not configured")
     assert error(None, ["algorithm.advantage_estimator=opd", "roles.reference=null",
                         "algorithm.kl_penalty.coef=0"]) == (
-        "config error: key 'algorithm.advantage_estimator': 'opd' needs roles.reference, which is not configured")
+        "config error in the default config: key 'algorithm.advantage_estimator': 'opd' needs roles.reference, which is not configured")
     load_and_check(None, ["algorithm.advantage_estimator=gae", "roles.critic={}"])
 
 
@@ -65,7 +67,7 @@ def test_missing_files_and_model_directories_are_each_named(tmp_path):
     (tmp_path / "model").mkdir()
     assert error(None, ["data.train_file=/nope.jsonl", "data.eval_file=/nope2.jsonl", f"model.path={tmp_path}/model",
                         "roles.reference.model_path=/ref"]) == (
-        "config error: key 'data.train_file': file '/nope.jsonl' does not exist; key 'data.eval_file': file "
+        "config error in the default config: key 'data.train_file': file '/nope.jsonl' does not exist; key 'data.eval_file': file "
         f"'/nope2.jsonl' does not exist; key 'model.path': '{tmp_path}/model' is not a Hugging Face model directory "
         "(no config.json); roll never downloads from a hub at run time, point it at a local checkpoint; key "
         "'roles.reference.model_path': '/ref' is not a Hugging Face model directory (no config.json); roll never "
@@ -79,10 +81,10 @@ def test_missing_files_and_model_directories_are_each_named(tmp_path):
 
 def test_options_for_a_component_without_an_options_model_are_refused():
     assert error(None, ["algorithm.policy_loss_options={clip: 1, alpha: 2}"]) == (
-        "config error: key 'algorithm.policy_loss_options': policy loss 'ppo_clip' takes no options, "
+        "config error in the default config: key 'algorithm.policy_loss_options': policy loss 'ppo_clip' takes no options, "
         "got ['alpha', 'clip']")
     assert error(None, ["algorithm.advantage_estimator_options={x: 1}"]) == (
-        "config error: key 'algorithm.advantage_estimator_options': advantage estimator 'grpo' takes no options, "
+        "config error in the default config: key 'algorithm.advantage_estimator_options': advantage estimator 'grpo' takes no options, "
         "got ['x']")
 
 
@@ -108,16 +110,16 @@ def test_schema_errors_name_each_key_with_the_value_and_a_suggestion(tmp_path):
 def test_config_files_that_cannot_be_read_are_named(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(tmp_path / "none.yaml")
-    assert str(err.value) == f"config file '{tmp_path / 'none.yaml'}' does not exist"
+    assert str(err.value) == f"config error in {tmp_path / 'none.yaml'}: the file does not exist"
     bad = tmp_path / "bad.yaml"
     bad.write_text("a: [1\n")
     with pytest.raises(ConfigError) as err:
         load_config(bad)
-    assert str(err.value).startswith(f"config file '{bad}' is not valid YAML: ")
+    assert str(err.value).startswith(f"config error in {bad}: not valid YAML: ")
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError) as err:
         load_config(bad)
-    assert str(err.value) == f"config file '{bad}' must contain a mapping at the top level"
+    assert str(err.value) == f"config error in {bad}: the file must contain a mapping at the top level"
     bad.write_text("")
     assert load_config(bad) == load_config(None)
 
@@ -168,12 +170,12 @@ def test_reward_option_messages_name_the_reward_and_every_problem(roll_plugins):
 
     roll_plugins(("t", types.SimpleNamespace(roll_register_rewards=hookimpl(register))))
     assert error(None, ["roles.reward.name=graded", "roles.reward.options={thresold: 1, rounds: x}"]) == (
-        "config error: key 'roles.reward.options' for reward 'graded': unknown option 'thresold'. Did you mean "
+        "config error in the default config: key 'roles.reward.options' for reward 'graded': unknown option 'thresold'. Did you mean "
         "'threshold'? Valid options: threshold, rounds, mode; key 'roles.reward.options' for reward 'graded': "
         "missing required option(s) threshold; key 'roles.reward.options' for reward 'graded': option 'rounds' "
         "must be int, got 'x' (input should be a valid integer, unable to parse string as an integer)")
     assert error(None, ["roles.reward.name=plain", "roles.reward.options={b: 1, a: 2}"]) == (
-        "config error: key 'roles.reward.options' for reward 'plain': it takes no options, got ['a', 'b']")
+        "config error in the default config: key 'roles.reward.options' for reward 'plain': it takes no options, got ['a', 'b']")
     cfg = load_and_check(None, ["roles.reward.name=open", "roles.reward.options={anything: 1}"])
     assert cfg.roles.reward.options == {"anything": 1}
     cfg = load_and_check(None, ["roles.reward.name=graded", "roles.reward.options={threshold: 1, mode: 3}"])
@@ -181,7 +183,7 @@ def test_reward_option_messages_name_the_reward_and_every_problem(roll_plugins):
     assert type(cfg.roles.reward.options["threshold"]) is float
     domain = error(None, ["data.domains={a: {dataset: carry_addition}}", "data.domain_interleave_probs={a: 1}",
                           "roles.domain_rewards={a: {rewards: [{name: plain}, {name: plain, options: {z: 1}}]}}"])
-    assert domain == ("config error: key 'roles.domain_rewards.a.rewards[1].options' for reward 'plain': it takes "
+    assert domain == ("config error in the default config: key 'roles.domain_rewards.a.rewards[1].options' for reward 'plain': it takes "
                       "no options, got ['z']")
 
 
@@ -196,18 +198,18 @@ def test_an_options_model_registered_by_import_path_gets_the_same_checks(roll_pl
 
     roll_plugins(("t", types.SimpleNamespace(roll_register_policy_losses=hookimpl(register))))
     assert error(None, ["algorithm.policy_loss=lazy_opts", "algorithm.policy_loss_options={coeff: 1}"]) == (
-        "config error: key 'algorithm.policy_loss_options' for policy loss 'lazy_opts': unknown option 'coeff'. "
+        "config error in the default config: key 'algorithm.policy_loss_options' for policy loss 'lazy_opts': unknown option 'coeff'. "
         "Did you mean 'coef'? Valid options: coef, estimator, adaptive, target_kl, horizon")
 
 
 def test_strategy_options_are_checked_against_the_strategy_and_missing_plugins_are_named(roll_plugins):
     roll_plugins(entry_points=False)  # the built-in plugins only, as where no plugin package is installed
     assert error(None, ["roles.actor_infer.strategy_options={x: 1}"]) == (
-        "config error: key 'roles.actor_infer.strategy_options': infer strategy 'hf' takes no options, got ['x']")
+        "config error in the default config: key 'roles.actor_infer.strategy_options': infer strategy 'hf' takes no options, got ['x']")
     assert error(None, ["roles.critic={strategy_options: {y: 2}}"]) == (
-        "config error: key 'roles.critic.strategy_options': critic strategy 'hf' takes no options, got ['y']")
+        "config error in the default config: key 'roles.critic.strategy_options': critic strategy 'hf' takes no options, got ['y']")
     message = error(None, ["roles.actor_train.strategy=megatron"])
-    assert message == ("config error: key 'roles.actor_train.strategy': unknown train strategy 'megatron'. Valid names: "
+    assert message == ("config error in the default config: key 'roles.actor_train.strategy': unknown train strategy 'megatron'. Valid names: "
                        "fsdp2, hf. 'megatron' comes with the roll-megatron plugin: install it (plugins/roll_megatron)")
     assert "comes with" not in error(None, ["roles.actor_train.strategy=nope"])
 
@@ -223,5 +225,5 @@ def test_a_strategy_whose_engine_is_not_installed_is_rejected_with_its_install_h
 
     roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(register))))
     assert error(None, ["roles.actor_infer.strategy=warp"]) == (
-        "config error: key 'roles.actor_infer.strategy': infer strategy 'warp' needs the 'roll_no_such_engine' "
+        "config error in the default config: key 'roles.actor_infer.strategy': infer strategy 'warp' needs the 'roll_no_such_engine' "
         "package, which is not installed: pip install 'roll-warp[engine]'")

@@ -81,13 +81,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(f"config file '{p}' does not exist")
+            raise ConfigError(f"config error in {p}: the file does not exist")
         try:
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file '{p}' is not valid YAML: {exc}") from None
+            raise ConfigError(f"config error in {p}: not valid YAML: {exc}") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"config file '{p}' must contain a mapping at the top level")
+            raise ConfigError(f"config error in {p}: the file must contain a mapping at the top level")
     if overrides:
         source += " (with command-line overrides)"
         data = apply_overrides(data, overrides)
@@ -352,7 +352,21 @@ def _coerce_option_values(key: str, cls: type, options: dict) -> list[str]:
     return problems
 
 
-def check_registry_names(cfg: RollConfig, plugins=None) -> None:
+def _missing_plugin_hint(name: str, registry, message: str) -> str:
+    """What to try when ``name`` is not registered: the roll plugin known to provide it, or (no
+    near miss either) a reminder that a third-party plugin may be missing or disabled."""
+    if name in registry:
+        return ""  # registered, but its target failed to import: the message says why
+    package = PLUGIN_PACKAGES.get(name)
+    if package:
+        return f". '{name}' comes with the {package} plugin: install it (plugins/{package.replace('-', '_')})"
+    if "Did you mean" in message:
+        return ""
+    return (". If a plugin provides it: is it installed in this Python environment (roll list-plugins), and not "
+            "disabled by ROLL_DISABLE_PLUGINS?")
+
+
+def check_registry_names(cfg: RollConfig, plugins=None, where: str = "the config") -> None:
     """Raise one ConfigError listing every name that no installed plugin registered, and every
     registered target that cannot be imported (a plugin that registered a wrong path)."""
     from roll_core.plugins import get_plugins
@@ -363,9 +377,7 @@ def check_registry_names(cfg: RollConfig, plugins=None) -> None:
         try:
             plugins.registry(registry).get(name)  # imports the target, so a broken path shows now
         except RegistryError as exc:
-            package = PLUGIN_PACKAGES.get(name) if name not in plugins.registry(registry) else None
-            hint = f". '{name}' comes with the {package} plugin: install it (plugins/{package.replace('-', '_')})" if package else ""
-            problems.append(f"key '{key}': {exc}{hint}")
+            problems.append(f"key '{key}': {exc}{_missing_plugin_hint(name, plugins.registry(registry), str(exc))}")
     problems += _role_requirements(cfg, plugins)
     problems += _lora_requirements(cfg, plugins)
     problems += _packing_requirements(cfg, plugins)
@@ -389,10 +401,12 @@ def check_registry_names(cfg: RollConfig, plugins=None) -> None:
                 "roll never downloads from a hub at run time, point it at a local checkpoint"
             )
     if problems:
-        raise ConfigError("config error: " + "; ".join(problems))
+        raise ConfigError(f"config error in {where}: " + "; ".join(problems))
 
 
 def load_and_check(path=None, overrides=None, plugins=None) -> RollConfig:
+    """:func:`load_config`, then :func:`check_registry_names`; both name the file (or "the default
+    config") in the same form: ``config error in SOURCE: key '...': ...``."""
     cfg = load_config(path, overrides)
-    check_registry_names(cfg, plugins)
+    check_registry_names(cfg, plugins, where=str(path) if path else "the default config")
     return cfg
