@@ -1,9 +1,13 @@
 """The ``roll`` command.
 
-    roll run [CONFIG] [key=value ...]       run a pipeline (no CONFIG: the embedded quickstart)
+    roll run [-v] [CONFIG] [key=value ...]  run a pipeline (no CONFIG: the embedded quickstart;
+                                            -v: keep the libraries' progress bars)
     roll validate [CONFIG] [key=value ...]  check a config against the schema and installed plugins
-    roll list-plugins [--json]              installed plugins and what each provides
+    roll list-plugins [-v] [--json]         installed plugins and what each provides (-v: every
+                                            registered name with its description)
     roll check-plugin NAME                  a plugin's contract checks (exit 1 when one fails)
+    roll play ENV                           one episode of an environment, printed
+    roll --version                          roll-core's version; bare ``roll`` prints the help
 
 User errors (bad config, unknown names, broken data) print one message and exit with status 2;
 nothing already written to the run directory is removed.
@@ -16,6 +20,7 @@ import json
 import os
 import shlex
 import sys
+from typing import Any
 
 from roll_core.errors import RollError
 
@@ -39,7 +44,17 @@ def _cmd_list_plugins(args) -> int:
         status = p["status"] if not p["error"] else f"{p['status']}: {p['error']}"
         style = {"broken": "red", "disabled": "yellow"}.get(p["status"])
         table.add_row(p["name"], p["distribution"], p["version"], status, provides, style=style)
-    Console(width=max(120, Console().width)).print(table)
+    console = Console(width=max(120, Console().width))
+    console.print(table)
+    if not args.verbose:
+        console.print("roll list-plugins -v lists every registered name with its description.")
+        return 0
+    names = Table(title="registered names")
+    for col in ("registry", "name", "plugin", "description"):
+        names.add_column(col, overflow="fold")
+    for c in listing["components"]:
+        names.add_row(c["registry"], c["name"], c["plugin"], c["description"] or "-")
+    console.print(names)
     return 0
 
 
@@ -49,6 +64,15 @@ def _cmd_check_plugin(args) -> int:
 
     from roll_core.contracts import check_plugin
 
+    from roll_core.plugins import get_plugins
+
+    plugins = get_plugins()
+    provided = plugins.provider_of(args.name)
+    if args.name not in plugins.plugins and provided:
+        where = ", ".join(f"{kind} '{args.name}' by plugin '{plugin}'" for kind, plugin in provided)
+        print(f"'{args.name}' is not a plugin but a registered name: {where}. "
+              f"Checking plugin '{provided[0][1]}'.", file=sys.stderr)
+        args.name = provided[0][1]
     report = check_plugin(args.name)
     table = Table(title=f"contract checks of '{args.name}'")
     for col in ("component", "check", "result", "detail"):
@@ -71,12 +95,41 @@ def _cmd_validate(args) -> int:
     return 0
 
 
+def describe_run(config) -> str:
+    """The line ``roll run`` starts with: what runs, on what, scored or played how, and where it writes."""
+    if config.pipeline == "agentic":
+        task = "environments " + ", ".join(f"{e.label} ({e.env})" for e in config.agentic.environments())
+    else:
+        rewards = [config.roles.reward.name] + [
+            f"{domain}: {'+'.join(r.name for r in spec.rewards)}" for domain, spec in config.roles.domain_rewards.items()]
+        source = config.data.train_file or ", ".join(config.data.domains) or config.data.dataset
+        task = f"data {source}" + (f", reward {'; '.join(rewards)}" if config.pipeline == "rlvr" else "")
+    return (f"roll run: pipeline {config.pipeline}, model {config.model.path}, {task}, executor {config.executor}, "
+            f"{config.trainer.max_steps} steps -> {config.output_dir}")
+
+
+def _quiet_libraries(verbose: bool) -> None:
+    """Hide the progress bars transformers draws at every model load and save, here and in the
+    workers this run starts (they inherit ``HF_*`` variables); ``roll run -v`` keeps them. A value
+    the user exported wins."""
+    if verbose:
+        return
+    if not os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS"):
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "transformers" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"].lower() not in ("0", "false"):
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
+
+
 def _cmd_run(args) -> int:
     from roll_core.config import load_and_check
     from roll_core.plugins import get_plugins
     from roll_core.runtime import make_executor
 
+    _quiet_libraries(args.verbose)
     config = load_and_check(args.config, args.overrides)  # everything is checked before a worker starts
+    print(describe_run(config), flush=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the driver tokenizes, then forks workers
     pipeline_cls = get_plugins().pipelines.get(config.pipeline)
     pipeline = None
@@ -140,26 +193,62 @@ def _cmd_play(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="roll", description="roll: plugin-based RL post-training for LLMs")
-    sub = parser.add_subparsers(dest="command", required=True)
+OVERRIDES_HELP = """\
+overrides are dotted keys with YAML values, applied after the file:
+  executor=local              run every role in this process (no Ray)
+  trainer.resume=never        start afresh even if output_dir holds checkpoints
+  output_dir=runs/try2        where metrics, checkpoints and the summary go
+  trainer.max_steps=20        a short run
+  roles.actor_train.lr=1e-4   any key of the config (roll validate checks them)
+quote values with spaces, brackets or braces for the shell:
+  'trackers=[stdout, jsonl]'  "agentic.env_options={size: 6}"
+environment variables:
+  ROLL_DISABLE_PLUGINS=a,b    skip plugins by plugin or distribution name
+  ROLL_STRICT_PLUGINS=1       a broken plugin stops roll instead of being reported and skipped
+"""
 
-    run = sub.add_parser("run", help="run a pipeline (default: the embedded quickstart)")
+
+def _version() -> str:
+    import importlib.metadata as md
+    import platform
+
+    try:
+        version = md.version("roll-core")
+    except md.PackageNotFoundError:
+        version = "unknown (not installed)"
+    return f"roll-core {version} (Python {platform.python_version()})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="roll", description="roll: plugin-based RL post-training for LLMs",
+                                     epilog=OVERRIDES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    documented: dict[str, Any] = {"epilog": OVERRIDES_HELP, "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+    run = sub.add_parser("run", help="run a pipeline (default: the embedded quickstart)",
+                         description="Run a pipeline: the config file's, or with none the embedded quickstart "
+                         "(the tiny model learning carry_addition).", **documented)
     run.add_argument("config", nargs="?", help="YAML config; omit for the built-in quickstart")
-    run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.max_steps=10")
+    run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.max_steps=10 (below)")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="keep the libraries' own output roll hides (transformers' load and save progress bars)")
     run.set_defaults(func=_cmd_run)
 
-    val = sub.add_parser("validate", help="check a config without starting anything")
+    val = sub.add_parser("validate", help="check a config without starting anything",
+                         description="Check a config against the schema, the installed plugins and the "
+                         "placement rules, as roll run does before any worker starts; nothing runs.", **documented)
     val.add_argument("config", nargs="?", help="YAML config; omit for the built-in quickstart, as `roll run` runs it")
-    val.add_argument("overrides", nargs="*")
+    val.add_argument("overrides", nargs="*", help="dotted overrides applied after the file, as roll run takes them")
     val.set_defaults(func=_cmd_validate)
 
     lp = sub.add_parser("list-plugins", help="installed plugins and what they provide")
-    lp.add_argument("--json", action="store_true", help="machine-readable output")
+    lp.add_argument("--json", action="store_true", help="machine-readable output (plugins and every registered name)")
+    lp.add_argument("-v", "--verbose", action="store_true", help="also list every registered name with its description")
     lp.set_defaults(func=_cmd_list_plugins)
 
     cp = sub.add_parser("check-plugin", help="run a plugin's contract checks on sample inputs")
-    cp.add_argument("name", help="plugin name (as in list-plugins) or distribution name")
+    cp.add_argument("name", help="plugin name (as in list-plugins), distribution name, or a name it registered")
     cp.set_defaults(func=_cmd_check_plugin)
 
     pl = sub.add_parser("play", help="play one episode of an environment in this process and print it")
@@ -187,7 +276,11 @@ def _split_config_and_overrides(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `roll`
+        parser.print_help()
+        return 0
     args.argv = sys.argv[1:] if argv is None else argv  # as typed, for "run this again to resume"
     _split_config_and_overrides(args)
     try:

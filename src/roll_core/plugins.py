@@ -193,11 +193,22 @@ class RollPlugins:
                 provided[reg_name] = names
         return provided
 
+    def components(self) -> list[dict[str, str]]:
+        """Every registered name: its registry, the plugin that registered it, and its description."""
+        return [{"registry": reg_name, "kind": registry.kind, "name": e.name, "plugin": e.plugin,
+                 "description": e.description}
+                for reg_name, registry in self.registries.items() for e in registry.entries()]
+
+    def provider_of(self, name: str) -> list[tuple[str, str]]:
+        """``(kind, plugin)`` of every registry entry called ``name`` (a component's name, not a plugin's)."""
+        return [(c["kind"], c["plugin"]) for c in self.components() if c["name"] == name]
+
     def listing(self) -> dict[str, Any]:
         """What ``roll list-plugins --json`` prints."""
         return {
             "python": {"version": sys.version.split()[0], "executable": sys.executable},
             "plugins": [p.to_dict() for p in self.plugins.values()],
+            "components": self.components(),
         }
 
 

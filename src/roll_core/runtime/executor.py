@@ -198,9 +198,10 @@ class RayExecutor(Executor):
             else:  # "local": a new cluster even when another one runs on this machine
                 kwargs.update(address="local", num_cpus=num_cpus or os.cpu_count())
                 self._owns_cluster = True
-            # Workers must find the same packages and plugins as the driver, and keep its OpenMP settings.
+            # Workers must find the same packages and plugins as the driver, and keep its OpenMP and
+            # Hugging Face settings (HF_HUB_DISABLE_PROGRESS_BARS: roll run hides the load/save bars).
             env = {k: v for k, v in os.environ.items()
-                   if k.startswith(("ROLL_", "OMP_", "GOMP_", "KMP_")) or k == "PYTHONPATH"}
+                   if k.startswith(("ROLL_", "OMP_", "GOMP_", "KMP_", "HF_")) or k == "PYTHONPATH"}
             kwargs["runtime_env"] = {"env_vars": {**(worker_env or {}), **env}}
             ray.init(**kwargs)
 

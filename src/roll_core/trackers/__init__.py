@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Any
 
 
 class Tracker(ABC):
@@ -31,12 +33,53 @@ _STDOUT_KEYS = ("reward/mean", "eval/accuracy", "train/pg_loss", "train/kl", "tr
 
 
 class StdoutTracker(Tracker):
-    """One compact line per step on stdout."""
+    """The run's display on stdout: the key metrics (``_STDOUT_KEYS``) of a step and the time left.
+
+    In a terminal, one rich progress line (step of total, ETA, the latest key metrics) updates in
+    place, and every evaluation is printed above it. Piped to a file or another program, it prints a
+    plain line every ``max_steps / 20`` steps, at every evaluation and at the last step, so a
+    200-step run's log stays short. Without a config (a tracker built by hand), every step."""
+
+    def __init__(self, run_dir, config=None):
+        super().__init__(run_dir, config)
+        self.total = config.trainer.max_steps if config is not None else None
+        self.every = max(1, self.total // 20) if self.total else 1
+        self.live = sys.stdout.isatty() and bool(self.total)
+        self.progress: Any = None
+        self.clock: tuple[float, int] | None = None  # (time, step) of the first RL step logged
+
+    def _eta(self, step: int) -> str:
+        now = time.monotonic()
+        if self.clock is None or step <= self.clock[1] or not self.total:
+            self.clock = self.clock or (now, step)
+            return ""
+        seconds = (now - self.clock[0]) / (step - self.clock[1]) * (self.total - step)
+        return f" eta {int(seconds) // 60}:{int(seconds) % 60:02d}"
 
     def log(self, metrics, step):
-        shown = [f"{k}={metrics[k]:.4g}" for k in _STDOUT_KEYS if k in metrics]
-        if shown:
-            print(f"[step {step}] " + " ".join(shown), file=sys.stdout, flush=True)
+        shown = " ".join(f"{k}={metrics[k]:.4g}" for k in _STDOUT_KEYS if k in metrics)
+        if not shown:
+            return
+        evaluated = any(k.startswith("eval/") for k in metrics)
+        if not step or not self.total:  # before RL (the warm-up, the first evaluation)
+            print(f"[step {step}] {shown}", flush=True)
+            return
+        eta = self._eta(step)
+        if self.live:
+            if self.progress is None:
+                from roll_core.pipelines.runtime import progress_bar
+
+                self.progress, self.task = progress_bar(self.total, "RL")
+                self.progress.start()
+            if evaluated:
+                self.progress.console.print(f"[step {step}] {shown}")
+            self.progress.update(self.task, completed=step, info=shown)
+        elif step % self.every == 0 or step == self.total or evaluated:
+            print(f"[step {step}/{self.total}] {shown}{eta}", flush=True)
+
+    def close(self):
+        if self.progress is not None:
+            self.progress.stop()
 
 
 class JsonlTracker(Tracker):

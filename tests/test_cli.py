@@ -1,0 +1,103 @@
+"""The ``roll`` command explains itself: its version, its help, the descriptions of what plugins
+registered, and where a component's name comes from."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from conftest import run_roll
+
+
+def test_version_and_bare_roll_print_and_exit_zero():
+    version = run_roll("--version")
+    assert version.returncode == 0 and re.match(r"roll-core \S+ \(Python 3\.\d+\.\d+\)", version.stdout)
+    bare = run_roll()
+    assert bare.returncode == 0 and "usage: roll" in bare.stdout
+    for command in ("run", "validate", "list-plugins", "check-plugin", "play"):
+        assert command in bare.stdout
+
+
+def test_run_and_validate_help_name_the_common_overrides_quoting_and_environment():
+    for command in ("run", "validate"):
+        out = run_roll(command, "--help").stdout
+        for needle in ("executor=local", "trainer.resume=never", "output_dir=", "'trackers=[stdout, jsonl]'",
+                       "ROLL_DISABLE_PLUGINS", "ROLL_STRICT_PLUGINS"):
+            assert needle in out, (command, needle)
+    assert "dotted overrides applied after the file" in run_roll("validate", "--help").stdout
+
+
+def test_list_plugins_shows_every_registered_description():
+    listing = json.loads(run_roll("list-plugins", "--json").stdout)
+    grpo = next(c for c in listing["components"] if c["name"] == "grpo")
+    assert grpo["registry"] == "advantage_estimators" and grpo["plugin"] == "core.algorithms"
+    assert grpo["description"].startswith("group")
+    table = run_roll("list-plugins", "-v", env_extra={"COLUMNS": "200"}).stdout
+    assert "registered names" in table and grpo["description"][:30] in table
+    assert "list-plugins -v" in run_roll("list-plugins").stdout  # the short form says how to get them
+
+
+def test_every_built_in_registration_has_a_description():
+    from roll_core.plugins import load_plugins
+
+    missing = [(c["registry"], c["name"]) for c in load_plugins(entry_points=False).components()
+               if not c["description"].strip()]
+    assert missing == []
+
+
+def test_check_plugin_given_a_component_name_says_which_plugin_provides_it():
+    result = run_roll("check-plugin", "grpo")
+    assert "'grpo' is not a plugin but a registered name: advantage estimator 'grpo' by plugin " \
+           "'core.algorithms'" in result.stderr
+    assert "contract checks of 'core.algorithms'" in result.stdout
+
+
+def test_an_unknown_name_asks_whether_its_plugin_is_installed_or_disabled():
+    result = run_roll("validate", "algorithm.policy_loss=nope")
+    assert result.returncode == 2
+    assert "is it installed in this Python environment (roll list-plugins), and not disabled by " \
+           "ROLL_DISABLE_PLUGINS?" in result.stderr
+    near_miss = run_roll("validate", "algorithm.policy_loss=ppo_clp").stderr
+    assert "Did you mean 'ppo_clip'?" in near_miss and "ROLL_DISABLE_PLUGINS" not in near_miss
+
+
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_run_hides_the_libraries_progress_bars_unless_verbose(tmp_path, executor):
+    common = ["trainer.max_steps=1", "warmup.steps=2", "trainer.eval_every=0", "data.eval_size=8",
+              "rollout.prompts_per_step=2", "trackers=[jsonl]", f"executor={executor}"]
+    quiet = run_roll("run", *common, f"output_dir={tmp_path / 'quiet'}")
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert quiet.stdout.startswith("roll run: pipeline rlvr, model tiny")
+    for bar in ("Loading weights", "Writing model shards"):
+        assert bar not in quiet.stdout + quiet.stderr
+    if executor == "local":  # -v brings them back
+        loud = run_roll("run", "-v", *common, f"output_dir={tmp_path / 'loud'}")
+        assert loud.returncode == 0 and "Loading weights" in loud.stdout + loud.stderr
+
+
+def test_run_starts_by_saying_what_it_runs():
+    from roll_core.cli import describe_run
+    from roll_core.config import load_config
+
+    assert describe_run(load_config(None, [])) == ("roll run: pipeline rlvr, model tiny, data carry_addition, reward "
+                                                   "exact_match, executor ray, 200 steps -> runs/quickstart")
+    agentic = load_config(None, ["pipeline=agentic", "agentic.envs=[{env: frozen_lake, name: lake}, {env: sokoban}]"])
+    assert "environments lake (frozen_lake), sokoban (sokoban)" in describe_run(agentic)
+
+
+def test_piped_output_prints_a_line_every_twentieth_of_the_run_with_evaluations_and_an_eta(capsys, tmp_path):
+    from roll_core.config import load_config
+    from roll_core.trackers import StdoutTracker
+
+    tracker = StdoutTracker(tmp_path, load_config(None, ["trainer.max_steps=200"]))
+    assert not tracker.live  # pytest captures stdout: not a terminal
+    tracker.log({"eval/accuracy": 0.5, "warmup/loss": 1.0}, 0)
+    for step in range(1, 201):
+        tracker.log({"reward/mean": 0.5, "time/step_s": 0.01, **({"eval/accuracy": 0.7} if step == 55 else {})}, step)
+    tracker.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "[step 0] eval/accuracy=0.5 warmup/loss=1"
+    steps = [int(line.split()[1].split("/")[0]) for line in lines[1:]]
+    assert steps == sorted({*range(10, 201, 10), 55})  # every 10th, the evaluation, the last
+    assert all(" eta " in line for line in lines[1:]) and lines[-1].startswith("[step 200/200] reward/mean=0.5")
