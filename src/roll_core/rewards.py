@@ -15,6 +15,17 @@ from typing import Any
 
 @dataclass
 class RewardInput:
+    """One finished sample, as a reward sees it.
+
+    ``prompt``: the row's prompt text exactly as given to the model (after the chat template when
+    the data is rendered through one). ``response``: the generated tokens decoded with
+    ``skip_special_tokens=True``: no end-of-sequence or padding token, not stripped (leading and
+    trailing whitespace and newlines are the model's own; a response cut at ``max_new_tokens`` is
+    simply shorter than intended). ``ground_truth``: the row's ``ground_truth`` value unchanged, of
+    whatever JSON type the data has (a string for the built-in datasets; a list of test cases for
+    ``code``). ``domain``: the row's domain (``"default"`` outside multi-domain runs). ``extra``:
+    anything else a pipeline passes (empty for ``rlvr``)."""
+
     prompt: str
     response: str
     ground_truth: Any
