@@ -23,6 +23,11 @@ def test_quickstart_rl_beats_imitation_by_25_points(tmp_path):
     summary = json.loads((tmp_path / "qs" / "summary.json").read_text())
     assert "held-out accuracy before RL (greedy)" in result.stdout
     assert "after RL" in result.stdout
+    # piped (not a terminal): a short log, none of the libraries' bars or warnings (issue 20)
+    output = result.stdout + result.stderr
+    assert len(output.splitlines()) < 60, output
+    for noise in ("Loading weights", "Writing model shards", "WARNING", "it/s]"):
+        assert noise not in output, noise
     assert summary["steps"] == 200
     assert summary["accuracy_gain_pp"] >= 25.0, summary
     assert elapsed < 15 * 60

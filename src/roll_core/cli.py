@@ -110,9 +110,10 @@ def describe_run(config) -> str:
 
 def _quiet_libraries(verbose: bool) -> None:
     """Hide the progress bars transformers draws at every model load and save, here and in the
-    workers this run starts (they inherit ``HF_*`` variables); ``roll run -v`` keeps them. A value
-    the user exported wins."""
+    workers this run starts (they inherit ``HF_*`` variables), and Ray's start-up warnings;
+    ``roll run -v`` keeps both. A value the user exported wins."""
     if verbose:
+        os.environ["ROLL_VERBOSE"] = "1"  # Ray's start-up warnings too (runtime.executor)
         return
     if not os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS"):
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -232,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", nargs="?", help="YAML config; omit for the built-in quickstart")
     run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.max_steps=10 (below)")
     run.add_argument("-v", "--verbose", action="store_true",
-                     help="keep the libraries' own output roll hides (transformers' load and save progress bars)")
+                     help="keep the libraries' own output roll hides (transformers' load and save progress "
+                     "bars, Ray's start-up warnings)")
     run.set_defaults(func=_cmd_run)
 
     val = sub.add_parser("validate", help="check a config without starting anything",

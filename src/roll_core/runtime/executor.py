@@ -191,8 +191,11 @@ class RayExecutor(Executor):
         self._node_groups: list = []
         self._owns_cluster = False
         if not ray.is_initialized():
+            # Ray's own start-up warnings (token authentication, ...) only with ROLL_VERBOSE (roll run -v);
+            # workers' errors still surface in full, raised by get()
+            level = "warning" if os.environ.get("ROLL_VERBOSE") else "error"
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
-                                      "configure_logging": True, "logging_level": "warning"}
+                                      "configure_logging": True, "logging_level": level}
             if address:
                 kwargs["address"] = address
             else:  # "local": a new cluster even when another one runs on this machine
