@@ -116,7 +116,7 @@ def test_agentic_on_ray_with_env_workers(tiny_config):
     try:
         pipeline = AgenticPipeline(cfg, executor)
         summary = pipeline.run()
-        pids = {executor.get(executor.invoke(slot.handle, "pid", (), {})) for slot in pipeline.slots}
+        pids = {executor.get(executor.invoke(slot.handle, "pid", (), {})) for slot in pipeline.lanes[0].slots}
     finally:
         executor.shutdown()
     assert summary["steps"] == 2 and len(pids) == 2 and os.getpid() not in pids  # two actors, not the driver

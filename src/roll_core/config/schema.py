@@ -159,7 +159,8 @@ class AgenticConfig(Strict):
         "sync", description="sync: each turn waits for every environment of the step; async: each environment "
         "plays its own loop, generation batches whatever is waiting, and a step takes the first complete groups, "
         "up to rollout.async_generation_ratio steps ahead of training")
-    env_workers: int = Field(1, ge=1, description="environment workers (Ray actors on the ray executor)")
+    env_workers: int = Field(1, ge=1, description="environment workers of each environment (Ray actors on the "
+                             "ray executor)")
     env_worker_cpus: float = Field(0.0, ge=0, description="CPUs Ray reserves for each env worker: 0 lets them "
                                    "run anywhere; more makes Ray spread them over the cluster's nodes")
     envs_per_worker: int | None = Field(None, ge=1, description="environment slots per worker; None: enough for "
