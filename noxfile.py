@@ -5,7 +5,9 @@ Each package is installed alone into its own session venv, which catches undecla
 torch is installed first from its pinned CPU build so no session pulls a CUDA wheel.
 """
 
+import shutil
 import tempfile
+from pathlib import Path
 
 import nox
 
@@ -92,8 +94,9 @@ print("listed:", sorted(plugins))
 
 @nox.session
 def example_plugins(session):
-    """The third-party examples (examples/reward-plugin, examples/env-plugin) installed like a user
-    would, not editable, each checked by `roll check-plugin` and tested."""
+    """The third-party examples (examples/reward-plugin, examples/env-plugin) and a package of each
+    kind `roll plugin new` writes, installed like a user would, not editable, each checked by
+    `roll check-plugin` and tested."""
     session.install(TORCH)
     session.install("-e", ".[test]")
     session.install("./examples/reward-plugin", "./examples/env-plugin")
@@ -101,6 +104,17 @@ def example_plugins(session):
     session.run("roll", "check-plugin", "roll-guess-number")
     session.run("pytest", "-q", "-p", "no:cacheprovider", "examples/reward-plugin/tests", "examples/env-plugin/tests",
                 *session.posargs)
+    # `roll plugin new`'s packages, one per kind, unchanged: they install, pass check-plugin and their tests
+    scaffolds = Path(session.create_tmp()) / "scaffolds"
+    shutil.rmtree(scaffolds, ignore_errors=True)
+    names = {kind: f"scaffold_{kind}" for kind in ("reward", "env", "estimator", "loss", "tracker")}
+    for kind, name in names.items():
+        session.run("roll", "plugin", "new", kind, name, "--dir", str(scaffolds))
+    roots = [scaffolds / f"roll-{name.replace('_', '-')}" for name in names.values()]
+    session.install(*map(str, roots))
+    for name in names.values():
+        session.run("roll", "check-plugin", name)
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *[str(root / "tests") for root in roots])
 
 
 @nox.session

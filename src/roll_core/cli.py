@@ -7,6 +7,7 @@
                                             registered name with its description)
     roll check-plugin NAME                  a plugin's contract checks (exit 1 when one fails)
     roll play ENV                           one episode of an environment, printed
+    roll plugin new KIND NAME               a third-party plugin package to start from
     roll --version                          roll-core's version; bare ``roll`` prints the help
 
 User errors (bad config, unknown names, broken data) print one message and exit with status 2;
@@ -55,6 +56,15 @@ def _cmd_list_plugins(args) -> int:
     for c in listing["components"]:
         names.add_row(c["registry"], c["name"], c["plugin"], c["description"] or "-")
     console.print(names)
+    return 0
+
+
+def _cmd_plugin_new(args) -> int:
+    from roll_core.scaffold import new_plugin
+
+    root = new_plugin(args.kind, args.name, args.dir)
+    print(f"wrote {root}/ (a {args.kind} registered as '{args.name}'). Next:\n"
+          f"  pip install -e '{root}[test]' && pytest {root}/tests && roll check-plugin {args.name}")
     return 0
 
 
@@ -252,6 +262,17 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("check-plugin", help="run a plugin's contract checks on sample inputs")
     cp.add_argument("name", help="plugin name (as in list-plugins), distribution name, or a name it registered")
     cp.set_defaults(func=_cmd_check_plugin)
+
+    plugin = sub.add_parser("plugin", help="write a new third-party plugin package (roll plugin new KIND NAME)")
+    plugin_sub = plugin.add_subparsers(dest="plugin_command", metavar="SUBCOMMAND", required=True)
+    new = plugin_sub.add_parser("new", help="a package with a working skeleton, its tests and a README",
+                                description="Write roll-NAME/: a pyproject with the roll entry point, a skeleton "
+                                "KIND registered as NAME that passes roll check-plugin, tests with roll's pytest "
+                                "fixtures, and a README. Then: pip install -e roll-NAME[test]; pytest roll-NAME/tests.")
+    new.add_argument("kind", choices=["reward", "env", "estimator", "loss", "tracker"], help="what the plugin provides")
+    new.add_argument("name", help="the registered name, also the plugin's (a lowercase Python identifier)")
+    new.add_argument("--dir", default=".", help="where to create roll-NAME/ (default: here)")
+    new.set_defaults(func=_cmd_plugin_new)
 
     pl = sub.add_parser("play", help="play one episode of an environment in this process and print it")
     pl.add_argument("env", help="a registered environment (roll list-plugins)")
