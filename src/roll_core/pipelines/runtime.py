@@ -50,16 +50,6 @@ SEED_OFFSETS = {"actor_infer": 1000, "reference": 2000, "critic": 3000, "warmup_
                 "distill_data": 13}
 
 
-def progress_bar(total: int, description: str):
-    """A rich progress bar (``progress.update(task, advance=1, info=...)``) for long phases."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    progress = Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
-    task = progress.add_task(description, total=total, info="")
-    return progress, task
-
-
 def load_tokenizer(model_path: str, chat_template: str | None = None):
     """The model's tokenizer (EOS pads when it has no pad token), with ``data.chat_template`` installed."""
     from transformers import AutoTokenizer

@@ -22,10 +22,11 @@ from roll_core.algorithms.objective import SupervisedObjective
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
 from roll_core.pipelines.batches import demonstration_batch, packed_demonstration_batch
-from roll_core.pipelines.runtime import (SEED_OFFSETS, ActorLoop, log_probs, progress_bar,
+from roll_core.pipelines.runtime import (SEED_OFFSETS, ActorLoop, log_probs,
                                          replace_dir, start_update)
 from roll_core.pipelines.sources import load_rows
 from roll_core.runtime.executor import WorkerGroup
+from roll_core.trackers import progress_bar
 from roll_core.training import UpdateSpec
 
 

@@ -27,6 +27,16 @@ class Tracker(ABC):
         pass
 
 
+def progress_bar(total: int, description: str):
+    """A rich progress bar (``progress.update(task, advance=1, info=...)``) for long phases."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+    task = progress.add_task(description, total=total, info="")
+    return progress, task
+
+
 # Shown by the stdout tracker, in this order, when present.
 _STDOUT_KEYS = ("reward/mean", "eval/accuracy", "train/pg_loss", "train/kl", "train/entropy",
                 "warmup/loss", "time/step_s")
@@ -67,8 +77,6 @@ class StdoutTracker(Tracker):
         eta = self._eta(step)
         if self.live:
             if self.progress is None:
-                from roll_core.pipelines.runtime import progress_bar
-
                 self.progress, self.task = progress_bar(self.total, "RL")
                 self.progress.start()
             if evaluated:
