@@ -42,7 +42,7 @@ def main() -> None:
     from roll_core.plugins import get_plugins
     from roll_core.runtime import distributed
     from roll_core.runtime.executor import RayExecutor
-    from roll_core.runtime.workers import RoleWorker
+    from roll_core.runtime.workers import InferWorker, TrainWorker
 
     shape = TinyModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=max(1, args.hidden // 64),
                             intermediate_size=4 * args.hidden)
@@ -50,8 +50,8 @@ def main() -> None:
     cfg = load_config(None, ["executor=ray", "torch_threads=1", f"runtime.weight_bucket_mb={args.bucket_mb}"])
     executor = RayExecutor(timeout_s=600)
     try:
-        train = executor.spawn("actor_train", RoleWorker, [("actor_train", "train", model_path, cfg.roles.actor_train, cfg, 0)])
-        infer = executor.spawn("actor_infer", RoleWorker, [("actor_infer", "infer", model_path, cfg.roles.actor_infer, cfg, 1)
+        train = executor.spawn("actor_train", TrainWorker, [("actor_train", model_path, cfg.roles.actor_train, cfg, 0)])
+        infer = executor.spawn("actor_infer", InferWorker, [("actor_infer", model_path, cfg.roles.actor_infer, cfg, 1)
                                                           for _ in range(args.infer_workers)])
         executor.get(train.call("setup") + infer.call("setup"))
         syncs = {name: get_plugins().weight_syncs.get(name)(cfg, executor, train, infer, colocated=False)

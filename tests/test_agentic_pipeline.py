@@ -85,7 +85,7 @@ def test_a_raising_and_a_hanging_environment_fail_their_episodes_and_the_run_fin
 
     roll_plugins(("flaky", types.SimpleNamespace(roll_register_envs=hookimpl(lambda register: register("flaky", Flaky)))))
     cfg = tiny_config("pipeline=agentic", "agentic.env=flaky", "warmup.steps=0", f"agentic.rollout={rollout}",
-                      "agentic.step_timeout_s=0.5", "agentic.env_workers=2", "trainer.max_steps=3",
+                      "agentic.step_timeout_s=0.5", "roles.env.num_workers=2", "trainer.max_steps=3",
                       "agentic.groups_per_step=4", "agentic.group_size=2", "agentic.validation_episodes=0",
                       "rollout.max_new_tokens=2")
     t0 = time.perf_counter()
@@ -108,7 +108,8 @@ def test_agentic_on_ray_with_env_workers(tiny_config):
     from roll_core.runtime.executor import make_executor
 
     cfg = tiny_config("pipeline=agentic", "executor=ray", "agentic.env=frozen_lake", "warmup.steps=2",
-                      "warmup.batch_size=4", "agentic.rollout=async", "agentic.env_workers=2",
+                      "warmup.batch_size=4", "agentic.rollout=async", "agentic.role=lake_workers",
+                      "roles.lake_workers={kind: env, num_workers: 2}",  # an env role of one's own
                       "agentic.groups_per_step=2", "agentic.group_size=2", "agentic.validation_episodes=4",
                       "trainer.max_steps=2", "rollout.max_new_tokens=2", "roles.reference=null",
                       "rollout.async_generation_ratio=1")

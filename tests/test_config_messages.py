@@ -20,6 +20,7 @@ def test_every_name_the_config_uses_is_listed_with_its_key_and_registry():
         "data.domains={a: {dataset: carry_addition}, b: {train_file: b.jsonl}}",
         "data.domain_interleave_probs={a: 0.5, b: 0.5}",
         "roles.domain_rewards={b: {rewards: [{name: exact_match}, {name: choice, weight: 2}]}}",
+        "roles.teacher={kind: infer, model_path: t}",  # a role of one's own: its strategy is checked too
     ])
     assert registry_references(cfg) == [
         ("pipeline", "pipelines", "rlvr"),
@@ -32,9 +33,10 @@ def test_every_name_the_config_uses_is_listed_with_its_key_and_registry():
         ("distill.loss", "distill_losses", "forward_kl"),
         ("roles.actor_train.strategy", "train_strategies", "hf"),
         ("roles.actor_infer.strategy", "infer_strategies", "hf"),
-        ("roles.reward.name", "rewards", "exact_match"),
         ("roles.reference.strategy", "infer_strategies", "hf"),
         ("roles.critic.strategy", "critic_strategies", "hf"),
+        ("roles.teacher.strategy", "infer_strategies", "hf"),
+        ("roles.reward.name", "rewards", "exact_match"),
         ("roles.domain_rewards.b.rewards[0].name", "rewards", "exact_match"),
         ("roles.domain_rewards.b.rewards[1].name", "rewards", "choice"),
         ("data.domains.a.dataset", "datasets", "carry_addition"),
@@ -105,6 +107,37 @@ def test_schema_errors_name_each_key_with_the_value_and_a_suggestion(tmp_path):
         load_config(path)
     assert str(err.value).startswith(f"config error in {path}: key 'rollout.temperature': ")
     assert str(err.value).endswith("(got [1]); unknown key 'rollout.unknown'.")
+
+
+def test_roles_are_named_entries_with_a_kind_and_mistakes_name_the_key():
+    cfg = load_config(None, ["roles.teacher={kind: infer, model_path: t}", "roles.lake={kind: env, num_workers: 3}",
+                             "distill.teacher=teacher", "pipeline=agentic", "agentic.role=lake"])
+    assert {n: r.kind for n, r in cfg.roles.named().items()} == {
+        "actor_train": "train", "actor_infer": "infer", "reference": "infer", "reward": "reward", "env": "env",
+        "teacher": "infer", "lake": "env"}
+    assert list(cfg.placed_roles()) == ["actor_train", "actor_infer", "reference", "reward", "teacher"]  # env: no devices
+    assert list(cfg.model_roles()) == ["actor_train", "actor_infer", "reference", "teacher"]
+    assert cfg.role("lake").num_workers == 3 and cfg.agentic.environments()[0].role == "lake"
+
+    def message(*overrides: str) -> str:
+        with pytest.raises(ConfigError) as err:
+            load_config(None, list(overrides))
+        return str(err.value).removeprefix("config error in the default config (with command-line overrides): ")
+
+    assert message("roles.actr_train.lr=1") == ("unknown key 'roles.actr_train'. Did you mean 'actor_train'? A role of "
+                                                "your own needs a kind: one of train, infer, critic, env")
+    assert message("roles.judge.kind=reward") == (
+        "key 'roles.judge.kind': 'reward' is not a kind of role of your own; use one of train, infer, critic, env "
+        "(rewards are roles.reward and roles.domain_rewards)")
+    assert message("roles.teacher.kind=infer", "roles.teacher.modle_path=x") == (
+        "unknown key 'roles.teacher.modle_path'. Did you mean 'model_path'?")
+    assert message("roles.reference.kind=train").startswith("key 'roles.reference.kind': Input should be 'infer'")
+    assert message("distill.teacher=actor_train") == "distill.teacher: roles.actor_train is a train role, not infer"
+    assert message("pipeline=distill", "roles.reference=null") == (
+        "distill.teacher: roles.reference is not configured; configured infer roles: actor_infer")
+    assert message("pipeline=agentic", "agentic.envs=[{env: frozen_lake, role: lake}]") == (
+        "agentic.envs[0].role: roles.lake is not configured; configured env roles: env")
+    assert message("agentic.env_workers=2") == "unknown key 'agentic.env_workers'. It moved to 'roles.env.num_workers'."
 
 
 def test_config_files_that_cannot_be_read_are_named(tmp_path):

@@ -64,7 +64,7 @@ def test_only_the_adapters_train(tiny_model_path):
 
 
 def test_a_sync_sends_the_adapters_and_the_inference_side_merges_them(tiny_model_path):
-    from roll_core.runtime.workers import RoleWorker
+    from roll_core.runtime.workers import InferWorker
 
     cfg, trainer, batch = _trained(tiny_model_path)
     sent = full_weights(trainer)
@@ -73,7 +73,7 @@ def test_a_sync_sends_the_adapters_and_the_inference_side_merges_them(tiny_model
     model_bytes = sum(p.numel() * p.element_size() for p in load_causal_lm(str(tiny_model_path)).parameters())
     assert model_bytes >= 10 * adapter_bytes, (model_bytes, adapter_bytes)
 
-    engine = RoleWorker("actor_infer", "infer", str(tiny_model_path), cfg.roles.actor_infer, cfg, seed=0)
+    engine = InferWorker("actor_infer", str(tiny_model_path), cfg.roles.actor_infer, cfg, seed=0)
     engine.setup()
     before = engine.compute_log_probs(batch, 1.0)
     # 1 KiB buckets: a layer's A and B arrive in different buckets

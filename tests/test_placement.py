@@ -102,3 +102,24 @@ def test_dp_shards_give_each_rank_its_part_of_every_mini_batch():
     assert [s["x"].tolist() for s in shards] == [[0, 1, 4, 5], [2, 3, 6, 7]]
     assert [s["x"].tolist() for s in dp_shards(batch, 2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert dp_shards(batch, 1)[0] is batch
+
+
+def test_each_kind_of_role_offers_its_own_methods_and_a_wrong_call_names_the_role():
+    from roll_core.errors import RollError
+    from roll_core.runtime.workers import CriticWorker, InferWorker, TrainWorker
+
+    assert {"update", "send_weights", "save_checkpoint"} <= set(dir(TrainWorker))
+    assert not {"generate", "receive_weights", "compute_values"} & set(dir(TrainWorker))
+    assert {"generate", "receive_weights", "top_k_log_probs"} <= set(dir(InferWorker))
+    assert not {"update", "send_weights", "save_checkpoint", "compute_values"} & set(dir(InferWorker))
+    assert {"compute_values", "update"} <= set(dir(CriticWorker)) and "generate" not in dir(CriticWorker)
+
+    cfg = load_config(None, ["executor=local"])
+    # the worker is never set up: the refusal comes before any call reaches it
+    group = LocalExecutor().spawn("actor_infer", InferWorker, [("actor_infer", "unused", cfg.roles.actor_infer, cfg, 0)])
+    with pytest.raises(RollError, match=r"actor_infer: its workers \(InferWorker\) have no method 'update'; "
+                                        r"they offer .*generate"):
+        group.call("update", None, None, None)
+    reference = group.as_role("reference", compute_log_probs="base_log_probs")
+    with pytest.raises(RollError, match="reference: .* no method 'base_log_probs'"):
+        reference.call("compute_log_probs", None, 1.0)

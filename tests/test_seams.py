@@ -267,14 +267,19 @@ def trained_teacher(tmp_path_factory):
 
 
 @pytest.mark.parametrize("loss, extra", [("forward_kl", []), ("forward_kl", ["distill.top_k=8", "distill.temperature=2.0"]),
-                                         ("jsd", []), ("reverse_kl", ["distill.responses=teacher"])])
+                                         ("jsd", ["teacher-role"]), ("reverse_kl", ["distill.responses=teacher"])])
 def test_distill_pipeline_brings_the_student_toward_the_teacher(tiny_config, trained_teacher, loss, extra):
     from roll_core.pipelines.distill import DistillPipeline
 
-    cfg = tiny_config("pipeline=distill", f"distill.loss={loss}", f"roles.reference.model_path={trained_teacher}",
-                      "trainer.max_steps=30", "trainer.eval_every=15", "data.eval_size=64",
-                      "roles.actor_train.lr=1e-3", *extra)
-    summary = DistillPipeline(cfg, LocalExecutor()).run()
+    # the teacher is roles.reference, or a role of one's own that distill.teacher names
+    teacher = ([f"roles.teacher={{kind: infer, model_path: {trained_teacher}}}", "distill.teacher=teacher",
+                "roles.reference=null"] if extra == ["teacher-role"] else [f"roles.reference.model_path={trained_teacher}"])
+    cfg = tiny_config("pipeline=distill", f"distill.loss={loss}", *teacher, "trainer.max_steps=30",
+                      "trainer.eval_every=15", "data.eval_size=64", "roles.actor_train.lr=1e-3",
+                      *(e for e in extra if e != "teacher-role"))
+    pipeline = DistillPipeline(cfg, LocalExecutor())
+    summary = pipeline.run()
+    assert pipeline.teacher.role == ("teacher" if extra == ["teacher-role"] else "reference")
     before, after = summary["before"]["eval/kl_to_teacher"], summary["after"]["eval/kl_to_teacher"]
     assert after < 0.5 * before, (before, after)
     rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]

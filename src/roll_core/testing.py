@@ -177,20 +177,20 @@ def assert_trainer_matches_hf(trainer, reference, cfg, *, log_prob_atol: float =
 def data_parallel_update(model_path: str, cfg, batch, world: int):
     """One core update of ``cfg.roles.actor_train`` on ``world`` Ray workers, each given its
     data-parallel shard through the pipeline's own dispatch (``WorkerGroup.data_parallel``, with the
-    data-parallel ranks the strategies report, ``RoleWorker.update``).
+    data-parallel ranks the strategies report, ``TrainWorker.update``).
 
     Returns ``(metrics per rank, {name: tensor} sent by each rank, log-probs of batch per rank)``."""
     import ray
 
     from roll_core.algorithms.objective import ActorObjective
     from roll_core.runtime.executor import RayExecutor
-    from roll_core.runtime.workers import RoleWorker
+    from roll_core.runtime.workers import TrainWorker
     from roll_core.training import UpdateSpec
 
     executor = RayExecutor(num_cpus=max(2, world), timeout_s=300)
     try:
         role = cfg.roles.actor_train
-        group = executor.spawn("actor_train", RoleWorker, [("actor_train", "train", model_path, role, cfg, 0)] * world)
+        group = executor.spawn("actor_train", TrainWorker, [("actor_train", model_path, role, cfg, 0)] * world)
         address = executor.get(group.call("node_address"))[0]
         group.dp_ranks = executor.get([executor.invoke(h, "setup", (address, r, world), {})
                                        for r, h in enumerate(group.handles)])

@@ -17,7 +17,7 @@ same primitives, and a strategy with its own schedule (Megatron's pipeline-paral
 micro-batches, updates and ranks: the loss's ``additive`` metrics (shares of the mini-batch loss)
 add up, every other metric is averaged.
 
-Runs inside the worker that hosts the strategy (``RoleWorker.update``); the local executor runs
+Runs inside the worker that hosts the strategy (``TrainWorker.update``); the local executor runs
 it in the driver. The loss function and :class:`UpdateSpec` come from the driver, resolved once.
 """
 

@@ -177,7 +177,7 @@ def test_a_reference_role_on_megatron_gives_hf_log_probs_per_replica(tiny_model_
     expected = hf.compute_log_probs(batch, 0.7)
     executor = RayExecutor(num_cpus=4, timeout_s=300)
     try:
-        group = RoleGroups(cfg, executor, get_plugins()).model_role("reference", "infer", str(tiny_model_path),
+        group = RoleGroups(cfg, executor, get_plugins()).model_role("reference", str(tiny_model_path),
                                                                     cfg.roles.reference)
         assert group.dp_ranks == [0, 0, 1, 1]
         got, _ = log_probs(executor, group, batch, 0.7)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from roll_core.config.schema import RollConfig
+from roll_core.config.schema import InferRoleConfig, RollConfig
 from roll_core.errors import ConfigError, RegistryError, did_you_mean
 
 
@@ -35,14 +35,45 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(model.model_fields)
 
 
+# Keys that moved: a config that still uses one is told where it went.
+MOVED_KEYS = {"agentic.env_workers": "roles.env.num_workers", "agentic.env_worker_cpus": "roles.env.cpus",
+              "agentic.envs_per_worker": "roles.env.envs_per_worker"}
+
+
+def _own_role(loc: tuple) -> tuple[tuple, type[BaseModel] | None]:
+    """``loc`` without the kind pydantic puts after a role of one's own (``roles.teacher.infer.lr``),
+    and that role's model; other locations unchanged, with None."""
+    from typing import get_args
+
+    from roll_core.config.schema import OwnRole, RolesConfig
+
+    if len(loc) >= 3 and loc[0] == "roles" and loc[1] not in RolesConfig.model_fields:
+        models = {m.model_fields["kind"].default: m for m in get_args(get_args(OwnRole)[0])}
+        if loc[2] in models:
+            return loc[:2] + loc[3:], models[loc[2]]
+    return loc, None
+
+
 def _format_validation_error(exc: ValidationError, source: str) -> str:
+    from roll_core.config.schema import OWN_ROLE_KINDS, RolesConfig
+
+    own_kinds = ", ".join(OWN_ROLE_KINDS)
     lines = []
     for err in exc.errors():
-        loc = tuple(p for p in err["loc"])
+        loc, own = _own_role(tuple(p for p in err["loc"]))
         key = ".".join(str(p) for p in loc) or "(top level)"
         if err["type"] == "extra_forbidden":
-            hint = did_you_mean(str(loc[-1]), _fields_at(RollConfig, loc[:-1]))
+            fields = _fields_at(own, loc[2:-1]) if own is not None else _fields_at(RollConfig, loc[:-1])
+            hint = f" It moved to '{MOVED_KEYS[key]}'." if key in MOVED_KEYS else did_you_mean(str(loc[-1]), fields)
             lines.append(f"unknown key '{key}'.{hint}")
+        elif err["type"] == "union_tag_not_found" and loc[:1] == ("roles",) and len(loc) == 2:
+            hint = did_you_mean(str(loc[1]), list(RolesConfig.model_fields))
+            lines.append(f"unknown key '{key}'.{hint} A role of your own needs a kind: one of {own_kinds}")
+        elif err["type"] == "union_tag_invalid" and loc[:1] == ("roles",) and len(loc) == 2:
+            lines.append(f"key '{key}.kind': {err['input'].get('kind')!r} is not a kind of role of your own; use one "
+                         f"of {own_kinds} (rewards are roles.reward and roles.domain_rewards)")
+        elif err["type"] == "value_error" and not loc:  # a cross-check of the whole config: its message names the keys
+            lines.append(err["msg"].removeprefix("Value error, "))
         else:
             lines.append(f"key '{key}': {err['msg']} (got {err.get('input')!r})")
     return f"config error in {source}: " + "; ".join(lines)
@@ -108,14 +139,10 @@ def registry_references(cfg: RollConfig) -> list[tuple[str, str, str]]:
         ("algorithm.kl_penalty.estimator", "kl_estimators", cfg.algorithm.kl_penalty.estimator),
         ("dpo.loss", "preference_losses", cfg.dpo.loss),
         ("distill.loss", "distill_losses", cfg.distill.loss),
-        ("roles.actor_train.strategy", "train_strategies", cfg.roles.actor_train.strategy),
-        ("roles.actor_infer.strategy", "infer_strategies", cfg.roles.actor_infer.strategy),
+        *[(f"roles.{name}.strategy", f"{role.kind}_strategies", role.strategy)
+          for name, role in cfg.model_roles().items()],
         ("roles.reward.name", "rewards", cfg.roles.reward.name),
     ]
-    if cfg.roles.reference is not None:
-        refs.append(("roles.reference.strategy", "infer_strategies", cfg.roles.reference.strategy))
-    if cfg.roles.critic is not None:
-        refs.append(("roles.critic.strategy", "critic_strategies", cfg.roles.critic.strategy))
     for domain, spec in cfg.roles.domain_rewards.items():
         refs += [(f"roles.domain_rewards.{domain}.rewards[{i}].name", "rewards", r.name)
                  for i, r in enumerate(spec.rewards)]
@@ -228,10 +255,8 @@ def _strategy_options(cfg: RollConfig, plugins) -> list[str]:
     """``roles.<role>.strategy_options`` against the options model of the role's strategy (an
     engine's arguments), like :func:`_component_options`; the validated values replace the raw ones."""
     problems = []
-    for role, kind in (("actor_train", "train"), ("actor_infer", "infer"), ("reference", "infer"), ("critic", "critic")):
-        role_cfg = getattr(cfg.roles, role)
-        if role_cfg is None:
-            continue
+    for role, role_cfg in cfg.model_roles().items():
+        kind = role_cfg.kind
         registry = plugins.registry(f"{kind}_strategies")
         validated, found = _validated_options(f"roles.{role}.strategy_options", f"{kind} strategy", registry,
                                               role_cfg.strategy, role_cfg.strategy_options)
@@ -241,18 +266,17 @@ def _strategy_options(cfg: RollConfig, plugins) -> list[str]:
             # checks that need the role's other settings (a parallel layout against its workers)
             check_role = getattr(validated, "check_role", None)
             problems += [f"key 'roles.{role}.strategy_options': {p}" for p in (check_role(role_cfg) if check_role else [])]
-        problems += _missing_engines(f"roles.{role}.strategy", f"{kind} strategy", registry, role_cfg.strategy)
     return problems
 
 
-def _missing_engines(key: str, kind: str, registry, name: str) -> list[str]:
-    """The engine packages a strategy registered as ``requires`` that are not installed here
-    (found without importing them: an engine import can take seconds)."""
+def _missing_packages(key: str, registry, name: str) -> list[str]:
+    """The packages a component registered as ``requires`` (an engine, a tracker's service) that are
+    not installed here (found without importing them: an engine import can take seconds)."""
     import importlib.util
 
     if name not in registry:
         return []
-    return [f"key '{key}': {kind} '{name}' needs the '{module}' package, which is not installed: {hint}"
+    return [f"key '{key}': {registry.kind} '{name}' needs the '{module}' package, which is not installed: {hint}"
             for module, hint in registry.entry(name).metadata.get("requires", {}).items()
             if importlib.util.find_spec(module) is None]
 
@@ -378,6 +402,8 @@ def check_registry_names(cfg: RollConfig, plugins=None, where: str = "the config
             plugins.registry(registry).get(name)  # imports the target, so a broken path shows now
         except RegistryError as exc:
             problems.append(f"key '{key}': {exc}{_missing_plugin_hint(name, plugins.registry(registry), str(exc))}")
+            continue
+        problems += _missing_packages(key, plugins.registry(registry), name)
     problems += _role_requirements(cfg, plugins)
     problems += _lora_requirements(cfg, plugins)
     problems += _packing_requirements(cfg, plugins)
@@ -391,9 +417,9 @@ def check_registry_names(cfg: RollConfig, plugins=None, where: str = "the config
             value = getattr(source, key)
             if value is not None and not Path(value).is_file():
                 problems.append(f"key '{prefix}.{key}': file '{value}' does not exist")
-    model_paths = [("model.path", cfg.model.path)]
-    if cfg.roles.reference is not None and cfg.roles.reference.model_path is not None:
-        model_paths.append(("roles.reference.model_path", cfg.roles.reference.model_path))
+    model_paths = [("model.path", cfg.model.path)] + [
+        (f"roles.{name}.model_path", role.model_path) for name, role in cfg.model_roles().items()
+        if isinstance(role, InferRoleConfig) and role.model_path is not None]
     for key, path in model_paths:
         if path != "tiny" and not (Path(path) / "config.json").is_file():
             problems.append(

@@ -25,6 +25,9 @@ RESUMABLE = (
     "rollout.request_size", "rollout.max_running_requests",
     "roles.*.num_workers", "roles.*.device_mapping*", "roles.*.num_devices_per_worker", "roles.*.torch_threads",
     "roles.*.strategy", "roles.*.micro_batch_size", "roles.*.timeout_s", "roles.*.on_timeout", "roles.*.on_nonfinite",
+    "roles.*.cpus", "roles.*.envs_per_worker",
+    # where env workers ran before they became roles.env (a checkpoint written then still resumes)
+    "agentic.env_workers", "agentic.env_worker_cpus", "agentic.envs_per_worker",
 )
 
 

@@ -10,7 +10,7 @@ worker starts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -119,6 +119,7 @@ class AgenticEnvConfig(Strict):
     name: str | None = Field(None, description="its label in metrics (episode/NAME/..., eval/NAME/...); "
                              "default: env")
     env_options: dict[str, Any] = Field(default_factory=dict, description="the environment's constructor options")
+    role: str | None = Field(None, description="the env role (a key of roles with kind env) whose workers run it")
     groups_per_step: int | None = Field(None, ge=1, description="seeds of this environment played per step")
     validation_episodes: int | None = Field(None, ge=0, description="its held-out seeds played at each evaluation")
     max_turns: int | None = Field(None, ge=1, description="turns before its episodes are cut")
@@ -145,8 +146,8 @@ class AgenticConfig(Strict):
     env_options: dict[str, Any] = Field(default_factory=dict, description="the environment's constructor options")
     envs: list[AgenticEnvConfig] = Field(
         default_factory=list, description="several environments in one run (replaces env and env_options); "
-        "each entry: env, name, env_options and overrides of groups_per_step, validation_episodes, max_turns, "
-        "instruction")
+        "each entry: env, name, env_options and overrides of role, groups_per_step, validation_episodes, "
+        "max_turns, instruction")
     groups_per_step: int = Field(8, ge=1, description="seeds played per step, of each environment")
     group_size: int = Field(8, ge=1, description="episodes per seed (GRPO-style groups)")
     max_turns: int = Field(10, ge=1)
@@ -159,12 +160,8 @@ class AgenticConfig(Strict):
         "sync", description="sync: each turn waits for every environment of the step; async: each environment "
         "plays its own loop, generation batches whatever is waiting, and a step takes the first complete groups, "
         "up to rollout.async_generation_ratio steps ahead of training")
-    env_workers: int = Field(1, ge=1, description="environment workers of each environment (Ray actors on the "
-                             "ray executor)")
-    env_worker_cpus: float = Field(0.0, ge=0, description="CPUs Ray reserves for each env worker: 0 lets them "
-                                   "run anywhere; more makes Ray spread them over the cluster's nodes")
-    envs_per_worker: int | None = Field(None, ge=1, description="environment slots per worker; None: enough for "
-                                        "every episode in flight")
+    role: str = Field("env", description="the env role (a key of roles with kind env: its num_workers, cpus "
+                      "and envs_per_worker) whose workers run each environment")
     step_timeout_s: float = Field(60.0, gt=0, description="a reset or step that takes longer is abandoned, its "
                                   "episode fails (episode/hung) and the environment is replaced")
     teacher_noise: float = Field(0.25, ge=0, le=1, description="the warm-up teacher's chance per turn of a random "
@@ -183,7 +180,8 @@ class AgenticConfig(Strict):
     def environments(self) -> list[EnvSettings]:
         """Every environment of the run with every key filled in (the section's value where an
         entry left it out); one entry for the ``env`` form."""
-        return [EnvSettings(e.env, e.label, dict(e.env_options), _or(e.groups_per_step, self.groups_per_step),
+        return [EnvSettings(e.env, e.label, dict(e.env_options), _or(e.role, self.role),
+                            _or(e.groups_per_step, self.groups_per_step),
                             _or(e.validation_episodes, self.validation_episodes), _or(e.max_turns, self.max_turns),
                             _or(e.instruction, self.instruction))
                 for e in self.envs or [AgenticEnvConfig(env=self.env, env_options=self.env_options)]]
@@ -200,6 +198,7 @@ class EnvSettings:
     env: str
     label: str
     env_options: dict[str, Any]
+    role: str
     groups_per_step: int
     validation_episodes: int
     max_turns: int
@@ -207,8 +206,11 @@ class EnvSettings:
 
 
 class DistillConfig(Strict):
-    """The ``distill`` pipeline: a student (actor_train) pulled toward a teacher (roles.reference,
-    usually with its own ``model_path``) on responses given with the data or written by the teacher."""
+    """The ``distill`` pipeline: a student (actor_train) pulled toward a teacher (an infer role,
+    ``roles.reference`` unless ``teacher`` names another, usually with its own ``model_path``) on
+    responses given with the data or written by the teacher."""
+
+    teacher: str = Field("reference", description="the teacher's role: a key of roles with kind infer")
 
     loss: str = Field("forward_kl", description="a registered distillation loss (forward_kl, reverse_kl, "
                       "adaptive_kl, skewed_forward_kl, skewed_reverse_kl, jsd, ...)")
@@ -393,13 +395,16 @@ class Placed(Strict):
         return None if devices is None else [devices[i : i + per] for i in range(0, len(devices), per)]
 
 
+_KIND = ("which workers host the role: train, infer, critic, reward or env; fixed for the built-in roles, "
+         "required for a role of your own")
+
 RoleThreads = Annotated[int | None, Field(
     ge=1, description="intra-op threads of this role's workers during RL steps, when roles may run at once "
     "(executor: ray); warm-up and the evaluations before and after RL, when one role works alone, use the run's "
     "torch_threads. None = torch_threads throughout")]
 
 
-class TrainRoleConfig(Placed):
+class _TrainedRoleConfig(Placed):
     """A trained role. Several workers train data-parallel: each gets an equal share of every
     mini-batch and gradients are summed over ``torch.distributed`` (gloo on CPU, nccl on GPU)."""
 
@@ -431,11 +436,20 @@ class LoraConfig(Strict):
         "peft onto the base model), or the adapter plus the merged weights as a plain model (model/)")
 
 
+class TrainRoleConfig(_TrainedRoleConfig):
+    """A trained policy (kind ``train``: a registered train strategy)."""
+
+    kind: Literal["train"] = Field("train", description=_KIND)
+
+
 class ActorTrainRoleConfig(TrainRoleConfig):
     lora: LoraConfig | None = Field(None, description="train low-rank adapters instead of every weight")
 
 
 class InferRoleConfig(Placed):
+    """An inference engine (kind ``infer``: a registered infer strategy): generation and log-probs."""
+
+    kind: Literal["infer"] = Field("infer", description=_KIND)
     strategy: str = "hf"
     strategy_options: dict[str, Any] = Field(
         default_factory=dict, description="the strategy's own settings (a vllm engine's arguments), checked against "
@@ -446,10 +460,11 @@ class InferRoleConfig(Placed):
     )
 
 
-class CriticRoleConfig(TrainRoleConfig):
+class CriticRoleConfig(_TrainedRoleConfig):
     """The value model of PPO (``advantage_estimator: gae``): the policy's backbone with a scalar head.
     A fresh head learns faster than the policy may move, hence a higher default learning rate."""
 
+    kind: Literal["critic"] = Field("critic", description=_KIND)
     lr: float = Field(1e-3, gt=0)
 
 
@@ -474,8 +489,10 @@ class RewardFailures(Placed):
 
 
 class RewardRoleConfig(RewardFailures):
-    """The reward of every sample whose domain has no entry in ``roles.domain_rewards``."""
+    """The reward of every sample whose domain has no entry in ``roles.domain_rewards`` (an LLM judge
+    that loads a model is a reward too: its workers get their own ``device_mapping``)."""
 
+    kind: Literal["reward"] = Field("reward", description=_KIND)
     name: str = "exact_match"
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -489,10 +506,42 @@ class WeightedRewardConfig(Strict):
 class DomainRewardConfig(RewardFailures):
     """The reward workers of one domain. The score is ``sum(weight * reward)`` over ``rewards``."""
 
+    kind: Literal["reward"] = Field("reward", description=_KIND)
     rewards: list[WeightedRewardConfig] = Field(min_length=1)
 
 
+class EnvRoleConfig(Strict):
+    """Environment workers of the ``agentic`` pipeline (kind ``env``): each environment of the run
+    gets ``num_workers`` of them (Ray actors on the ray executor), each holding ``envs_per_worker``
+    environments."""
+
+    kind: Literal["env"] = Field("env", description=_KIND)
+    num_workers: int = Field(1, ge=1, description="env workers of each environment that uses this role")
+    cpus: float = Field(0.0, ge=0, description="CPUs Ray reserves for each env worker: 0 lets them run "
+                        "anywhere; more makes Ray spread them over the cluster's nodes")
+    envs_per_worker: int | None = Field(None, ge=1, description="environment slots per worker; None: enough "
+                                        "for every episode in flight")
+
+
+# A role of one's own (any key of ``roles`` but the built-in ones), told apart by its ``kind``.
+OwnRole = Annotated[Union[TrainRoleConfig, InferRoleConfig, CriticRoleConfig, EnvRoleConfig],
+                    Field(discriminator="kind")]
+RoleConfig = Union[ActorTrainRoleConfig, TrainRoleConfig, InferRoleConfig, CriticRoleConfig, RewardRoleConfig,
+                   DomainRewardConfig, EnvRoleConfig]
+OWN_ROLE_KINDS = ("train", "infer", "critic", "env")
+MODEL_KINDS = ("train", "infer", "critic")
+
+
 class RolesConfig(Strict):
+    """Every role of the run, by name; each is an entry with a ``kind`` (train, infer, critic,
+    reward, env) that says which workers host it. The built-in names have fixed kinds. Any other
+    key is a role of your own and must name its kind (``roles.teacher: {kind: infer, model_path:
+    ...}``); the pipeline or key that names it spawns it (``distill.teacher``, ``agentic.envs[].role``,
+    a third-party pipeline's ``RoleGroups.model_role``). :meth:`named` lists them all."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    __pydantic_extra__: dict[str, OwnRole] = Field(init=False)
+
     actor_train: ActorTrainRoleConfig = ActorTrainRoleConfig()
     actor_infer: InferRoleConfig = InferRoleConfig()
     reference: InferRoleConfig | None = Field(
@@ -503,6 +552,18 @@ class RolesConfig(Strict):
         default_factory=dict, description="per-domain rewards, each on its own workers (rows carry 'domain')"
     )
     critic: CriticRoleConfig | None = Field(None, description="value model; needed by advantage_estimator gae")
+    env: EnvRoleConfig = Field(EnvRoleConfig(), description="the agentic pipeline's environment workers")
+
+    def own(self) -> dict[str, TrainRoleConfig | InferRoleConfig | CriticRoleConfig | EnvRoleConfig]:
+        """The roles of one's own (keys other than the built-in ones)."""
+        return dict(self.model_extra or {})
+
+    def named(self) -> dict[str, RoleConfig]:
+        """Every configured role by its key in ``roles`` (a domain's reward as ``domain_rewards.D``)."""
+        builtin = {name: getattr(self, name) for name in ("actor_train", "actor_infer", "reference", "critic", "reward")}
+        return {**{n: r for n, r in builtin.items() if r is not None},
+                **{f"domain_rewards.{d}": spec for d, spec in self.domain_rewards.items()}, "env": self.env,
+                **self.own()}
 
 
 class TrainerConfig(Strict):
@@ -572,6 +633,7 @@ class RollConfig(Strict):
             raise ValueError("algorithm.opd_coef > 0 needs a teacher: roles.reference (with its model_path)")
         if (algo.kl_loss_coef > 0 or algo.kl_penalty.coef > 0) and self.roles.reference is None:
             raise ValueError("algorithm.kl_loss_coef / kl_penalty.coef > 0 need a reference role (roles.reference is null)")
+        self._check_named_roles()
         self._check_placement()
         if algo.ppo_mini_batch_size is not None:
             samples = self.rollout.prompts_per_step * self.rollout.num_return_sequences
@@ -580,9 +642,33 @@ class RollConfig(Strict):
                                  f"samples per step (prompts_per_step * num_return_sequences = {samples})")
         return self
 
+    def role(self, name: str, kind: str | None = None) -> RoleConfig:
+        """The role at key ``roles.<name>``, checked to be of ``kind`` when given."""
+        roles = self.roles.named()
+        role = roles.get(name)
+        if role is None:
+            fitting = [n for n, r in roles.items() if kind in (None, r.kind)]
+            raise ValueError(f"roles.{name} is not configured; configured{f' {kind}' if kind else ''} roles: "
+                             f"{', '.join(fitting) or '(none)'}")
+        if kind is not None and role.kind != kind:
+            raise ValueError(f"roles.{name} is a {role.kind} role, not {kind}")
+        return role
+
+    def _check_named_roles(self) -> None:
+        """Keys that name a role name one of the right kind."""
+        named = [(f"agentic.envs[{i}].role" if self.agentic.envs else "agentic.role", e.role, "env")
+                 for i, e in enumerate(self.agentic.environments())] if self.pipeline == "agentic" else []
+        if self.pipeline == "distill" or self.distill.teacher != "reference":
+            named.append(("distill.teacher", self.distill.teacher, "infer"))
+        for key, name, kind in named:
+            try:
+                self.role(name, kind)
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from None
+
     def rl_threads(self, role: str) -> int:
         """Intra-op threads of a model role's workers during RL steps (``roles.<role>.torch_threads``)."""
-        return getattr(self.roles, role).torch_threads or self.torch_threads
+        return getattr(self.role(role), "torch_threads", None) or self.torch_threads
 
     def reference_on_actor(self) -> bool:
         """Whether the reference is actor_train's base model (LoRA, no ``model_path``): no workers of its own."""
@@ -590,16 +676,15 @@ class RollConfig(Strict):
         return ref is not None and ref.model_path is None and self.roles.actor_train.lora is not None
 
     def placed_roles(self) -> dict[str, Placed]:
-        """Every role that gets workers, by the key it has in ``roles``."""
-        roles = self.roles
-        out: dict[str, Placed] = {"actor_train": roles.actor_train, "actor_infer": roles.actor_infer}
-        if roles.reference is not None and not self.reference_on_actor():
-            out["reference"] = roles.reference
-        if roles.critic is not None:
-            out["critic"] = roles.critic
-        out["reward"] = roles.reward
-        out.update({f"domain_rewards.{d}": spec for d, spec in roles.domain_rewards.items()})
-        return out
+        """Every role whose workers may hold devices, by the key it has in ``roles`` (env workers hold
+        none; a LoRA run's reference is actor_train's workers)."""
+        return {name: role for name, role in self.roles.named().items()
+                if isinstance(role, Placed) and not (name == "reference" and self.reference_on_actor())}
+
+    def model_roles(self) -> dict[str, TrainRoleConfig | InferRoleConfig | CriticRoleConfig]:
+        """Roles hosted by a strategy (kind train, infer or critic), by key."""
+        return {n: r for n, r in self.roles.named().items()
+                if isinstance(r, (TrainRoleConfig, InferRoleConfig, CriticRoleConfig))}
 
     def _check_placement(self) -> None:
         from roll_core.runtime.placement import check_mappings

@@ -10,8 +10,10 @@ updater and weight sync as ``rlvr``. With ``warmup.steps``, actor_train first im
 teacher's episodes (:class:`TeacherEpisodes`), like ``rlvr``'s warm-up on the careless teacher's
 demonstrations. Validation plays the held-out seeds greedily and reports the success rate.
 
-Environments run on env workers (:mod:`roll_core.agentic.env_workers`: ``agentic.env_workers``
-Ray actors, ``envs_per_worker`` environments each, every call bounded by ``step_timeout_s``). With
+Environments run on env workers (:mod:`roll_core.agentic.env_workers`), an env role's
+(``roles.env`` unless ``agentic.role`` or an entry's ``role`` names another): ``num_workers`` Ray
+actors per environment, ``envs_per_worker`` environments each, every call bounded by
+``agentic.step_timeout_s``. With
 ``agentic.rollout: sync`` each turn of a step waits for every environment; with ``async`` each
 environment plays its own loop (:mod:`roll_core.agentic.async_rollout`), across steps up to
 ``rollout.async_generation_ratio`` ahead of training. Validation plays in the driver, through an
@@ -40,7 +42,7 @@ from roll_core.algorithms.objective import ActorObjective, reference_read
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import Batch
 from roll_core.envs import Env
-from roll_core.config.schema import EnvSettings
+from roll_core.config.schema import EnvRoleConfig, EnvSettings
 from roll_core.errors import ConfigError
 from roll_core.pipelines.runtime import (SEED_OFFSETS, TrainingLoop, log_probs, save_tokenizer_beside,
                                          start_update)
@@ -192,14 +194,20 @@ class AgenticPipeline(WarmStart, TrainingLoop):
         in_flight = spec.groups_per_step * a.group_size
         if a.rollout == "async":
             in_flight = math.ceil((1 + cfg.rollout.async_generation_ratio) * in_flight)
+        role = self._env_role(spec)
         return EnvLane(spec, env_cls, Rules(self.tokenizer, turn_format, spec.max_turns, a.max_length),
-                       a.envs_per_worker or math.ceil(in_flight / a.env_workers))
+                       role.envs_per_worker or math.ceil(in_flight / role.num_workers))
+
+    def _env_role(self, spec: EnvSettings) -> EnvRoleConfig:
+        role = self.config.role(spec.role, "env")  # checked with the config: present, of kind env
+        assert isinstance(role, EnvRoleConfig)
+        return role
 
     def build(self) -> None:
         cfg, roles, a = self.config, self.config.roles, self.config.agentic
         self._stop_loops()  # a restart after a lost worker: the last attempt's loops play on dead workers
-        self.actor = self.roles.model_role("actor_train", "train", self.model, roles.actor_train)
-        self.infer = self.roles.model_role("actor_infer", "infer", self.model, roles.actor_infer)
+        self.actor = self.roles.model_role("actor_train", self.model)
+        self.infer = self.roles.model_role("actor_infer", self.model)
         self.weights = weight_sync.connect(cfg, self.executor, self.actor, self.infer, False, self.plugins)
         self.reference = None  # spawned on the model RL starts from (after the warm-up): begin(), restore()
         self.shaper = RewardShaper(cfg.algorithm, self.plugins)
@@ -208,8 +216,9 @@ class AgenticPipeline(WarmStart, TrainingLoop):
         for lane in self.lanes:
             spec, per_worker = lane.spec, lane.per_worker
             args = (spec.env, spec.env_options, per_worker, a.step_timeout_s)
-            workers = self.executor.spawn(f"env_{spec.label}", EnvWorker, [args] * a.env_workers, None,
-                                          concurrency=per_worker + 1, cpus=a.env_worker_cpus)
+            role = self._env_role(spec)
+            workers = self.executor.spawn(f"env_{spec.label}", EnvWorker, [args] * role.num_workers, None,
+                                          concurrency=per_worker + 1, cpus=role.cpus)
             lane.slots = env_slots(self.executor, workers, lane.env_cls, per_worker)
             # validation: the driver's own slots, played greedily in lockstep
             n = max(spec.validation_episodes, 1)

@@ -1,7 +1,8 @@
 """``distill``: knowledge distillation from a teacher model into the student (actor_train).
 
-The teacher is ``roles.reference`` with its own ``model_path`` (any model with the student's
-tokenizer). Each step takes ``distill.batch_size`` prompts in a seeded, resumable order, with their
+The teacher is an inference role, ``roles.reference`` unless ``distill.teacher`` names another
+(``roles.teacher: {kind: infer, model_path: ...}``), with its own ``model_path`` (any model with
+the student's tokenizer). Each step takes ``distill.batch_size`` prompts in a seeded, resumable order, with their
 responses: given with the data (each row's ``demonstration``, else its ``ground_truth``) or written
 by the teacher (``distill.responses: teacher``). The teacher then scores that batch only, so its
 distributions are streamed step by step and never stored for the data set; with ``distill.top_k``
@@ -42,12 +43,11 @@ class DistillPipeline(ActorLoop):
 
     def prepare(self) -> None:
         cfg = self.config
-        if cfg.roles.reference is None:
-            raise ConfigError("pipeline distill: the teacher is roles.reference, which is not configured")
         self.model, self.tokenizer = self.policy()
-        self.teacher_path = cfg.roles.reference.model_path or self.model
+        teacher = cfg.role(cfg.distill.teacher, "infer")  # checked with the config: present, of kind infer
+        self.teacher_path = teacher.model_path or self.model
         if load_tokenizer(self.teacher_path).get_vocab() != self.tokenizer.get_vocab():
-            raise ConfigError(f"key 'roles.reference.model_path': the teacher's tokenizer ({self.teacher_path}) "
+            raise ConfigError(f"key 'roles.{cfg.distill.teacher}.model_path': the teacher's tokenizer ({self.teacher_path}) "
                               f"differs from the student's; distillation compares distributions token by token")
         self.train_rows, self.eval_rows = load_rows(cfg.data, self.plugins, self.tokenizer)
         self.loss_fn = DistillObjective.from_config(cfg.distill, self.plugins)
@@ -55,9 +55,8 @@ class DistillPipeline(ActorLoop):
                                micro_batch_size=cfg.roles.actor_train.micro_batch_size, metric_prefix="distill")
 
     def build(self) -> None:
-        roles = self.config.roles
-        self.actor = self.roles.model_role("actor_train", "train", self.model, roles.actor_train)
-        self.teacher = self.roles.model_role("reference", "infer", self.teacher_path, roles.reference)
+        self.actor = self.roles.model_role("actor_train", self.model)
+        self.teacher = self.roles.model_role(self.config.distill.teacher, self.teacher_path)
         self.stream = PromptStream(self.train_rows, self.config.seed + SEED_OFFSETS["distill_data"])
 
     def _responses(self, rows: list[dict]) -> Batch:

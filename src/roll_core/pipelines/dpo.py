@@ -68,8 +68,8 @@ class DPOPipeline(ActorLoop):
                                micro_batch_size=cfg.roles.actor_train.micro_batch_size, metric_prefix="dpo")
 
     def build(self) -> None:
-        roles, self.eval_reference = self.config.roles, None
-        self.actor = self.roles.model_role("actor_train", "train", self.model, roles.actor_train)
+        self.eval_reference = None
+        self.actor = self.roles.model_role("actor_train", self.model)
         self.reference = None
         if self.config.dpo.reference == "role":
             self.reference = self.roles.reference(self.actor, self.model)

@@ -21,13 +21,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-
-from roll_core.algorithms.objective import (ActorObjective, CriticObjective, distributions_needed, reference_read,
-                                           old_log_probs_reusable, single_mini_batch)
+from roll_core.algorithms.objective import (ActorObjective, CriticObjective, distributions_needed,
+                                           old_log_probs_reusable, reference_read, single_mini_batch)
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import DomainMixer, PromptStream
-from roll_core.pipelines.runtime import (TrainingLoop, log_probs, start_update, values,
-                                        warn_if_oversubscribed)
+from roll_core.pipelines.runtime import TrainingLoop, log_probs, start_update, values, warn_if_oversubscribed
 from roll_core.pipelines.sft import DemonstrationSource, WarmStart
 from roll_core.pipelines.sources import check_domains, check_ground_truth, load_rows
 from roll_core.rollout import overlaps_training
@@ -56,8 +54,8 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         self.stream = DomainMixer(self.train_rows, mixed, cfg.seed) if mixed else PromptStream(self.train_rows, cfg.seed)
         self.shaper = RewardShaper(cfg.algorithm, self.plugins)
         self.reward = self.roles.rewards()  # first: a reward that rejects its options stops before any model loads
-        self.actor = self.roles.model_role("actor_train", "train", self.model, roles.actor_train)
-        self.infer = self.roles.model_role("actor_infer", "infer", self.model, roles.actor_infer)
+        self.actor = self.roles.model_role("actor_train", self.model)
+        self.infer = self.roles.model_role("actor_infer", self.model)
         self.weights = weight_sync.connect(cfg, self.executor, self.actor, self.infer, self.overlapping, self.plugins)
         self.scheduler = self.plugins.schedulers.get(cfg.rollout.scheduler)(
             cfg, self.executor, self.infer, self.reward, self.tokenizer)
@@ -79,7 +77,7 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         if ref is not None and reference_read(self.config.algorithm, self.plugins):
             self.reference = self.roles.reference(self.actor, model_path)
         if critic is not None:
-            self.critic = self.roles.model_role("critic", "critic", model_path, critic)
+            self.critic = self.roles.model_role("critic", model_path, critic)
 
     def begin(self) -> dict[str, float]:
         first = {}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zlib
 from abc import abstractmethod
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,13 @@ from roll_core.plugins import get_plugins
 from roll_core.runtime.executor import WorkerGroup
 from roll_core.runtime.placement import Residency, check_cluster, colocated, nodes_needed, worker_slots
 from roll_core.rollout.rewards import RewardRouter
-from roll_core.runtime.workers import RewardWorker, RoleWorker
+from roll_core.runtime.workers import STRATEGY_WORKERS, RewardWorker
 
 # Every role's workers, and the warm-up's data order, draw from seeds of their own, offset from the
 # run's ``seed`` (actor_train uses it as is, the training data order too), so that no two share a
 # random stream and worker r of a role gets offset + r. Changing a value changes every run's numbers.
-SEED_OFFSETS = {"actor_infer": 1000, "reference": 2000, "critic": 3000, "warmup_data": 7, "preference_data": 11,
-                "distill_data": 13}
+SEED_OFFSETS = {"actor_train": 0, "actor_infer": 1000, "reference": 2000, "critic": 3000, "warmup_data": 7,
+                "preference_data": 11, "distill_data": 13}
 
 
 def load_tokenizer(model_path: str, chat_template: str | None = None):
@@ -96,20 +97,24 @@ class RoleGroups:
         self.groups[name] = group
         return group
 
-    def model_role(self, name: str, kind: str, model_path: str, role_cfg) -> WorkerGroup:
-        """Spawn and set up a model role (``kind``: train, infer or critic), ``role_cfg.num_workers``
-        workers. Workers that hold one model between them (trained roles, and an inference engine that
-        declares ``sharded``) first join one process group. Workers of an engine that declares
-        ``concurrent_requests`` run ``rollout.max_running_requests`` calls at once.
+    def model_role(self, name: str, model_path: str, role_cfg=None) -> WorkerGroup:
+        """Spawn and set up the model role at key ``roles.<name>`` (or ``role_cfg``): its kind's worker
+        (train, infer or critic), ``num_workers`` times. Workers that hold one model between them
+        (trained roles, and an inference engine that declares ``sharded``) first join one process
+        group. Workers of an engine that declares ``concurrent_requests`` run
+        ``rollout.max_running_requests`` calls at once.
 
-        Seeds: ``seed + SEED_OFFSETS[name]`` (0 for actor_train); the workers of one model share it,
-        worker r of an inference role draws from that plus r."""
-        base = self.config.seed + SEED_OFFSETS.get(name, 0)
+        Seeds: ``seed + SEED_OFFSETS[name]`` (0 for actor_train; a role of one's own: 10,000 plus a
+        hash of its name below 10,000); the workers of one model share it, worker r of an inference
+        role draws from that plus r."""
+        role_cfg = role_cfg if role_cfg is not None else self.config.role(name)
+        kind = role_cfg.kind
+        base = self.config.seed + SEED_OFFSETS.get(name, 10_000 + zlib.crc32(name.encode()) % 10_000)
         engine = self.plugins.infer_strategies.get(role_cfg.strategy) if kind == "infer" else None
         one_model = kind in ("train", "critic") or getattr(engine, "sharded", False)
         seeds = [base if one_model else base + r for r in range(role_cfg.num_workers)]
         concurrent = getattr(engine, "concurrent_requests", False)
-        group = self.spawn(name, RoleWorker, [(name, kind, model_path, role_cfg, self.config, seed) for seed in seeds],
+        group = self.spawn(name, STRATEGY_WORKERS[kind], [(name, model_path, role_cfg, self.config, seed) for seed in seeds],
                            role_cfg, self.config.rollout.max_running_requests if concurrent else 1)
         world = len(group) if one_model else 1
         ex = self.executor
@@ -127,7 +132,7 @@ class RoleGroups:
         if self.config.reference_on_actor():
             return actor.as_role("reference", compute_log_probs="base_log_probs")
         cfg = self.config.roles.reference
-        return self.model_role("reference", "infer", cfg.model_path or policy_path, cfg)
+        return self.model_role("reference", cfg.model_path or policy_path, cfg)
 
     def rewards(self) -> RewardRouter:
         """Spawn the default reward role (``roles.reward``) and one per domain (``roles.domain_rewards``);
@@ -154,7 +159,7 @@ class RoleGroups:
         works alone (warm-up, evaluation) and may take every core."""
         futures = []
         for name, group in self.groups.items():
-            threads = getattr(getattr(self.config.roles, name, None), "torch_threads", None)
+            threads = getattr(self.config.roles.named().get(name), "torch_threads", None)
             if threads is not None:
                 futures += group.call("set_threads", threads if rl else self.config.torch_threads)
         self.executor.get(futures)

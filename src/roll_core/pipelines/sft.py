@@ -158,8 +158,7 @@ class SFTPipeline(ActorLoop):
         self.train_rows, self.eval_rows = load_rows(self.config.data, self.plugins, self.tokenizer)
 
     def build(self) -> None:
-        role = self.config.roles.actor_train
-        self.actor = self.roles.model_role("actor_train", "train", self.model, role)
+        self.actor = self.roles.model_role("actor_train", self.model)
         source = DemonstrationSource(self.tokenizer, self.train_rows, self.config, self.actor.dp_size)
         self.trainer = SupervisedTrainer(self.executor, self.actor, self.tokenizer, self.config, source)
         self.stream = source.stream

@@ -24,7 +24,6 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from roll_core.errors import RollError, WorkerLostError
-from roll_core.runtime.placement import MODEL_ROLES
 
 
 class WorkerGroup:
@@ -55,7 +54,13 @@ class WorkerGroup:
         return self.serves or self.role
 
     def _invoke(self, handle, method: str, args: tuple, kwargs: dict):
-        return self.executor.invoke(handle, self.renamed.get(method, method), args, kwargs)
+        method = self.renamed.get(method, method)
+        cls = self.spawned_with[0] if self.spawned_with else None
+        if cls is not None and not callable(getattr(cls, method, None)):  # before Ray turns it into a bare AttributeError
+            offered = sorted(m for m in dir(cls) if not m.startswith("_") and callable(getattr(cls, m)))
+            raise RollError(f"{self.role}: its workers ({cls.__name__}) have no method '{method}'; they offer "
+                            f"{', '.join(offered)}")
+        return self.executor.invoke(handle, method, args, kwargs)
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -315,6 +320,6 @@ def _worker_env(config) -> dict[str, str]:
 
     if not overlaps_training(config.rollout.scheduler, get_plugins()) or "OMP_WAIT_POLICY" in os.environ:
         return {}
-    if all(config.rl_threads(name) == 1 for name in MODEL_ROLES if getattr(config.roles, name) is not None):
+    if all(config.rl_threads(name) == 1 for name in config.model_roles()):
         return {}
     return {"OMP_WAIT_POLICY": "PASSIVE"}

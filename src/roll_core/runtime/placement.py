@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 from roll_core.errors import ConfigError
 
-MODEL_ROLES = ("actor_train", "actor_infer", "reference", "critic")
-_TRAINED = ("actor_train", "critic")
+_TRAINED_KINDS = ("train", "critic")
 
 
 def _overlap(a: list[int] | None, b: list[int] | None) -> list[int]:
@@ -49,8 +48,8 @@ def check_mappings(cfg) -> None:
         if mapped:
             raise ValueError(f"roles.{next(iter(mapped))}.device_mapping needs executor: ray (the local executor "
                              f"runs every role in the driver process)")
-        for name in _TRAINED:
-            if name in roles and roles[name].num_workers > 1:
+        for name in [n for n, r in roles.items() if r.kind in _TRAINED_KINDS]:
+            if roles[name].num_workers > 1:
                 raise ValueError(f"roles.{name}.num_workers > 1 (data-parallel training) needs executor: ray")
         threaded = [name for name, role in roles.items() if getattr(role, "torch_threads", None) is not None]
         if threaded:
@@ -60,8 +59,8 @@ def check_mappings(cfg) -> None:
             raise ValueError("runtime.weight_sync: collective needs executor: ray (the local executor runs every "
                              "worker in one process); use object_store or auto")
     samples = cfg.rollout.prompts_per_step * cfg.rollout.num_return_sequences
-    for name in _TRAINED:
-        if name not in roles or roles[name].num_workers == 1:
+    for name in [n for n, r in roles.items() if r.kind in _TRAINED_KINDS]:
+        if roles[name].num_workers == 1:
             continue
         world = roles[name].num_workers
         for what, size in (("the samples per step", samples), ("algorithm.ppo_mini_batch_size", cfg.algorithm.ppo_mini_batch_size)):
@@ -74,7 +73,7 @@ def check_mappings(cfg) -> None:
             shared = _overlap(mapped[a], mapped[b])
             if not shared:
                 continue
-            reward = next((n for n in (a, b) if n not in MODEL_ROLES), None)
+            reward = next((n for n in (a, b) if roles[n].kind == "reward"), None)
             if reward is not None:
                 raise ValueError(f"roles.{reward}.device_mapping overlaps roles.{a if reward == b else b} on devices "
                                  f"{shared}: reward workers cannot be offloaded, give them their own devices")
@@ -143,7 +142,7 @@ def nodes_needed(cfg, per_node: int) -> int:
 
 def colocated(cfg) -> dict[str, set[str]]:
     """For each model role, the other model roles that share a device with it."""
-    roles = {n: r.devices for n, r in cfg.placed_roles().items() if n in MODEL_ROLES and r.devices is not None}
+    roles = {n: r.devices for n, r in cfg.placed_roles().items() if r.kind != "reward" and r.devices is not None}
     return {a: {b for b in roles if b != a and _overlap(roles[a], roles[b])} for a in roles}
 
 

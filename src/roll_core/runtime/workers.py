@@ -63,21 +63,22 @@ class RewardConfigError(RollError):
     """A reward's constructor rejected its options: deterministic, so the run stops instead of restarting."""
 
 
-class RoleWorker(_Worker):
-    """Hosts a train, infer or critic strategy (``kind``).
+class _StrategyWorker(_Worker):
+    """Hosts one strategy of kind :attr:`kind` (a ``{kind}_strategies`` registry name) for one role.
 
     Built in two calls: the constructor binds devices, :meth:`setup` joins the role's
     data-parallel group (all workers of the role at once) and then builds the strategy, which may
-    shard its model over that group."""
+    shard its model over that group. Each kind's worker exposes that kind's methods only, so a
+    pipeline that calls a trained role's method on an inference role fails at the call, by name."""
 
-    def __init__(self, role: str, kind: str, model_path: str, role_config, run_config, seed: int, devices=None):
+    kind: str
+
+    def __init__(self, role: str, model_path: str, role_config, run_config, seed: int, devices=None):
         _bind_devices(devices)
         torch.set_num_threads(run_config.torch_threads)  # a role's own count applies during RL steps only
-        self.role, self.kind = role, kind
+        self.role = role
         self._args = (model_path, role_config, run_config, seed)
         self.strategy: Any = None  # built by setup()
-        self.weight_groups: dict[int, distributed.CollectiveGroup] = {}
-        self.merger: lora.AdapterMerger | None = None  # an inference worker's, once LoRA adapters arrive
 
     def setup(self, address: tuple[str, int] | None = None, rank: int = 0, world: int = 1) -> int:
         """Join the role's group, build the strategy; returns this worker's data-parallel rank."""
@@ -94,59 +95,6 @@ class RoleWorker(_Worker):
     def device_type(self) -> str:
         return self.strategy.device.type if hasattr(self.strategy, "device") else "cpu"
 
-    # -- inference ------------------------------------------------------------------------------
-    def generate(self, batch, **sampling):
-        return self.strategy.generate(batch, **sampling)
-
-    def compute_log_probs(self, batch, temperature: float, distribution: bool = False):
-        return self.strategy.compute_log_probs(batch, temperature, distribution)
-
-    def top_k_log_probs(self, batch, temperature: float, k: int):
-        """The ``k`` most likely tokens at every response position, ``(log-probs, token ids)``
-        ``[B, R, k]`` each, at ``temperature``: what a distillation teacher sends instead of its
-        whole vocabulary."""
-        return self.strategy.compute_log_probs(batch, temperature, distribution=True).topk(k, dim=-1)
-
-    def compute_values(self, batch):
-        return self.strategy.compute_values(batch)
-
-    def rng_state(self):
-        return self.strategy.rng_state()
-
-    def set_rng_state(self, state) -> None:
-        self.strategy.set_rng_state(state)
-
-    # -- training -------------------------------------------------------------------------------
-    def update(self, batch, loss_fn, spec) -> dict:
-        """The core update loop (:func:`roll_core.training.update`) on this rank's share ``batch``,
-        with the loss function and :class:`~roll_core.training.UpdateSpec` the driver resolved."""
-        from roll_core.training import update
-
-        return update(self.strategy, batch, loss_fn, spec)
-
-    def base_log_probs(self, batch, temperature: float, distribution: bool = False):
-        """Log-probs under actor_train's base model, its LoRA adapters disabled (the reference of a
-        LoRA run, served by the trained role's workers)."""
-        return self.strategy.base_log_probs(batch, temperature, distribution)
-
-    def save_checkpoint(self, path: str) -> None:
-        self.strategy.save_checkpoint(path)
-
-    def fold_adapters(self, base_path: str) -> None:
-        """LoRA, on actor_train: fold the adapters into the base, which ``base_path`` holds on disk."""
-        self.strategy.fold_adapters(base_path)
-
-    def rebase_adapters(self, base_path: str) -> None:
-        """LoRA, on an inference worker: merge received adapters onto ``base_path``'s weights from now on."""
-        self.merger = lora.AdapterMerger(base_path)
-
-    def export_model(self, path: str) -> None:
-        """The trained policy as a plain Hugging Face model directory (LoRA adapters merged)."""
-        self.strategy.export_model(path)
-
-    def load_checkpoint(self, path: str) -> None:
-        self.strategy.load_checkpoint(path)
-
     def set_threads(self, n: int) -> None:
         """Intra-op threads from now on (the pipeline switches a role's count between phases)."""
         torch.set_num_threads(n)
@@ -158,10 +106,65 @@ class RoleWorker(_Worker):
     def reload(self) -> None:
         self.strategy.reload()
 
-    # -- weight sync (roll_core.runtime.weight_sync) --------------------------------------------
+
+class _WeightGroupMember:
+    """A worker in the broadcast groups of weight sync (:mod:`roll_core.runtime.weight_sync`)."""
+
+    _args: tuple
+    weight_groups: dict[int, distributed.CollectiveGroup]
+
+    def join_weight_group(self, group: int, address: tuple[str, int], rank: int, size: int, backend: str) -> None:
+        """Join broadcast group ``group`` (one per sending training rank; rank 0 is the sender)."""
+        timeout = self._args[2].runtime.worker_timeout_s
+        self.weight_groups[group] = distributed.CollectiveGroup(address, rank, size, backend, timeout_s=timeout,
+                                                                name=f"weights-{group}")
+
+
+class _TrainedWorker(_StrategyWorker):
+    """What every trained role does: the core update loop and checkpoints."""
+
+    def update(self, batch, loss_fn, spec) -> dict:
+        """The core update loop (:func:`roll_core.training.update`) on this rank's share ``batch``,
+        with the loss function and :class:`~roll_core.training.UpdateSpec` the driver resolved."""
+        from roll_core.training import update
+
+        return update(self.strategy, batch, loss_fn, spec)
+
+    def save_checkpoint(self, path: str) -> None:
+        self.strategy.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.strategy.load_checkpoint(path)
+
+
+class TrainWorker(_TrainedWorker, _WeightGroupMember):
+    """A trained policy (actor_train, a :class:`~roll_core.strategy.TrainStrategy`): updates, its
+    log-probs, LoRA adapters, and sending weights to the inference engines."""
+
+    kind = "train"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.weight_groups = {}
+
+    def compute_log_probs(self, batch, temperature: float, distribution: bool = False):
+        return self.strategy.compute_log_probs(batch, temperature, distribution)
+
+    def base_log_probs(self, batch, temperature: float, distribution: bool = False):
+        """Log-probs under the base model, its LoRA adapters disabled (the reference of a LoRA run,
+        served by the trained role's workers)."""
+        return self.strategy.base_log_probs(batch, temperature, distribution)
+
+    def fold_adapters(self, base_path: str) -> None:
+        """LoRA: fold the adapters into the base, which ``base_path`` holds on disk."""
+        self.strategy.fold_adapters(base_path)
+
+    def export_model(self, path: str) -> None:
+        """The trained policy as a plain Hugging Face model directory (LoRA adapters merged)."""
+        self.strategy.export_model(path)
+
     # Training strategies may gather sharded weights with collectives, so every training rank
     # iterates its buckets; the ranks that own weights send them.
-
     def weight_bucket_list(self, bucket_bytes: int) -> list:
         return list(self.strategy.weight_buckets(bucket_bytes))
 
@@ -169,12 +172,6 @@ class RoleWorker(_Worker):
         """Names, shapes and dtypes of each bucket this rank sends (what receivers need to unpack
         broadcasts); empty on ranks that send nothing."""
         return [distributed.bucket_meta(b) for b in self.strategy.weight_buckets(bucket_bytes)]
-
-    def join_weight_group(self, group: int, address: tuple[str, int], rank: int, size: int, backend: str) -> None:
-        """Join broadcast group ``group`` (one per sending training rank; rank 0 is the sender)."""
-        timeout = self._args[2].runtime.worker_timeout_s
-        self.weight_groups[group] = distributed.CollectiveGroup(address, rank, size, backend, timeout_s=timeout,
-                                                                name=f"weights-{group}")
 
     def send_weights(self, bucket_bytes: int) -> int:
         """Broadcast every bucket this rank owns to its group; bytes sent."""
@@ -187,6 +184,50 @@ class RoleWorker(_Worker):
             group.broadcast(flat)
             sent += flat.numel()
         return sent
+
+
+class CriticWorker(_TrainedWorker):
+    """PPO's value model (a :class:`~roll_core.strategy.CriticStrategy`)."""
+
+    kind = "critic"
+
+    def compute_values(self, batch):
+        return self.strategy.compute_values(batch)
+
+
+class InferWorker(_StrategyWorker, _WeightGroupMember):
+    """An inference engine (actor_infer, a reference or a teacher: an
+    :class:`~roll_core.strategy.InferStrategy`): generation, log-probs, its sampling RNG, and
+    receiving weight updates."""
+
+    kind = "infer"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.weight_groups = {}
+        self.merger: lora.AdapterMerger | None = None  # once LoRA adapters arrive
+
+    def generate(self, batch, **sampling):
+        return self.strategy.generate(batch, **sampling)
+
+    def compute_log_probs(self, batch, temperature: float, distribution: bool = False):
+        return self.strategy.compute_log_probs(batch, temperature, distribution)
+
+    def top_k_log_probs(self, batch, temperature: float, k: int):
+        """The ``k`` most likely tokens at every response position, ``(log-probs, token ids)``
+        ``[B, R, k]`` each, at ``temperature``: what a distillation teacher sends instead of its
+        whole vocabulary."""
+        return self.strategy.compute_log_probs(batch, temperature, distribution=True).topk(k, dim=-1)
+
+    def rng_state(self):
+        return self.strategy.rng_state()
+
+    def set_rng_state(self, state) -> None:
+        self.strategy.set_rng_state(state)
+
+    def rebase_adapters(self, base_path: str) -> None:
+        """LoRA: merge received adapters onto ``base_path``'s weights from now on."""
+        self.merger = lora.AdapterMerger(base_path)
 
     def _load(self, bucket: list) -> None:
         """One received bucket into the engine; LoRA adapters are merged onto the base weights first
@@ -228,6 +269,10 @@ class RoleWorker(_Worker):
                 received += flat.numel()
         self._end_update()
         return received
+
+
+STRATEGY_WORKERS: dict[str, type[_StrategyWorker]] = {w.kind: w for w in (TrainWorker, InferWorker, CriticWorker)}
+"""The worker class of each strategy kind (:data:`roll_core.plugins.STRATEGY_KINDS`)."""
 
 
 @dataclass
