@@ -322,9 +322,12 @@ class TrainingLoop(Pipeline):
             self.restore(latest, state)
             start = int(state["step"])
             print(f"resumed from {latest} at step {start}", flush=True)
+            for t in trackers:
+                t.rewind(start)  # the steps after the checkpoint are replayed: each is written once
         else:
             first = self.begin()
             for t in trackers:
+                t.rewind(-1)
                 t.log(first, 0)
             self.save(0)
         self.before_steps()

@@ -1,12 +1,19 @@
-"""Metric trackers: the interface and the built-ins (``stdout``, ``jsonl``, ``tensorboard``).
+"""Metric trackers: the interface and the built-ins (``stdout``, ``jsonl``, ``tensorboard``,
+``swanlab``, ``wandb``). A run uses every tracker ``trackers`` lists, at once.
 
 Trackers receive flat ``{name: float}`` dicts with a step. Names use ``/`` to group
-(``train/loss``, ``eval/accuracy``), which tensorboard shows as sections.
+(``train/loss``, ``eval/accuracy``), which tensorboard, SwanLab and W&B show as sections.
+
+A run that resumes from a checkpoint replays the steps after it. Before it does, each tracker is
+told (:meth:`Tracker.rewind`) so that a step is written once: ``jsonl`` and ``tensorboard`` drop
+what they hold past the checkpoint; SwanLab and W&B, which cannot take points back, write each step
+once, the first time (they also start a new run per process: resumed runs continue in a new one).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -22,6 +29,10 @@ class Tracker(ABC):
 
     @abstractmethod
     def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def rewind(self, step: int) -> None:
+        """The run goes on after ``step`` (-1: from scratch): forget what was logged past it, if
+        the tracker can."""
 
     def close(self) -> None:
         pass
@@ -91,11 +102,22 @@ class StdoutTracker(Tracker):
 
 
 class JsonlTracker(Tracker):
-    """Appends ``{"step": n, ...metrics}`` to ``<run_dir>/metrics.jsonl`` (appending keeps history across resumes)."""
+    """Appends ``{"step": n, ...metrics}`` to ``<run_dir>/metrics.jsonl``; a resumed run keeps the
+    lines up to its checkpoint's step and appends after them."""
 
     def __init__(self, run_dir, config=None):
         super().__init__(run_dir, config)
-        self._file = open(self.run_dir / "metrics.jsonl", "a")
+        self.path = self.run_dir / "metrics.jsonl"
+        self._file = open(self.path, "a")
+
+    def rewind(self, step):
+        self._file.close()
+        kept = [line for line in self.path.read_text().splitlines(keepends=True)
+                if line.strip() and json.loads(line)["step"] <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(self.path)  # atomic: a crash here leaves the old file or the new one
+        self._file = open(self.path, "a")
 
     def log(self, metrics, step):
         self._file.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -114,6 +136,13 @@ class TensorboardTracker(Tracker):
 
         self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
+    def rewind(self, step):
+        from torch.utils.tensorboard import SummaryWriter
+
+        # TensorBoard discards the points of earlier event files at steps >= purge_step
+        self._writer.close()
+        self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=step + 1)
+
     def log(self, metrics, step):
         for key, value in metrics.items():
             self._writer.add_scalar(key, value, step)
@@ -121,3 +150,65 @@ class TensorboardTracker(Tracker):
 
     def close(self):
         self._writer.close()
+
+
+class _ForwardOnly(Tracker):
+    """A service whose runs cannot take points back: each step is sent once, the first time."""
+
+    def __init__(self, run_dir, config=None):
+        super().__init__(run_dir, config)
+        self.last_step = -1
+
+    def log(self, metrics, step):
+        if step > self.last_step:
+            self.last_step = step
+            self.send(metrics, step)
+
+    @abstractmethod
+    def send(self, metrics: dict[str, float], step: int) -> None: ...
+
+
+def _run_config(config) -> dict:
+    return config.model_dump(mode="json") if config is not None else {}
+
+
+class SwanLabTracker(_ForwardOnly):
+    """SwanLab (``pip install swanlab``), offline unless ``SWANLAB_MODE`` says otherwise: the run is
+    written under ``<run_dir>/swanlab`` (``swanlab sync <that dir>/run-*`` uploads it later;
+    ``swanlab[dashboard]`` shows it locally with ``SWANLAB_MODE=local``). The project is the run's
+    ``exp_name``; the whole config is the run's config. SwanLab does not take over the terminal."""
+
+    def __init__(self, run_dir, config=None):
+        super().__init__(run_dir, config)
+        import swanlab
+
+        self._run = swanlab.init(
+            project=config.exp_name if config is not None else "roll", name=self.run_dir.name,
+            mode=os.environ.get("SWANLAB_MODE", "offline"), log_dir=str(self.run_dir / "swanlab"),
+            config=_run_config(config), settings=swanlab.Settings(terminal={"proxy_type": "none"}), reinit=True)
+
+    def send(self, metrics, step):
+        self._run.log(dict(metrics), step=step)
+
+    def close(self):
+        self._run.finish()
+
+
+class WandbTracker(_ForwardOnly):
+    """Weights & Biases (``pip install wandb``), offline unless ``WANDB_MODE`` says otherwise: the run
+    is written under ``<run_dir>/wandb`` (``wandb sync <run_dir>/wandb/offline-run-*`` uploads it
+    later). The project is the run's ``exp_name``; the whole config is the run's config."""
+
+    def __init__(self, run_dir, config=None):
+        super().__init__(run_dir, config)
+        import wandb
+
+        self._run = wandb.init(project=config.exp_name if config is not None else "roll", name=self.run_dir.name,
+                               mode=os.environ.get("WANDB_MODE", "offline"), dir=str(self.run_dir),
+                               config=_run_config(config), reinit="create_new")
+
+    def send(self, metrics, step):
+        self._run.log(dict(metrics), step=step)
+
+    def close(self):
+        self._run.finish()

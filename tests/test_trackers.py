@@ -1,0 +1,122 @@
+"""Trackers: several at once, each one's files read back with its own format, and steps replayed
+after a resume written once."""
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from roll_core.trackers import JsonlTracker, TensorboardTracker, _ForwardOnly
+
+
+def _log_records(path: Path):
+    """The records of a LevelDB-log file, the format SwanLab's ``.swanlab`` and W&B's ``.wandb``
+    files share: a 7-byte file header, then 32 KiB blocks of records, each with a 7-byte header
+    (crc32, length, type: 1 full, 2 first, 3 middle, 4 last)."""
+    data, block = path.read_bytes(), 32768
+    pos, pending = 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # too little left in the block for a header: padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0 and length == 0:
+            break
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 1:
+            yield chunk
+        elif kind == 2:
+            pending = chunk
+        else:
+            pending += chunk
+            if kind == 4:
+                yield pending
+
+
+def _swanlab_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+
+    (path,) = run_dir.glob("swanlab/run-*/run-*.swanlab")
+    out: dict[str, dict[int, float]] = {}
+    for raw in _log_records(path):
+        record = Record()
+        record.ParseFromString(raw)
+        if record.HasField("scalar"):
+            out.setdefault(record.scalar.key, {})[record.scalar.step] = record.scalar.value.number
+    return out
+
+
+def _wandb_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    out: dict[str, dict[int, float]] = {}
+    for raw in _log_records(path):
+        record = Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "history":
+            items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item}
+            step = items.pop("_step")
+            for key, value in items.items():
+                if not key.startswith("_"):
+                    out.setdefault(key, {})[int(step)] = value
+    return out
+
+
+def _tensorboard_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+def test_the_quickstart_writes_the_same_metrics_to_every_tracker_at_once(tiny_config, monkeypatch):
+    from roll_core.pipelines.rlvr import RLVRPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("SWANLAB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = tiny_config("trackers=[jsonl, tensorboard, swanlab, wandb]", "trainer.max_steps=3")
+    RLVRPipeline(cfg, LocalExecutor()).run()
+    run_dir = Path(cfg.output_dir)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    expected = {key: {r["step"]: r[key] for r in rows if key in r}
+                for key in ("reward/mean", "train/pg_loss", "eval/accuracy", "warmup/loss")}
+    assert sorted(expected["reward/mean"]) == [1, 2, 3] and expected["eval/accuracy"]  # step 0 and the end
+    for name, read in (("tensorboard", _tensorboard_scalars), ("swanlab", _swanlab_scalars),
+                       ("wandb", _wandb_scalars)):
+        got = read(run_dir)
+        for key, by_step in expected.items():
+            assert got[key] == pytest.approx(by_step, rel=1e-6), (name, key)
+
+
+def test_a_resumed_run_writes_each_replayed_step_once(tmp_path):
+    """Steps 0-5 logged, the run resumes from a checkpoint at step 3 and logs 4-5 again (new values)."""
+    jsonl, board = JsonlTracker(tmp_path), TensorboardTracker(tmp_path)
+    sent = []
+
+    class Service(_ForwardOnly):
+        def send(self, metrics, step):
+            sent.append((step, metrics["x"]))
+
+    service = Service(tmp_path)
+    for tracker in (jsonl, board, service):
+        tracker.rewind(-1)
+        for step in range(6):
+            tracker.log({"x": float(step)}, step)
+        tracker.rewind(3)
+        for step in (4, 5):
+            tracker.log({"x": 10.0 * step}, step)
+        tracker.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["x"]) for r in rows] == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 40), (5, 50)]
+    assert _tensorboard_scalars(tmp_path)["x"] == {0: 0, 1: 1, 2: 2, 3: 3, 4: 40, 5: 50}
+    assert sent == [(s, float(s)) for s in range(6)]  # a service that cannot take points back: the first values
+
+    again = JsonlTracker(tmp_path)  # a fresh start in the same directory forgets the old run
+    again.rewind(-1)
+    again.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
