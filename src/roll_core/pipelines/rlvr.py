@@ -24,12 +24,14 @@ from pathlib import Path
 from roll_core.algorithms.objective import (ActorObjective, CriticObjective, distributions_needed,
                                            old_log_probs_reusable, reference_read, single_mini_batch)
 from roll_core.algorithms.shaping import RewardShaper
-from roll_core.data import DomainMixer, PromptStream
+from roll_core.data import Batch, DomainMixer, PromptStream
+from roll_core.pipelines import mismatch
 from roll_core.pipelines.runtime import TrainingLoop, log_probs, start_update, values, warn_if_oversubscribed
 from roll_core.pipelines.sft import DemonstrationSource, WarmStart
 from roll_core.pipelines.sources import check_domains, check_ground_truth, load_rows
 from roll_core.rollout import overlaps_training
 from roll_core.rollout.metrics import accuracy_summary, batch_metrics, heldout_accuracy, idle_times
+from roll_core.rollout.sync import tokenize_prompts
 from roll_core.runtime import weight_sync
 from roll_core.training import UpdateSpec
 
@@ -84,10 +86,23 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         if self.config.warmup.steps:
             first = self.warmup(DemonstrationSource(self.tokenizer, self.train_rows, self.config, self.actor.dp_size))
         self._spawn_policy_copies(self.start_model())
+        first.update(self._initial_mismatch())
         self.before_rl = self.evaluate()
         if self.before_rl:
             print(f"held-out accuracy before RL (greedy): {self.before_rl['eval/accuracy']:.1%}", flush=True)
         return {**first, **self.before_rl}
+
+    def _initial_mismatch(self) -> dict[str, float]:
+        """Step 0's train/inference log-prob gap on held-out prompts, gated by
+        ``trainer.max_initial_mismatch`` (:mod:`roll_core.pipelines.mismatch`)."""
+        if not self.eval_rows:
+            return {}
+        ids, mask = tokenize_prompts(self.tokenizer, [r["prompt"] for r in self.eval_rows[:mismatch.PROMPTS]])
+        gap = mismatch.initial_mismatch(self.executor, self.infer, self.actor,
+                                        Batch({"prompt_ids": ids, "prompt_mask": mask}), self.config.rollout,
+                                        use=self.roles.use)
+        mismatch.check_mismatch(gap, self.config.trainer.max_initial_mismatch)
+        return {"train/infer_log_prob_gap": gap}
 
     def before_steps(self) -> None:
         self.roles.record(self.run_dir / "placement.json")
