@@ -7,6 +7,7 @@
                                             registered name with its description)
     roll check-plugin NAME                  a plugin's contract checks (exit 1 when one fails)
     roll play ENV                           one episode of an environment, printed
+    roll report RUN_DIR [RUN_DIR ...]       PNG plots and one HTML page of runs (several overlaid)
     roll plugin new KIND NAME               a third-party plugin package to start from
     roll --version                          roll-core's version; bare ``roll`` prints the help
 
@@ -274,6 +275,15 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--dir", default=".", help="where to create roll-NAME/ (default: here)")
     new.set_defaults(func=_cmd_plugin_new)
 
+    rep = sub.add_parser("report", help="PNG plots and one self-contained HTML page of one or more runs",
+                         description="Plot reward, accuracy, KL, entropy, losses, response lengths, time per "
+                         "phase, staleness and the train/inference gap of each run from its metrics.jsonl; several "
+                         "runs overlay on one page, with the config keys in which they differ.")
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's output_dir (it has metrics.jsonl)")
+    rep.add_argument("--out", help="where to write the PNGs and report.html (default: RUN_DIR/report for one "
+                     "run, ./roll-report for several)")
+    rep.set_defaults(func=_cmd_report)
+
     pl = sub.add_parser("play", help="play one episode of an environment in this process and print it")
     pl.add_argument("env", help="a registered environment (roll list-plugins)")
     pl.add_argument("--options", default="{}", help="the environment's options as a JSON object")
@@ -289,6 +299,17 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--instruction", default="", help="text before the first observation")
     pl.set_defaults(func=_cmd_play)
     return parser
+
+
+def _cmd_report(args) -> int:
+    from pathlib import Path
+
+    from roll_core.report import write_report
+
+    out = Path(args.out) if args.out else Path(args.runs[0]) / "report" if len(args.runs) == 1 else Path("roll-report")
+    page = write_report([Path(r) for r in args.runs], out)
+    print(f"wrote {page} and {len(list(out.glob('*.png')))} PNG plots in {out}")
+    return 0
 
 
 def _split_config_and_overrides(args) -> None:

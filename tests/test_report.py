@@ -1,0 +1,82 @@
+"""``roll report``: PNG plots and an HTML page, checked by rendering the page in headless Chromium."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from roll_core.cli import main
+from roll_core.report import config_differences, load_run
+
+_BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+def _synthetic_run(path: Path, steps: int = 20) -> Path:
+    """A run directory as the runtime writes it, with an async run's metrics and two domains."""
+    path.mkdir(parents=True)
+    rows = [{"step": 0, "eval/accuracy": 0.3, "eval/math/accuracy": 0.2, "train/infer_log_prob_gap": 1e-7}]
+    for s in range(1, steps + 1):
+        rows.append({"step": s, "reward/mean": s / steps, "reward/math/mean": s / steps / 2, "train/kl": 0.01 * s,
+                     "train/entropy": 2.0 - 0.05 * s, "train/pg_loss": 0.1 / s, "response_length/mean": 5 + s % 3,
+                     "time/step_s": 0.5, "time/rollout_s": 0.3, "rollout/staleness_mean": 0.5,
+                     "train/infer_log_prob_gap": 2e-7, "time/nan_s": float("nan")})
+    rows[-1].update({"eval/accuracy": 0.9, "eval/math/accuracy": 0.8})
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "summary.json").write_text(json.dumps({"steps": steps, "before": {"eval/accuracy": 0.3},
+                                                   "after": {"eval/accuracy": 0.9}, "restarts": 0}))
+    (path / "config.json").write_text(json.dumps({"seed": 1, "output_dir": str(path), "algorithm": {"lr": 1e-3}}))
+    return path
+
+
+def test_a_run_is_read_by_metric_and_runs_differ_by_their_config_keys(tmp_path):
+    run = load_run(_synthetic_run(tmp_path / "a"))
+    assert run.series["eval/accuracy"] == ([0, 20], [0.3, 0.9])
+    assert "time/nan_s" not in run.series  # NaN is not a point
+    other = _synthetic_run(tmp_path / "b")
+    (other / "config.json").write_text(json.dumps({"seed": 2, "output_dir": "x", "algorithm": {"lr": 1e-3}}))
+    assert config_differences([run, load_run(other)]) == {"seed": [1, 2]}
+
+
+def test_report_of_nothing_plottable_or_no_run_is_an_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "has no metrics.jsonl" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "custom/x": 1}\n')
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no plottable metrics" in capsys.readouterr().err
+
+
+def test_report_overlays_a_real_run_and_another_and_the_page_renders(tiny_config, tmp_path, capsys):
+    from roll_core.pipelines.rlvr import RLVRPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    cfg = tiny_config("trainer.max_steps=4")
+    RLVRPipeline(cfg, LocalExecutor()).run()
+    synthetic = _synthetic_run(tmp_path / "other")
+    out = tmp_path / "compare"
+    assert main(["report", cfg.output_dir, str(synthetic), "--out", str(out)]) == 0
+    assert "report.html" in capsys.readouterr().out
+    pngs = {p.stem for p in out.glob("*.png")}
+    assert {"reward", "accuracy", "kl", "entropy", "loss", "response_length", "time", "staleness",
+            "mismatch"} <= pngs
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len(pngs)  # self-contained: every plot embedded
+    assert "Config differences" in page and "<td>seed</td>" in page and page.index("Plots") < page.index("Summary")
+
+    if _BROWSER is None:
+        pytest.skip("no Chromium installed (apt-get install chromium); .ci/run installs it")
+    from PIL import Image
+
+    shot = tmp_path / "shot.png"
+    subprocess.run([_BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    f"--screenshot={shot}", "--window-size=1500,4000", (out / "report.html").as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    image = Image.open(shot).convert("RGB")
+    pixels = [image.getpixel((x, y)) for x in range(0, image.width, 2) for y in range(0, image.height, 2)]
+    blank = sum(1 for p in pixels if p == (255, 255, 255)) / len(pixels)
+    assert blank < 0.97, f"the page rendered {blank:.1%} white"
+    # the plotted lines are the page's only coloured pixels (text, axes and grids are grey); a
+    # single-run quickstart page of 7 plots has about 8,000 of them at this sampling
+    coloured = sum(1 for p in pixels if max(p) - min(p) > 60)
+    assert coloured > 3000, coloured
