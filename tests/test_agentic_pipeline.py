@@ -39,9 +39,14 @@ def test_agentic_runs_trains_validates_and_survives_a_raising_environment(roll_p
     roll_plugins(("echo", types.SimpleNamespace(roll_register_envs=hookimpl(lambda register: register("echo", Echo)))))
     cfg = tiny_config("pipeline=agentic", "agentic.env=echo", "warmup.steps=0", "algorithm.advantage_estimator=gigpo",
                       "trainer.max_steps=3", "trainer.eval_every=3", "agentic.groups_per_step=5", "agentic.group_size=2",
-                      "agentic.validation_episodes=6", "rollout.max_new_tokens=3")
+                      "agentic.validation_episodes=6", "rollout.max_new_tokens=3", "trainer.dump_rollouts_every=3")
     summary = AgenticPipeline(cfg, LocalExecutor()).run()
     assert summary["steps"] == 3 and "eval/success_rate" in summary["before"] and "eval/success_rate" in summary["after"]
+    from roll_core.pipelines.rollout_dump import dumped_steps, show
+
+    assert dumped_steps(Path(cfg.output_dir)) == [3]
+    shown = show(Path(cfg.output_dir), limit=None)  # an episode: the policy's turns and the environment's replies
+    assert shown.count("--- sample") == 8 and "  environment 'say " in shown and "  policy      '" in shown
     rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0]
     assert len(steps) == 3

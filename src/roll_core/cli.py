@@ -8,6 +8,8 @@
     roll check-plugin NAME                  a plugin's contract checks (exit 1 when one fails)
     roll play ENV                           one episode of an environment, printed
     roll report RUN_DIR [RUN_DIR ...]       PNG plots and one HTML page of runs (several overlaid)
+    roll show-rollouts RUN_DIR [--step N]   a step's dumped samples (trainer.dump_rollouts_every)
+    roll replay RUN_DIR [--steps A-B]       train again on dumped batches; compare loss and grad norm
     roll plugin new KIND NAME               a third-party plugin package to start from
     roll --version                          roll-core's version; bare ``roll`` prints the help
 
@@ -284,6 +286,24 @@ def build_parser() -> argparse.ArgumentParser:
                      "run, ./roll-report for several)")
     rep.set_defaults(func=_cmd_report)
 
+    sr = sub.add_parser("show-rollouts", help="print a step's dumped samples (trainer.dump_rollouts_every)",
+                        description="Print the samples a run dumped for one step: prompt, response (an episode's "
+                        "turns), score, reward components, advantage, log-probs, version.")
+    sr.add_argument("run", metavar="RUN_DIR")
+    sr.add_argument("--step", type=int, help="the step (default: the last one dumped)")
+    sr.add_argument("--limit", type=int, default=8, help="samples to print (default 8; 0 = all)")
+    sr.set_defaults(func=_cmd_show_rollouts)
+
+    rp = sub.add_parser("replay", help="train again on a run's dumped batches, without generating",
+                        description="Load actor_train from the latest checkpoint before the first step asked for, "
+                        "run the update on each dumped batch in this process, and print each step's recorded and "
+                        "replayed loss and gradient norm. Exit status 1 when a gap exceeds --tolerance.")
+    rp.add_argument("run", metavar="RUN_DIR")
+    rp.add_argument("--steps", help="a step (12) or a range (11-13); default: the dumped steps after the latest "
+                    "checkpoint before the last one dumped")
+    rp.add_argument("--tolerance", type=float, default=1e-5, help="largest gap that counts as reproduced (1e-5)")
+    rp.set_defaults(func=_cmd_replay)
+
     pl = sub.add_parser("play", help="play one episode of an environment in this process and print it")
     pl.add_argument("env", help="a registered environment (roll list-plugins)")
     pl.add_argument("--options", default="{}", help="the environment's options as a JSON object")
@@ -309,6 +329,26 @@ def _cmd_report(args) -> int:
     out = Path(args.out) if args.out else Path(args.runs[0]) / "report" if len(args.runs) == 1 else Path("roll-report")
     page = write_report([Path(r) for r in args.runs], out)
     print(f"wrote {page} and {len(list(out.glob('*.png')))} PNG plots in {out}")
+    return 0
+
+
+def _cmd_show_rollouts(args) -> int:
+    from roll_core.pipelines.rollout_dump import show
+
+    print(show(args.run, args.step, args.limit or None))
+    return 0
+
+
+def _cmd_replay(args) -> int:
+    from roll_core.pipelines.replay import parse_steps, replay, report
+
+    _quiet_libraries(False)  # transformers' load bars, as in roll run
+    replayed = replay(args.run, parse_steps(args.steps) if args.steps else None)
+    print(report(replayed))
+    gaps = [g for r in replayed for n in ("pg_loss", "grad_norm") if (g := r.gap(n)) is not None]
+    if gaps and max(gaps) > args.tolerance:
+        print(f"not reproduced: a gap above --tolerance={args.tolerance:g}", file=sys.stderr)
+        return 1
     return 0
 
 

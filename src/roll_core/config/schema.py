@@ -572,6 +572,9 @@ class TrainerConfig(Strict):
     save_every: int = Field(50, ge=0, description="0 = only at the end")
     keep_checkpoints: int = Field(2, ge=1)
     resume: Literal["auto", "never"] = Field("auto", description="auto: continue from the latest checkpoint in output_dir")
+    dump_rollouts_every: int = Field(0, ge=0, description="write the training batch of every N-th step to "
+                                     "<output_dir>/rollouts (roll show-rollouts reads it, roll replay trains on it); "
+                                     "0 = never")
     max_initial_mismatch: float | None = Field(
         None, gt=0, description="stop an rlvr run at step 0 when actor_train's log-probs of actor_infer's samples "
         "differ from actor_infer's by more than this per token on average (train/infer_log_prob_gap at step 0); "

@@ -304,6 +304,7 @@ class AgenticPipeline(WarmStart, TrainingLoop):
         self.roles.use("actor_train")
         batch.update(old_log_probs=log_probs(self.executor, self.actor, batch, temperature)[0])
         metrics.update(self.shaper.shape(batch))
+        self.dump_rollouts(step, batch)
         metrics.update(self.executor.get(start_update(self.actor, batch, *self.update))[0])
         t1 = time.perf_counter()
         self.push_weights(policy_update=True)

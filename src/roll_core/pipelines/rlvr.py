@@ -151,6 +151,7 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         if not dist_loss:
             batch.tensors.pop("ref_log_dist", None)
         t1 = time.perf_counter()
+        self.dump_rollouts(step, batch)
         self.roles.use(*self._trained())
         pending_critic = start_update(self.critic, batch, *self.critic_update) if self.critic is not None else None
         pending_actor = start_update(self.actor, batch, *self.actor_update)

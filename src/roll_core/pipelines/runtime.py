@@ -38,6 +38,7 @@ from roll_core.embedded.model import build_tiny_model
 from roll_core.errors import ConfigError, WorkerLostError
 from roll_core.pipelines import Pipeline
 from roll_core.pipelines.checkpoint import CheckpointManager
+from roll_core.pipelines.rollout_dump import write_dump
 from roll_core.plugins import get_plugins
 from roll_core.runtime.executor import WorkerGroup
 from roll_core.runtime.placement import Residency, check_cluster, colocated, nodes_needed, worker_slots
@@ -211,6 +212,7 @@ class TrainingLoop(Pipeline):
     """Resume, trackers, evaluation, checkpoints and restarts around an abstract :meth:`step`."""
 
     step_label = "step"  # what ``phase`` calls a step ("RL step 3 of 10")
+    tokenizer: Any  # the policy's, set by prepare()
 
     def __init__(self, config, executor):
         super().__init__(config, executor)
@@ -259,6 +261,13 @@ class TrainingLoop(Pipeline):
 
     def summary(self, final_step: int, evaluation: dict[str, float]) -> dict:
         return {"steps": final_step, "evaluation": evaluation}
+
+    def dump_rollouts(self, step: int, batch: Batch) -> None:
+        """Write ``batch``, the step's training batch, every ``trainer.dump_rollouts_every`` steps
+        (:mod:`roll_core.pipelines.rollout_dump`); a step replayed after a resume overwrites its dump."""
+        every = self.config.trainer.dump_rollouts_every
+        if every and step % every == 0:
+            write_dump(self.run_dir, step, batch, self.tokenizer)
 
     # -- the loop --------------------------------------------------------------------------------
     def model_path(self) -> str:
@@ -357,7 +366,6 @@ class ActorLoop(TrainingLoop):
     #: (metric, how it is called, its format, what a step is), e.g. ("eval/loss", "held-out loss", "{:.3f}", "SFT steps")
     headline: tuple[str, str, str, str]
     actor: WorkerGroup
-    tokenizer: Any
     stream: Any  # roll_core.data.PromptStream
     before: dict[str, float]
 

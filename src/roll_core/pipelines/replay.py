@@ -1,0 +1,124 @@
+"""``roll replay RUN_DIR``: train again on a run's dumped batches, without generating, and compare
+each step's loss and gradient norm with those the run recorded.
+
+To debug the training side alone (a loss, a strategy, a numerical problem) a failing step must
+be reproducible without the rollout that fed it. Replay loads actor_train's weights and optimizer
+from the latest checkpoint before the first step asked for, then runs the core update
+(:func:`roll_core.training.update`) with the run's own objective and update settings on each dumped
+batch in order, in this process (a debugger can step into the loss), one data-parallel rank. Every
+step between the checkpoint and the last step asked for must have been dumped. Run::
+
+    roll run trainer.dump_rollouts_every=1 trainer.save_every=10
+    roll replay runs/quickstart --steps 11-13
+
+LoRA runs and the critic are not replayed (the policy's full weights only).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from roll_core.errors import RollError
+from roll_core.pipelines.checkpoint import CheckpointManager
+from roll_core.pipelines.rollout_dump import _ranges, dumped_steps, load_dump
+
+COMPARED = ("pg_loss", "grad_norm")  # under the update's metric prefix ("train/")
+
+
+@dataclass
+class ReplayedStep:
+    step: int
+    recorded: dict[str, float]
+    replayed: dict[str, float]
+
+    def gap(self, name: str) -> float | None:
+        key = f"train/{name}"
+        if key not in self.recorded or key not in self.replayed:
+            return None
+        return abs(self.recorded[key] - self.replayed[key])
+
+
+def parse_steps(text: str) -> tuple[int, int]:
+    """``"12"`` -> ``(12, 12)``; ``"11-13"`` -> ``(11, 13)``."""
+    first, _, last = text.partition("-")
+    try:
+        a, b = int(first), int(last or first)
+    except ValueError:
+        raise RollError(f"--steps '{text}': give a step (12) or a range (11-13)") from None
+    if a < 1 or b < a:
+        raise RollError(f"--steps '{text}': steps start at 1 and a range goes up (11-13)")
+    return a, b
+
+
+def plan(run_dir: Path, steps: tuple[int, int] | None) -> tuple[tuple[int, Path], list[int]]:
+    """The checkpoint to start from and the steps to replay (every one after it up to the last
+    asked for); default: the stretch after the latest checkpoint before the last dumped step."""
+    dumped = dumped_steps(run_dir)
+    if not dumped:
+        raise RollError(f"{run_dir} has no rollout dumps; run with trainer.dump_rollouts_every=1 to write them")
+    first, last = steps or (dumped[-1], dumped[-1])
+    before = [(s, p) for s, p in CheckpointManager(Path(run_dir) / "checkpoints").complete() if s < first]
+    if not before:
+        raise RollError(f"{run_dir} has no checkpoint before step {first} to start from")
+    start = before[-1]
+    wanted = list(range(start[0] + 1, last + 1))
+    if steps is None:  # from the checkpoint: the dumped steps that follow it without a gap
+        wanted = [s for s in wanted if s in dumped]
+        wanted = [s for i, s in enumerate(wanted) if s == start[0] + 1 + i]
+    missing = [s for s in wanted if s not in dumped]
+    if missing or not wanted:
+        raise RollError(f"replaying up to step {last} from the checkpoint at step {start[0]} needs the dumps of "
+                        f"steps {_ranges(wanted) or start[0] + 1}; missing: {_ranges(missing) or start[0] + 1} "
+                        f"(dumped: {_ranges(dumped)}; trainer.dump_rollouts_every=1 dumps every step)")
+    return start, wanted
+
+
+def replay(run_dir: Path, steps: tuple[int, int] | None = None, progress=print) -> list[ReplayedStep]:
+    """Replay ``steps`` (a range, None: see :func:`plan`) of the run in ``run_dir``."""
+    from roll_core.algorithms.objective import ActorObjective
+    from roll_core.config.schema import RollConfig
+    from roll_core.plugins import get_plugins
+    from roll_core.runtime.workers import TrainWorker
+    from roll_core.training import UpdateSpec
+
+    run_dir = Path(run_dir)
+    cfg = RollConfig.model_validate(json.loads((run_dir / "config.json").read_text()))
+    if cfg.roles.actor_train.lora is not None:
+        raise RollError("roll replay does not replay LoRA runs yet (it restores the policy's full weights)")
+    (start, checkpoint), wanted = plan(run_dir, steps)
+    recorded = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        recorded[row["step"]] = row
+    progress(f"replaying steps {_ranges(wanted)} of {run_dir} from the checkpoint at step {start}")
+    plugins = get_plugins()
+    role = cfg.roles.actor_train
+    worker = TrainWorker("actor_train", str(checkpoint / "actor_train" / "model"), role, cfg, cfg.seed)
+    worker.setup()
+    worker.load_checkpoint(str(checkpoint / "actor_train"))
+    loss_fn = ActorObjective.from_config(cfg.algorithm, cfg.rollout, plugins)
+    spec = UpdateSpec.from_config(cfg.algorithm, role)
+    out = []
+    for step in wanted:
+        metrics = worker.update(load_dump(run_dir, step), loss_fn, spec)
+        out.append(ReplayedStep(step, recorded.get(step, {}), metrics))
+    return out
+
+
+def report(replayed: list[ReplayedStep]) -> str:
+    """A table: each step's recorded and replayed loss and gradient norm, and their gaps."""
+    lines = [f"{'step':>6}  " + "  ".join(f"{'recorded ' + n:>20} {'replayed':>12} {'gap':>9}" for n in COMPARED)]
+    for r in replayed:
+        cells = []
+        for name in COMPARED:
+            key, gap = f"train/{name}", r.gap(name)
+            rec, rep = r.recorded.get(key), r.replayed.get(key)
+            cells.append(f"{rec if rec is None else f'{rec:.6g}':>20} {rep if rep is None else f'{rep:.6g}':>12} "
+                         f"{'-' if gap is None else f'{gap:.1e}':>9}")
+        lines.append(f"{r.step:>6}  " + "  ".join(cells))
+    gaps = [g for r in replayed for n in COMPARED if (g := r.gap(n)) is not None]
+    if gaps:
+        lines.append(f"largest gap: {max(gaps):.1e}")
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""Rollout dumps: each step's training batch on disk, to read (``roll show-rollouts``) and to train
+on again without generating (``roll replay``, :mod:`roll_core.pipelines.replay`).
+
+With ``trainer.dump_rollouts_every: N``, ``rlvr`` and ``agentic`` write the batch of every N-th
+step, exactly as the update receives it (after scoring, reference and old log-probs, reward
+shaping and advantages), into ``<output_dir>/rollouts/``:
+
+* ``step_000012.pt``: every tensor and list of the batch (``torch.save``), what replay trains on;
+* ``step_000012.jsonl``: one readable line per sample: prompt and response text (for an agentic
+  episode the conversation, the policy's turns and the environment's replies apart), score,
+  reward components, domain, ground truth, advantage, the sampler's and the trainer's log-probs
+  summed over the response, and the policy version that generated it (asynchronous rollout).
+
+Both are written atomically (a temporary name, then a rename). Run::
+
+    roll run trainer.dump_rollouts_every=10
+    roll show-rollouts runs/quickstart --step 10
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from roll_core.data import Batch
+from roll_core.errors import RollError
+
+
+def dump_path(run_dir: Path, step: int, suffix: str) -> Path:
+    return Path(run_dir) / "rollouts" / f"step_{step:06d}.{suffix}"
+
+
+def dumped_steps(run_dir: Path) -> list[int]:
+    """The steps whose batch ``run_dir`` holds, in order."""
+    return sorted(int(p.stem.removeprefix("step_")) for p in (Path(run_dir) / "rollouts").glob("step_*.pt"))
+
+
+def _segments(tokens: list[int], is_action: list[bool]) -> list[tuple[bool, list[int]]]:
+    """Runs of consecutive tokens that are, or are not, the policy's own."""
+    out: list[tuple[bool, list[int]]] = []
+    for token, action in zip(tokens, is_action):
+        if out and out[-1][0] == action:
+            out[-1][1].append(token)
+        else:
+            out.append((action, [token]))
+    return out
+
+
+def readable_rows(batch: Batch, tokenizer) -> list[dict]:
+    """One dict per sample of ``batch``: text, rewards, advantage, log-probs, version."""
+    rows = []
+    responses, mask = batch["responses"], batch["response_mask"].bool()
+    for i in range(len(batch)):
+        valid = mask[i]
+        tokens = responses[i][valid].tolist()
+        prompt_ids = batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist()
+        row: dict = {"index": i, "prompt": tokenizer.decode(prompt_ids)}
+        if "action_mask" in batch:  # an episode: the policy's turns and the environment's replies
+            actions = batch["action_mask"][i][valid].bool().tolist()
+            row["turns"] = [{"role": "policy" if a else "environment", "text": tokenizer.decode(t)}
+                            for a, t in _segments(tokens, actions)]
+        else:
+            row["response"] = tokenizer.decode(tokens)
+        for key in ("scores", "advantages", "infer_log_probs", "old_log_probs", "ref_log_probs"):
+            if key not in batch.tensors:
+                continue
+            value = batch[key][i]
+            if value.dim() == 0:
+                row[key] = float(value)
+            elif key == "advantages":
+                row["advantage"] = float(value[valid].mean()) if valid.any() else 0.0
+            else:
+                row[f"{key}_sum"] = float(value[valid].sum())
+        for key in ("reward_components", "domain", "ground_truth", "version", "env", "group"):
+            if key in batch.non_tensors:
+                row[key] = batch[key][i]
+            elif key in batch.tensors and batch[key].dim() == 1:
+                row[key] = batch[key][i].item()
+        row["response_tokens"] = len(tokens)
+        rows.append(row)
+    return rows
+
+
+def write_dump(run_dir: Path, step: int, batch: Batch, tokenizer) -> None:
+    """``step_<step>.pt`` and ``.jsonl`` under ``run_dir/rollouts`` (see the module docstring)."""
+    tensors_file, text_file = dump_path(run_dir, step, "pt"), dump_path(run_dir, step, "jsonl")
+    tensors_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tensors_file.with_suffix(".pt.tmp")
+    torch.save({"tensors": dict(batch.tensors), "non_tensors": dict(batch.non_tensors)}, tmp)
+    tmp.replace(tensors_file)
+    tmp = text_file.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(row, default=str) + "\n" for row in readable_rows(batch, tokenizer)))
+    tmp.replace(text_file)
+
+
+def load_dump(run_dir: Path, step: int) -> Batch:
+    """The batch of ``step`` as it was dumped."""
+    path = dump_path(run_dir, step, "pt")
+    if not path.is_file():
+        have = dumped_steps(run_dir)
+        raise RollError(f"{run_dir} has no rollout dump of step {step}; dumped steps: "
+                        f"{_ranges(have) or 'none (set trainer.dump_rollouts_every)'}")
+    saved = torch.load(path, weights_only=False)
+    return Batch(saved["tensors"], saved["non_tensors"])
+
+
+def _ranges(steps: list[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
+    parts: list[list[int]] = []
+    for s in steps:
+        if parts and s == parts[-1][1] + 1:
+            parts[-1][1] = s
+        else:
+            parts.append([s, s])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in parts)
+
+
+def show(run_dir: Path, step: int | None = None, limit: int | None = 8) -> str:
+    """The readable dump of ``step`` (None: the last one dumped), ``limit`` samples (None: all)."""
+    run_dir = Path(run_dir)
+    steps = dumped_steps(run_dir)
+    if not steps:
+        raise RollError(f"{run_dir} has no rollout dumps (rollouts/step_*.pt); run with "
+                        f"trainer.dump_rollouts_every=N to write them")
+    step = steps[-1] if step is None else step
+    path = dump_path(run_dir, step, "jsonl")
+    if not path.is_file():
+        raise RollError(f"{run_dir} has no rollout dump of step {step}; dumped steps: {_ranges(steps)}")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    lines = [f"step {step}: {len(rows)} samples" + (f", the first {limit}" if limit and limit < len(rows) else "")]
+    for row in rows[:limit]:
+        facts = [f"{k}={row[k]:.4g}" if isinstance(row[k], float) else f"{k}={row[k]}"
+                 for k in ("scores", "advantage", "infer_log_probs_sum", "old_log_probs_sum", "version", "domain",
+                           "env", "response_tokens") if k in row]
+        if row.get("reward_components") and len(row["reward_components"]) > 1:
+            facts.append("components=" + ",".join(f"{k}:{v:.3g}" for k, v in row["reward_components"].items()))
+        lines.append(f"--- sample {row['index']}  " + " ".join(facts))
+        lines.append(f"  prompt:   {row['prompt']!r}")
+        if "turns" in row:
+            lines += [f"  {t['role']:<12}{t['text']!r}" for t in row["turns"]]
+        else:
+            lines.append(f"  response: {row['response']!r}")
+        if "ground_truth" in row:
+            lines.append(f"  expected: {row['ground_truth']!r}")
+    return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""Rollout dumps, ``roll show-rollouts`` and ``roll replay``: a dumped step trained again reproduces
+the recorded loss and gradient norm."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from roll_core.cli import main
+from roll_core.pipelines.replay import parse_steps, plan
+from roll_core.pipelines.rollout_dump import dump_path, dumped_steps, load_dump
+
+
+@pytest.fixture(scope="module")
+def dumped_run(tmp_path_factory):
+    """4 RL steps, every batch dumped, checkpoints at 0, 2 and 4; an entropy bonus so that every
+    step has a loss and a gradient even when a group's rewards are all equal."""
+    from roll_core.config import load_config
+    from roll_core.pipelines.rlvr import RLVRPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    run = tmp_path_factory.mktemp("dumped") / "run"
+    cfg = load_config(None, [f"output_dir={run}", "executor=local", "warmup.steps=200", "rollout.prompts_per_step=8",
+                             "rollout.num_return_sequences=4", "trainer.max_steps=4", "trainer.eval_every=0",
+                             "trainer.save_every=2", "trainer.keep_checkpoints=5", "data.eval_size=8",
+                             "trackers=[jsonl]", "trainer.dump_rollouts_every=1", "algorithm.entropy_coef=0.01",
+                             "algorithm.ppo_mini_batch_size=16"])  # two optimizer steps per update
+    RLVRPipeline(cfg, LocalExecutor()).run()
+    return run
+
+
+def test_every_step_is_dumped_as_the_update_received_it(dumped_run):
+    assert dumped_steps(dumped_run) == [1, 2, 3, 4]
+    batch = load_dump(dumped_run, 2)
+    assert len(batch) == 32 and {"responses", "advantages", "infer_log_probs", "scores"} <= set(batch.tensors)
+    rows = [json.loads(line) for line in dump_path(dumped_run, 2, "jsonl").read_text().splitlines()]
+    assert len(rows) == 32 and rows[0]["prompt"] == batch["prompt"][0]
+    assert rows[0]["scores"] == pytest.approx(float(batch["scores"][0]))
+    assert rows[0]["response_tokens"] == int(batch["response_mask"][0].sum())
+
+
+def test_show_rollouts_prints_a_step_and_names_the_dumped_steps_when_asked_for_another(dumped_run, capsys):
+    assert main(["show-rollouts", str(dumped_run), "--step", "3", "--limit", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("step 3: 32 samples, the first 2") and out.count("--- sample") == 2
+    assert "  prompt:   '" in out and "  response: '" in out and "  expected: '" in out
+    assert main(["show-rollouts", str(dumped_run), "--step", "9"]) == 2
+    assert "no rollout dump of step 9; dumped steps: 1-4" in capsys.readouterr().err
+
+
+def test_replay_reproduces_the_recorded_loss_and_gradient_norm(dumped_run, capsys):
+    from roll_core.pipelines.replay import replay
+
+    for steps, start in (((3, 4), 2), ((1, 1), 0), (None, 2)):
+        replayed = replay(dumped_run, steps, progress=lambda _: None)
+        assert [r.step for r in replayed] == ([3, 4] if steps != (1, 1) else [1])
+        for r in replayed:
+            assert r.replayed["train/grad_norm"] > 0 and r.recorded["train/pg_loss"] != 0
+            assert r.gap("pg_loss") < 1e-5 and r.gap("grad_norm") < 1e-5, (r.recorded, r.replayed)
+    assert main(["replay", str(dumped_run), "--steps", "3-4"]) == 0
+    out = capsys.readouterr().out
+    assert "from the checkpoint at step 2" in out and "largest gap:" in out
+
+
+def test_replay_fails_on_a_batch_that_is_not_the_one_trained_on(dumped_run, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(dumped_run, copy)
+    saved = torch.load(dump_path(copy, 3, "pt"), weights_only=False)
+    saved["tensors"]["advantages"] = saved["tensors"]["advantages"] * 2
+    torch.save(saved, dump_path(copy, 3, "pt"))
+    assert main(["replay", str(copy), "--steps", "3"]) == 1
+    assert "not reproduced" in capsys.readouterr().err
+
+
+def test_replay_says_which_dumps_or_checkpoint_it_lacks(dumped_run, tmp_path):
+    from roll_core.errors import RollError
+
+    assert plan(dumped_run, (4, 4))[0][0] == 2 and plan(dumped_run, (4, 4))[1] == [3, 4]
+    assert parse_steps("11-13") == (11, 13) and parse_steps("7") == (7, 7)
+    with pytest.raises(RollError, match="a range goes up"):
+        parse_steps("5-3")
+    with pytest.raises(RollError, match=r"from the checkpoint at step 4 needs the dumps of steps 5-6; missing: 5-6 "
+                                        r"\(dumped: 1-4"):
+        plan(dumped_run, (5, 6))
+    with pytest.raises(RollError, match="has no rollout dumps"):
+        plan(tmp_path, None)
+    assert Path(dumped_run / "checkpoints" / "step_000002").is_dir()
