@@ -48,12 +48,28 @@ class Picky(Reward):
         return 1.0
 
 
+class Counting(Reward):
+    """Counts its calls, as an LLM judge counts retries and unparsable verdicts."""
+
+    def __init__(self):
+        self.calls = self.reported = 0
+
+    def score(self, sample):
+        self.calls += 1
+        return 1.0
+
+    def metrics(self):
+        out, self.reported = {"calls": float(self.calls - self.reported)}, self.calls
+        return out
+
+
 @pytest.fixture
 def rewards(roll_plugins):
     def register(register):
         register("nan_reward", NaNReward)
         register("hanging", Hanging)
         register("picky", Picky)
+        register("counting", Counting)
 
     roll_plugins(("mine", types.SimpleNamespace(roll_register_rewards=hookimpl(register))))
 
@@ -93,6 +109,16 @@ def test_the_router_replaces_a_worker_whose_call_hung_and_counts_it(rewards):
     assert scores == [0.0, 0.0] and group.handles[0] is not first  # a fresh worker took its place
     assert router.pop_failures() == {"reward/timeouts": 2.0, "reward/nonfinite": 0.0, "reward/replaced_workers": 1.0}
     assert router.pop_failures()["reward/timeouts"] == 0.0  # counts are per step
+
+
+def test_a_rewards_own_counters_are_step_metrics_summed_over_its_workers(rewards):
+    executor = LocalExecutor()
+    group = executor.spawn("reward", RewardWorker, [([("counting", {}, 1.0)], None)] * 2)
+    router = RewardRouter(executor, group)
+    router.gather(router.submit(SAMPLES * 3))  # 6 samples over 2 workers
+    assert router.pop_failures()["reward/counting/calls"] == 6.0
+    router.gather(router.submit(SAMPLES))
+    assert router.pop_failures()["reward/counting/calls"] == 2.0  # since the last step only
 
 
 def test_a_replaced_worker_is_stopped_only_after_the_calls_queued_on_it(rewards):

@@ -51,6 +51,11 @@ class Reward(ABC):
     def score_batch(self, samples: list[RewardInput]) -> list[float]:
         return [float(self.score(s)) for s in samples]
 
+    def metrics(self) -> dict[str, float]:
+        """Counts since the last call (an LLM judge's retries, unparsable verdicts, ...). The run
+        reports them every step as ``reward/<name>/<key>``, summed over the reward's workers."""
+        return {}
+
 
 class ExactMatch(Reward):
     """1.0 when the response equals the ground truth after stripping whitespace, else 0.0.

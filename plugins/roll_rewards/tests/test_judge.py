@@ -116,6 +116,10 @@ def test_unparseable_judgement_scores_error_score(server):
     server.reply = "I would rather not say."
     judge = LLMJudgeReward(base_url=server.url, model="m", error_score=0.0)
     assert judge.score_batch(_samples()) == [0.0, 0.0] and judge.stats["unparsed"] == 2
+    # what the run reports per step (reward/llm_judge/...): the counts since the last report
+    assert judge.metrics() == {"requests": 2.0, "retries": 0.0, "failed": 0.0, "unparsed": 2.0}
+    judge.score(_samples()[0])
+    assert judge.metrics() == {"requests": 1.0, "retries": 0.0, "failed": 0.0, "unparsed": 1.0}
 
 
 @pytest.mark.parametrize("text, verdict, expected", [

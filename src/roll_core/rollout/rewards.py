@@ -68,7 +68,9 @@ class RewardRouter:
         self.executor.get([f for group in self.groups() for f in group.call("ready")])
 
     def pop_failures(self) -> dict[str, float]:
-        """Timeouts, non-finite scores and replaced workers since the last call (step metrics)."""
+        """Timeouts, non-finite scores, replaced workers and the rewards' own counters
+        (``reward/<name>/<key>``, :meth:`~roll_core.rewards.Reward.metrics`) since the last call
+        (step metrics)."""
         out, self.failures = self.failures, dict.fromkeys(self.failures, 0.0)
         return out
 
@@ -83,6 +85,8 @@ class RewardRouter:
             seconds += result["seconds"]
             self.failures["reward/timeouts"] += result.get("timeouts", 0)
             self.failures["reward/nonfinite"] += result.get("nonfinite", 0)
+            for key, n in result.get("counters", {}).items():
+                self.failures[f"reward/{key}"] = self.failures.get(f"reward/{key}", 0.0) + n
             if result.get("replace") and group.handles[worker] is handle:  # a call hung on it: a fresh worker
                 self._retiring[id(handle)] = self.executor.replace(group, worker)
                 self.executor.get(self.executor.invoke(group.handles[worker], "ready", (), {}))

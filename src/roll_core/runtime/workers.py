@@ -367,10 +367,13 @@ class RewardWorker(_Worker):
         return scores
 
     def score_detailed(self, samples: list[RewardInput]) -> dict:
-        """``{"scores", "components": {name: [...]}, "seconds", "timeouts", "nonfinite", "replace"}``."""
+        """``{"scores", "components": {name: [...]}, "seconds", "timeouts", "nonfinite", "replace",
+        "counters": {"<reward>/<key>": n}}`` (counters: each reward's :meth:`Reward.metrics`)."""
         self.ready()
         t0 = time.perf_counter()
         counts = {"timeouts": 0, "nonfinite": 0, "replace": False}
         components = {s.name: self._score_one_reward(s, samples, counts) for s in self.scorers}
         scores = [sum(s.weight * components[s.name][i] for s in self.scorers) for i in range(len(samples))]
-        return {"scores": scores, "components": components, "seconds": time.perf_counter() - t0, **counts}
+        counters = {f"{s.name}/{k}": float(v) for s in self.scorers for k, v in s.reward.metrics().items()}
+        return {"scores": scores, "components": components, "seconds": time.perf_counter() - t0, **counts,
+                "counters": counters}

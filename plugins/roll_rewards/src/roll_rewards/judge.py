@@ -88,6 +88,7 @@ class LLMJudgeReward(Reward):
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.concurrency, self.on_error, self.error_score = concurrency, on_error, float(error_score)
         self.stats = {"requests": 0, "retries": 0, "failed": 0, "unparsed": 0}
+        self._reported = dict(self.stats)  # what metrics() has returned so far
         self._lock = threading.Lock()  # stats are counted from the request threads
         if backend == "http":
             if not base_url or not model:
@@ -108,6 +109,14 @@ class LLMJudgeReward(Reward):
     def contract_examples(cls):
         """None here: judging needs a live endpoint or a judge model (tests/test_judge.py runs both)."""
         return []
+
+    def metrics(self) -> dict[str, float]:
+        """Requests, retries, failed requests and unparsable verdicts since the last call (the run
+        reports them as ``reward/llm_judge/<key>``)."""
+        with self._lock:
+            out = {k: float(v - self._reported[k]) for k, v in self.stats.items()}
+            self._reported = dict(self.stats)
+        return out
 
     def _count(self, *keys: str | None, n: int = 1) -> None:
         with self._lock:
