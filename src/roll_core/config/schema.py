@@ -23,15 +23,17 @@ class Strict(BaseModel):
 class TinyModelConfig(Strict):
     """Shape of the embedded model (a Llama-architecture decoder). Defaults fit a 2-core CPU."""
 
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 512
-    max_position_embeddings: int = 64
-    init_seed: int = 0
+    hidden_size: int = Field(128, description="width of the residual stream")
+    num_layers: int = Field(2, description="decoder layers")
+    num_heads: int = Field(4, description="attention heads (hidden_size must divide by it)")
+    intermediate_size: int = Field(512, description="width of each layer's MLP")
+    max_position_embeddings: int = Field(64, description="longest sequence, prompt and response, in tokens")
+    init_seed: int = Field(0, description="seed of the random initial weights")
 
 
 class ModelConfig(Strict):
+    """The policy model every role starts from."""
+
     path: str = Field("tiny", description="a Hugging Face model directory, or 'tiny' for the embedded model")
     tiny: TinyModelConfig = TinyModelConfig()
 
@@ -41,8 +43,9 @@ class DomainDataConfig(Strict):
 
     dataset: str | None = Field(None, description="registered dataset name (or train_file)")
     options: dict[str, Any] = Field(default_factory=dict, description="options of the registered dataset")
-    train_file: str | None = None
-    eval_file: str | None = None
+    train_file: str | None = Field(
+        None, description="JSONL rows of this domain (prompt, ground_truth[, demonstration]); or dataset")
+    eval_file: str | None = Field(None, description="its held-out JSONL rows; None: the dataset's own held-out split")
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -52,10 +55,13 @@ class DomainDataConfig(Strict):
 
 
 class DataConfig(Strict):
+    """Training and held-out prompts: a registered dataset, JSONL files, or several domains."""
+
     dataset: str = Field("carry_addition", description="registered dataset name (ignored when train_file is set)")
     options: dict[str, Any] = Field(default_factory=dict, description="options of the registered dataset")
     train_file: str | None = Field(None, description="JSONL rows with prompt, ground_truth[, demonstration, domain]")
-    eval_file: str | None = None
+    eval_file: str | None = Field(
+        None, description="held-out JSONL rows (the fields of train_file); None: the dataset's own held-out split")
     eval_size: int | None = Field(None, ge=1, description="evaluate on the first N held-out rows (per domain)")
     chat_template: str | None = Field(
         None, description="a Jinja chat template for rows with 'messages' (replaces the tokenizer's own; needed "
@@ -88,9 +94,9 @@ class DataConfig(Strict):
 class WarmupConfig(Strict):
     """Supervised warm-up on the data's demonstrations before RL (0 steps disables it)."""
 
-    steps: int = Field(500, ge=0)
-    lr: float = Field(1e-3, gt=0)
-    batch_size: int = Field(64, ge=1)
+    steps: int = Field(500, ge=0, description="supervised steps on the demonstrations before RL (0: none)")
+    lr: float = Field(1e-3, gt=0, description="learning rate of the warm-up's own optimizer")
+    batch_size: int = Field(64, ge=1, description="demonstrations per warm-up step")
     packing: bool = Field(False, description="pack each batch's examples into rows of max_length tokens, each "
                           "attending to itself only (position ids restart per example): no padding computed")
     max_length: int = Field(512, ge=2, description="tokens per packed row (packing: true); an example longer "
@@ -150,11 +156,12 @@ class AgenticConfig(Strict):
         "max_turns, instruction")
     groups_per_step: int = Field(8, ge=1, description="seeds played per step, of each environment")
     group_size: int = Field(8, ge=1, description="episodes per seed (GRPO-style groups)")
-    max_turns: int = Field(10, ge=1)
+    max_turns: int = Field(
+        10, ge=1, description="turns before an episode is cut (an agentic.envs entry may set its own)")
     max_length: int = Field(512, ge=8, description="tokens of a whole conversation; longer ones are cut at a turn")
     validation_episodes: int = Field(64, ge=0, description="held-out seeds played greedily at each evaluation")
     instruction: str = Field("", description="text before the first observation")
-    observation_prefix: str = ""
+    observation_prefix: str = Field("", description="text before each observation")
     observation_suffix: str = Field(">", description="text after each observation, before the action")
     rollout: Literal["sync", "async"] = Field(
         "sync", description="sync: each turn waits for every environment of the step; async: each environment "
@@ -216,7 +223,8 @@ class DistillConfig(Strict):
                       "adaptive_kl, skewed_forward_kl, skewed_reverse_kl, jsd, ...)")
     loss_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of the loss "
                                          "(alpha of the skewed KLs, beta of jsd, head_mass of adaptive_kl)")
-    temperature: float = Field(1.0, gt=0, description="both models' logits are divided by it; the loss is scaled by T^2")
+    temperature: float = Field(
+        1.0, gt=0, description="both models' logits are divided by it; the loss is scaled by T^2")
     top_k: int | None = Field(None, ge=1, description="distil on the teacher's k most likely tokens only (what "
                               "the teacher sends per position); None: the whole vocabulary")
     responses: Literal["given", "teacher"] = Field(
@@ -226,7 +234,12 @@ class DistillConfig(Strict):
 
 
 class RolloutConfig(Strict):
-    scheduler: str = "sync"
+    """Generation: how many prompts and samples per step, how they are sampled, and the scheduler
+    that collects them."""
+
+    scheduler: str = Field(
+        "sync", description="a registered rollout scheduler: sync, or async (generation runs on while the policy "
+        "trains)")
     request_size: int | None = Field(
         None, ge=1, description="samples per generation request; each request is scored as soon as it "
         "finishes while the next one generates (None = one request per inference worker)")
@@ -236,18 +249,25 @@ class RolloutConfig(Strict):
     max_running_requests: int = Field(2, ge=1, description="async scheduler: requests queued per inference worker")
     max_additional_running_prompts: int = Field(
         0, ge=0, description="async scheduler: redundant groups in flight so a batch fills without stragglers")
-    prompts_per_step: int = Field(32, ge=1)
+    prompts_per_step: int = Field(32, ge=1, description="prompts per RL step, each sampled num_return_sequences times")
     num_return_sequences: int = Field(8, ge=1, description="group size")
-    max_new_tokens: int = Field(8, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(8, ge=1, description="most tokens generated per response")
+    temperature: float = Field(
+        1.0, ge=0, description="sampling temperature (0 = greedy); log-probs are computed at it too")
+    top_p: float = Field(
+        1.0, gt=0, le=1, description="nucleus sampling: draw from the smallest set of tokens whose probability "
+        "reaches top_p")
 
 
 class RewardNormConfig(Strict):
     """Step 2 of reward shaping: ``(score - mean) / std``, each statistic over its own scope."""
 
-    mean: Literal["none", "batch", "group", "running"] = "none"
-    std: Literal["none", "batch", "group", "running"] = "none"
+    mean: Literal["none", "batch", "group", "running"] = Field(
+        "none", description="what the subtracted mean is taken over: nothing, the batch, the sample's group, or the "
+        "run so far")
+    std: Literal["none", "batch", "group", "running"] = Field(
+        "none", description="what the dividing std is taken over: nothing, the batch, the sample's group, or the run "
+        "so far")
 
 
 class KLPenaltyConfig(Strict):
@@ -261,8 +281,10 @@ class KLPenaltyConfig(Strict):
 
 
 class RangeConfig(Strict):
-    low: float = 0.0
-    high: float = 1.0
+    """An open interval (low, high)."""
+
+    low: float = Field(0.0, description="lower bound (exclusive)")
+    high: float = Field(1.0, description="upper bound (exclusive)")
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -274,18 +296,25 @@ class RangeConfig(Strict):
 class DynamicSamplingConfig(Strict):
     """DAPO-style dynamic sampling: drop groups that fail a filter and draw more prompts."""
 
-    filter: Literal["none", "mean", "std"] = "none"
+    filter: Literal["none", "mean", "std"] = Field(
+        "none", description="none; mean: keep groups whose mean score is in (mean_low, mean_high); std: keep groups "
+        "whose score std exceeds std_min")
     mean_low: float = Field(0.0, description="mean filter keeps groups with mean score in (mean_low, mean_high)")
-    mean_high: float = 1.0
+    mean_high: float = Field(1.0, description="upper bound of the mean filter (exclusive)")
     std_min: float = Field(0.0, ge=0, description="std filter keeps groups whose score std exceeds this")
     max_rounds: int = Field(4, ge=1, description="collection rounds per step before training on what is kept")
 
 
 class AlgorithmConfig(Strict):
-    advantage_estimator: str = "grpo"
+    """The RL objective: advantage estimator, policy loss, KL terms, and reward shaping in the order
+    of :mod:`roll_core.algorithms.shaping`."""
+
+    advantage_estimator: str = Field(
+        "grpo", description="a registered advantage estimator (grpo, gae, reinforce_plus_plus, rloo, gigpo, ...)")
     advantage_estimator_options: dict[str, Any] = Field(
         default_factory=dict, description="options of an advantage estimator registered with an options model")
-    policy_loss: str = "ppo_clip"
+    policy_loss: str = Field(
+        "ppo_clip", description="a registered policy loss (ppo_clip, dual_clip, gspo, cispo, tis, topr, kimi, ...)")
     policy_loss_options: dict[str, Any] = Field(
         default_factory=dict, description="options of a policy loss registered with an options model "
         "(validated by that model: names, types and values)")
@@ -294,37 +323,51 @@ class AlgorithmConfig(Strict):
     kl_metric: bool = Field(False, description="report train/kl against roles.reference even when nothing else "
                             "reads it (a reference forward pass per step); otherwise a reference that no KL term, "
                             "KL penalty, OPD or estimator reads is not started at all")
-    entropy_coef: float = 0.0
-    clip_ratio_low: float = Field(0.2, ge=0)
-    clip_ratio_high: float = Field(0.2, ge=0)
+    entropy_coef: float = Field(0.0, description="weight of the entropy bonus (subtracted from the loss)")
+    clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip: importance ratios below 1 - this are clipped")
+    clip_ratio_high: float = Field(
+        0.2, ge=0, description="PPO clip: ratios above 1 + this are clipped (larger than clip_ratio_low: DAPO's "
+        "clip-higher)")
     dual_clip_c: float = Field(3.0, gt=1, description="dual_clip: loss of negative advantages capped at c * |A|")
     tis_cap: float = Field(2.0, gt=0, description="tis: truncation of the trainer/sampler importance weight")
-    topr_positive_weight: float = Field(1.0, ge=0)
-    topr_negative_weight: float = Field(1.0, ge=0)
+    topr_positive_weight: float = Field(
+        1.0, ge=0, description="topr: weight of the term of samples with positive reward")
+    topr_negative_weight: float = Field(
+        1.0, ge=0, description="topr: weight of the term of samples with negative reward")
     kimi_tau: float = Field(0.1, ge=0, description="kimi: weight of the squared log-ratio")
     raft_threshold: float = Field(0.0, description="raft: samples with score above this are accepted")
     gigpo_step_weight: float = Field(1.0, ge=0, description="gigpo: weight of the step-level advantage")
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="token losses to one number: the mean over the batch's tokens, or per sequence "
+        "first (its tokens' sum, mean, or sum over a fixed length as in Dr. GRPO), then the mean over sequences")
     norm_adv_by_std: bool = Field(True, description="GRPO/GiGPO: divide by the group std (False = Dr. GRPO)")
-    gamma: float = Field(1.0, ge=0, le=1)
-    lam: float = Field(1.0, ge=0, le=1)
-    ppo_epochs: int = Field(1, ge=1)
+    gamma: float = Field(1.0, ge=0, le=1, description="discount of future rewards (gae, reinforce_plus_plus)")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE's lambda: 1 = Monte Carlo returns, 0 = one-step TD")
+    ppo_epochs: int = Field(1, ge=1, description="passes of the update over each batch")
     old_log_probs: Literal["auto", "recompute"] = Field(
         "auto", description="auto: when the update is a single optimizer step per batch (one epoch, one "
         "mini-batch, no KL reward penalty, an estimator that does not read them), the old log-probs are "
         "the update's own, detached, instead of a separate forward pass; recompute: always that pass")
-    ppo_mini_batch_size: int | None = Field(None, ge=1, description="samples per optimizer step; None = the whole batch")
-    max_grad_norm: float = Field(1.0, gt=0)
+    ppo_mini_batch_size: int | None = Field(
+        None, ge=1, description="samples per optimizer step; None = the whole batch")
+    max_grad_norm: float = Field(
+        1.0, gt=0, description="gradients are clipped to this global norm; a step whose norm is not finite is "
+        "skipped")
     value_clip: float | None = Field(0.2, gt=0, description="critic: clip range of the value loss (None = unclipped)")
     # reward shaping and sample masks, applied in the order of roll_core.algorithms.shaping
     max_length_mask: bool = Field(False, description="drop responses cut off at rollout.max_new_tokens")
-    difficulty_mask: RangeConfig | None = Field(None, description="train only groups whose mean score is in (low, high)")
+    difficulty_mask: RangeConfig | None = Field(
+        None, description="train only groups whose mean score is in (low, high)")
     reward_norm: RewardNormConfig = RewardNormConfig()
-    reward_clip: float | None = Field(None, gt=0)
+    reward_clip: float | None = Field(
+        None, gt=0, description="scores clipped to [-c, c] after normalisation (None: not clipped)")
     kl_penalty: KLPenaltyConfig = KLPenaltyConfig()
-    whiten_rewards: bool = False
-    whiten_advantages: bool = False
-    advantage_clip: float | None = Field(None, gt=0)
+    whiten_rewards: bool = Field(
+        False, description="normalise the token-level rewards over the batch's response tokens (zero mean, unit std)")
+    whiten_advantages: bool = Field(
+        False, description="normalise the advantages over the batch's response tokens (zero mean, unit std)")
+    advantage_clip: float | None = Field(None, gt=0, description="advantages clipped to [-c, c] (None: not clipped)")
     opd_coef: float = Field(0.0, ge=0, description="add this times the opd advantage (log pi_teacher - log pi_old "
                             "per token, the teacher being roles.reference) to the estimator's: on-policy "
                             "distillation beside a reward")
@@ -334,8 +377,8 @@ class AlgorithmConfig(Strict):
 class DeviceRange(Strict):
     """``range(start, stop)`` of global device indices, written as data (never an eval'd string)."""
 
-    start: int = Field(0, ge=0)
-    stop: int = Field(gt=0)
+    start: int = Field(0, ge=0, description="first global device index")
+    stop: int = Field(gt=0, description="one past the last")
 
 
 class Placed(Strict):
@@ -346,10 +389,11 @@ class Placed(Strict):
     time-share the devices (the pipeline offloads one before the other runs); disjoint mappings run
     disaggregated."""
 
-    num_workers: int = Field(1, ge=1)
+    num_workers: int = Field(
+        1, ge=1, description="workers of the role: data-parallel replicas, or the ranks that hold one sharded model")
     device_mapping: list[int] | DeviceRange | None = Field(
         None, description="global device indices, as a list or {start, stop}; None = CPU workers")
-    num_devices_per_worker: int = Field(1, ge=1)
+    num_devices_per_worker: int = Field(1, ge=1, description="devices each worker takes from device_mapping")
 
     @model_validator(mode="before")
     @classmethod
@@ -408,14 +452,16 @@ class _TrainedRoleConfig(Placed):
     """A trained role. Several workers train data-parallel: each gets an equal share of every
     mini-batch and gradients are summed over ``torch.distributed`` (gloo on CPU, nccl on GPU)."""
 
-    strategy: str = "hf"
+    strategy: str = Field(
+        "hf", description="a registered train (or critic) strategy: hf, fsdp2, deepspeed, megatron, ...")
     strategy_options: dict[str, Any] = Field(
         default_factory=dict, description="the strategy's own settings (a vllm engine's arguments), checked against "
         "the options model it registered")
     torch_threads: RoleThreads = None
-    lr: float = Field(3e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    micro_batch_size: int = Field(64, ge=1)
+    lr: float = Field(3e-4, gt=0, description="learning rate (AdamW)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay")
+    micro_batch_size: int = Field(
+        64, ge=1, description="samples per forward-backward pass; gradients accumulate over a mini-batch")
 
 
 class LoraConfig(Strict):
@@ -443,6 +489,8 @@ class TrainRoleConfig(_TrainedRoleConfig):
 
 
 class ActorTrainRoleConfig(TrainRoleConfig):
+    """The policy being trained (kind ``train``)."""
+
     lora: LoraConfig | None = Field(None, description="train low-rank adapters instead of every weight")
 
 
@@ -450,7 +498,7 @@ class InferRoleConfig(Placed):
     """An inference engine (kind ``infer``: a registered infer strategy): generation and log-probs."""
 
     kind: Literal["infer"] = Field("infer", description=_KIND)
-    strategy: str = "hf"
+    strategy: str = Field("hf", description="a registered infer strategy: hf, vllm, sglang, ...")
     strategy_options: dict[str, Any] = Field(
         default_factory=dict, description="the strategy's own settings (a vllm engine's arguments), checked against "
         "the options model it registered")
@@ -465,7 +513,8 @@ class CriticRoleConfig(_TrainedRoleConfig):
     A fresh head learns faster than the policy may move, hence a higher default learning rate."""
 
     kind: Literal["critic"] = Field("critic", description=_KIND)
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(
+        1e-3, gt=0, description="learning rate of the value model (higher than the policy's: its head starts fresh)")
 
 
 class RewardFailures(Placed):
@@ -493,21 +542,26 @@ class RewardRoleConfig(RewardFailures):
     that loads a model is a reward too: its workers get their own ``device_mapping``)."""
 
     kind: Literal["reward"] = Field("reward", description=_KIND)
-    name: str = "exact_match"
-    options: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field("exact_match", description="a registered reward (roll list-plugins)")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the reward's constructor options, checked against its signature or "
+        "options model")
 
 
 class WeightedRewardConfig(Strict):
-    name: str
-    options: dict[str, Any] = Field(default_factory=dict)
-    weight: float = 1.0
+    """One reward of a domain and its weight."""
+
+    name: str = Field(description="a registered reward")
+    options: dict[str, Any] = Field(default_factory=dict, description="the reward's constructor options")
+    weight: float = Field(1.0, description="its weight in the domain's score, sum(weight * reward)")
 
 
 class DomainRewardConfig(RewardFailures):
     """The reward workers of one domain. The score is ``sum(weight * reward)`` over ``rewards``."""
 
     kind: Literal["reward"] = Field("reward", description=_KIND)
-    rewards: list[WeightedRewardConfig] = Field(min_length=1)
+    rewards: list[WeightedRewardConfig] = Field(
+        min_length=1, description="the rewards whose weighted sum scores this domain's samples")
 
 
 class EnvRoleConfig(Strict):
@@ -560,18 +614,23 @@ class RolesConfig(Strict):
 
     def named(self) -> dict[str, RoleConfig]:
         """Every configured role by its key in ``roles`` (a domain's reward as ``domain_rewards.D``)."""
-        builtin = {name: getattr(self, name) for name in ("actor_train", "actor_infer", "reference", "critic", "reward")}
+        builtin = {name: getattr(self, name)
+                   for name in ("actor_train", "actor_infer", "reference", "critic", "reward")}
         return {**{n: r for n, r in builtin.items() if r is not None},
                 **{f"domain_rewards.{d}": spec for d, spec in self.domain_rewards.items()}, "env": self.env,
                 **self.own()}
 
 
 class TrainerConfig(Strict):
-    max_steps: int = Field(200, ge=0)
+    """The training loop: steps, evaluation and checkpoint cadence, resume, dumps and the step-0 gate."""
+
+    max_steps: int = Field(200, ge=0, description="steps of the run (RL steps for rlvr and agentic)")
     eval_every: int = Field(50, ge=0, description="0 = only before and after RL")
     save_every: int = Field(50, ge=0, description="0 = only at the end")
-    keep_checkpoints: int = Field(2, ge=1)
-    resume: Literal["auto", "never"] = Field("auto", description="auto: continue from the latest checkpoint in output_dir")
+    keep_checkpoints: int = Field(
+        2, ge=1, description="checkpoints kept; older ones are removed once a new one is complete")
+    resume: Literal["auto", "never"] = Field(
+        "auto", description="auto: continue from the latest checkpoint in output_dir")
     dump_rollouts_every: int = Field(0, ge=0, description="write the training batch of every N-th step to "
                                      "<output_dir>/rollouts (roll show-rollouts reads it, roll replay trains on it); "
                                      "0 = never")
@@ -582,8 +641,11 @@ class TrainerConfig(Strict):
 
 
 class RayConfig(Strict):
+    """The Ray cluster (executor: ray)."""
+
     address: str | None = Field(None, description="join this cluster; None starts a local one")
-    num_cpus: int | None = Field(None, ge=1)
+    num_cpus: int | None = Field(
+        None, ge=1, description="CPUs of the local cluster roll starts; None: Ray's default (every core)")
 
 
 class RuntimeConfig(Strict):
@@ -605,11 +667,15 @@ class RuntimeConfig(Strict):
 
 
 class RollConfig(Strict):
-    exp_name: str = "quickstart"
+    """A run: every section below, checked before any worker starts (``roll validate``)."""
+
+    exp_name: str = Field("quickstart", description="the run's name (the swanlab and wandb trackers' project)")
     output_dir: str = Field("runs/quickstart", description="checkpoints, metrics and logs of the run")
-    seed: int = 42
-    pipeline: str = "rlvr"
-    executor: Literal["ray", "local"] = "ray"
+    seed: int = Field(
+        42, description="seed of every random stream; each role and data order draws from its own offset of it")
+    pipeline: str = Field("rlvr", description="a registered pipeline: rlvr, sft, dpo, distill, agentic, or a plugin's")
+    executor: Literal["ray", "local"] = Field(
+        "ray", description="ray: every worker a Ray actor; local: every worker in this process (debuggers, no Ray)")
     torch_threads: int = Field(2, ge=1, description="intra-op threads of every worker (same in both executors)")
     ray: RayConfig = RayConfig()
     runtime: RuntimeConfig = RuntimeConfig()
@@ -623,7 +689,9 @@ class RollConfig(Strict):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     roles: RolesConfig = RolesConfig()
     trainer: TrainerConfig = TrainerConfig()
-    trackers: list[str] = Field(default_factory=lambda: ["stdout", "jsonl", "tensorboard"])
+    trackers: list[str] = Field(
+        default_factory=lambda: ["stdout", "jsonl", "tensorboard"], description="registered trackers that receive "
+        "every step's metrics, all at once: stdout, jsonl, tensorboard, swanlab, wandb")
 
     @model_validator(mode="after")
     def _cross_checks(self):
