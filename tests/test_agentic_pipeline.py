@@ -46,7 +46,7 @@ def test_agentic_runs_trains_validates_and_survives_a_raising_environment(roll_p
 
     assert dumped_steps(Path(cfg.output_dir)) == [3]
     shown = show(Path(cfg.output_dir), limit=None)  # an episode: the policy's turns and the environment's replies
-    assert shown.count("--- sample") == 8 and "  environment 'say " in shown and "  policy      '" in shown
+    assert shown.count("--- sample") == 10 and "  environment 'say " in shown and "  policy      '" in shown
     rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0]
     assert len(steps) == 3

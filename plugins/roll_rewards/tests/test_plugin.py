@@ -1,6 +1,7 @@
 """The installed plugin is discovered through its entry point, listed, and usable by name."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -22,7 +23,9 @@ def test_listed_with_its_rewards():
 def test_listing_does_not_import_sympy_math_verify_or_httpx():
     code = ("import sys; from roll_core.plugins import get_plugins; assert 'code' in get_plugins().rewards; "
             "print([m for m in ('sympy', 'math_verify', 'roll_rewards.sandbox', 'httpx') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    # GEM (roll-envs[gem]), when installed, imports sympy itself while it lists its environments
+    env = {**os.environ, "ROLL_DISABLE_PLUGINS": "gem"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
