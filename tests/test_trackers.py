@@ -120,3 +120,33 @@ def test_a_resumed_run_writes_each_replayed_step_once(tmp_path):
     again.rewind(-1)
     again.close()
     assert (tmp_path / "metrics.jsonl").read_text() == ""
+
+
+def test_the_live_line_prints_evaluations_above_it_and_finishes_before_the_run_ends(tmp_path, monkeypatch):
+    """In a terminal the stdout tracker keeps one rich progress line; an evaluation is printed above
+    it with its step (rich must not read "[step 2]" as markup), and the bar stops at the last step."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+    from rich.progress import Progress, TextColumn
+
+    import roll_core.trackers as trackers
+
+    screen = io.StringIO()
+
+    def bar(total, description):
+        progress = Progress(TextColumn("{task.completed}/{task.total} {task.fields[info]}"),
+                            console=Console(file=screen, force_terminal=True, width=200))
+        return progress, progress.add_task(description, total=total, info="")
+
+    monkeypatch.setattr(trackers, "progress_bar", bar)
+    tracker = trackers.StdoutTracker(tmp_path, SimpleNamespace(trainer=SimpleNamespace(max_steps=3)))
+    tracker.live = True
+    tracker.log({"reward/mean": 0.5}, 1)
+    tracker.log({"reward/mean": 0.6, "eval/accuracy": 0.7}, 2)
+    tracker.log({"reward/mean": 0.8}, 3)
+    assert tracker.progress is None  # stopped at the last step
+    text = screen.getvalue()
+    assert "[step 2] reward/mean=0.6 eval/accuracy=0.7" in text and "3/3 reward/mean=0.8" in text
+    tracker.close()

@@ -90,9 +90,12 @@ class StdoutTracker(Tracker):
             if self.progress is None:
                 self.progress, self.task = progress_bar(self.total, "RL")
                 self.progress.start()
-            if evaluated:
-                self.progress.console.print(f"[step {step}] {shown}")
+            if evaluated:  # above the live line; markup off, or rich would read "[step 30]" as a tag
+                self.progress.console.print(f"[step {step}] {shown}", markup=False, highlight=False)
             self.progress.update(self.task, completed=step, info=shown)
+            if step >= self.total:  # the run's closing lines come after the finished bar
+                self.progress.stop()
+                self.progress = None
         elif step % self.every == 0 or step == self.total or evaluated:
             print(f"[step {step}/{self.total}] {shown}{eta}", flush=True)
 
