@@ -64,6 +64,7 @@ def main():
                     help="also evaluate every N steps and report the RL seconds each run takes to reach the "
                          "accuracy sync ends with (evaluation time is not counted as RL time)")
     ap.add_argument("--out", default="runs/compare_async")
+    ap.add_argument("--report", action="store_true", help="overlay the runs' curves (roll report) in <out>/report")
     ap.add_argument("--async-set", action="append", default=[], help="a key=value override for the async runs only")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = ap.parse_args()
@@ -78,6 +79,11 @@ def main():
             results[ratio].append(r)
             print(f"{seed:>5} {ratio:>5g} {r['before']:>7.1%} {r['after']:>7.1%} {100 * (r['after'] - r['before']):>8.1f} "
                   f"{r['rl_s']:>7.1f} {r['wall_s']:>7.1f} {r['staleness']:>9.2f}", flush=True)
+    if args.report:
+        from roll_core.report import write_report
+
+        dirs = [Path(args.out) / f"seed_{seed}" / f"ratio_{ratio:g}" for seed in seeds for ratio in ratios]
+        print(f"report: {write_report(dirs, Path(args.out) / 'report')}")
     if 0.0 not in results:
         return
 

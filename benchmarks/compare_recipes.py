@@ -5,7 +5,9 @@ Each recipe runs as its own `roll run` (local executor) from the same warmed-up 
 RL steps, and the script prints held-out greedy accuracy before and after RL, the gain, the wall
 time and, for PPO, the critic's value loss at the first and last step.
 
-    python benchmarks/compare_recipes.py [--steps 80] [--only grpo,ppo] [--out runs/recipes]
+    python benchmarks/compare_recipes.py [--steps 80] [--only grpo,ppo] [--out runs/recipes] [--report]
+
+``--report`` also overlays every recipe's curves with ``roll report`` into ``<out>/report/``.
 """
 
 import argparse
@@ -23,6 +25,7 @@ def main():
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--only", default="", help="comma-separated recipe names (default: all)")
     ap.add_argument("--out", default="runs/recipes")
+    ap.add_argument("--report", action="store_true", help="overlay the runs' curves (roll report) in <out>/report")
     args = ap.parse_args()
     names = [n for n in args.only.split(",") if n] or sorted(p.stem for p in RECIPES.glob("*.yaml"))
     rows = []
@@ -49,6 +52,10 @@ def main():
     print("|---|---|---|---|---|")
     for name, before, after, wall, _ in rows:
         print(f"| {name} | {before:.1%} | {after:.1%} | {100 * (after - before):+.1f} | {wall:.0f} |")
+    if args.report and rows:
+        from roll_core.report import write_report
+
+        print(f"\nreport: {write_report([Path(args.out) / name for name, *_ in rows], Path(args.out) / 'report')}")
 
 
 if __name__ == "__main__":
