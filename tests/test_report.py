@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from roll_core.cli import main
-from roll_core.report import config_differences, load_run
+pytest.importorskip("matplotlib", reason="pip install 'roll-core[report]' (the README's setup does)")
+
+from roll_core.cli import main  # noqa: E402
+from roll_core.report import config_differences, load_run  # noqa: E402
 
 _BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 

@@ -136,6 +136,11 @@ def _summary_rows(run: Run) -> list[tuple[str, str]]:
 
 def write_report(run_dirs: list[Path], out: Path) -> Path:
     """Plot every panel of ``run_dirs`` into ``out`` and write ``out/report.html``; returns its path."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise RollError("roll report draws with matplotlib, which is not installed: "
+                        "pip install 'roll-core[report]'") from None
     runs = [load_run(Path(p)) for p in run_dirs]
     labels = [r.label for r in runs]
     for i, run in enumerate(runs):  # two runs with one directory name: tell them apart
