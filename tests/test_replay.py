@@ -49,7 +49,9 @@ def test_show_rollouts_prints_a_step_and_names_the_dumped_steps_when_asked_for_a
     assert "no rollout dump of step 9; dumped steps: 1-4" in capsys.readouterr().err
 
 
-def test_replay_reproduces_the_recorded_loss_and_gradient_norm(dumped_run, capsys):
+def test_replay_reproduces_the_recorded_loss_and_gradient_norm(dumped_run, capsys, monkeypatch):
+    # roll replay quiets transformers' bars through the environment, as roll run does: keep that in this test
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from roll_core.pipelines.replay import replay
 
     for steps, start in (((3, 4), 2), ((1, 1), 0), (None, 2)):
@@ -63,7 +65,8 @@ def test_replay_reproduces_the_recorded_loss_and_gradient_norm(dumped_run, capsy
     assert "from the checkpoint at step 2" in out and "largest gap:" in out
 
 
-def test_replay_fails_on_a_batch_that_is_not_the_one_trained_on(dumped_run, tmp_path, capsys):
+def test_replay_fails_on_a_batch_that_is_not_the_one_trained_on(dumped_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as above
     import shutil
 
     copy = tmp_path / "copy"
