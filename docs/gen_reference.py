@@ -14,24 +14,14 @@ import mkdocs_gen_files
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from roll_core.config.schema import OwnRole, RollConfig
+from roll_core.config.schema import OwnRole, RollConfig, nested_models
 from roll_core.plugins import get_plugins
-
-
-def _models(annotation) -> list[type[BaseModel]]:
-    found, todo = [], [annotation]
-    while todo:
-        a = todo.pop()
-        if isinstance(a, type) and issubclass(a, BaseModel):
-            found.append(a)
-        todo += list(typing.get_args(a))
-    return found
 
 
 def _type(annotation) -> str:
     text = getattr(annotation, "__name__", None) if not typing.get_args(annotation) else None
     text = text or str(annotation).replace("typing.", "")
-    for model in _models(annotation):
+    for model in nested_models(annotation):
         text = text.replace(f"{model.__module__}.{model.__qualname__}", model.__name__)
     return text.replace("|", "\\|")
 
@@ -68,7 +58,7 @@ def config_page() -> str:
         nested = []
         for name, field in model.model_fields.items():
             description = (field.description or "").replace("|", "\\|").replace("\n", " ")
-            sub = _models(field.annotation)
+            sub = nested_models(field.annotation)
             if not description and sub:
                 description = f"see `{prefix}{name}` below"
             lines.append(f"| `{prefix}{name}` | {_type(field.annotation)} | {_default(field)} | {description} |")
@@ -78,7 +68,7 @@ def config_page() -> str:
             section(m, p)
 
     section(RollConfig, "")
-    for own in _models(OwnRole):
+    for own in nested_models(OwnRole):
         seen.discard(own)
         section(own, f"roles.<your role, kind {own.model_fields['kind'].default}>.")
     return "\n".join(lines)

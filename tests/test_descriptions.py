@@ -2,22 +2,11 @@
 these descriptions (docs/gen_reference.py), so a field, hook or registered name without one is a
 hole in the reference. (Hooks: tests/test_hookspecs.py.)"""
 
-import typing
 
 import pytest
 from pydantic import BaseModel
 
-from roll_core.config.schema import OwnRole, RollConfig
-
-
-def _models(annotation) -> list[type[BaseModel]]:
-    found, todo = [], [annotation]
-    while todo:
-        a = todo.pop()
-        if isinstance(a, type) and issubclass(a, BaseModel):
-            found.append(a)
-        todo += list(typing.get_args(a))
-    return found
+from roll_core.config.schema import OwnRole, RollConfig, nested_models
 
 
 def config_fields() -> list[tuple[str, type[BaseModel], str]]:
@@ -30,10 +19,10 @@ def config_fields() -> list[tuple[str, type[BaseModel], str]]:
         seen.add(model)
         for name, field in model.model_fields.items():
             out.append((prefix + name, model, name))
-            for nested in _models(field.annotation):
+            for nested in nested_models(field.annotation):
                 walk(nested, f"{prefix}{name}.")
     walk(RollConfig, "")
-    for own in _models(OwnRole):
+    for own in nested_models(OwnRole):
         walk(own, "roles.<own>.")
     return out
 
@@ -41,7 +30,7 @@ def config_fields() -> list[tuple[str, type[BaseModel], str]]:
 @pytest.mark.parametrize("key, model, name", config_fields(), ids=lambda v: v if isinstance(v, str) else "")
 def test_every_config_field_has_a_description(key, model, name):
     field = model.model_fields[name]
-    sections = [m for m in _models(field.annotation) if m.__dict__.get("__doc__")]
+    sections = [m for m in nested_models(field.annotation) if m.__dict__.get("__doc__")]
     assert field.description or sections, f"config key '{key}' ({model.__name__}.{name}) has no description"
 
 

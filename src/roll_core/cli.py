@@ -340,13 +340,13 @@ def _cmd_show_rollouts(args) -> int:
 
 
 def _cmd_replay(args) -> int:
-    from roll_core.pipelines.replay import parse_steps, replay, report
+    from roll_core.pipelines.replay import largest_gap, parse_steps, replay, report
 
     _quiet_libraries(False)  # transformers' load bars, as in roll run
     replayed = replay(args.run, parse_steps(args.steps) if args.steps else None)
     print(report(replayed))
-    gaps = [g for r in replayed for n in ("pg_loss", "grad_norm") if (g := r.gap(n)) is not None]
-    if gaps and max(gaps) > args.tolerance:
+    largest = largest_gap(replayed)
+    if largest is not None and largest > args.tolerance:
         print(f"not reproduced: a gap above --tolerance={args.tolerance:g}", file=sys.stderr)
         return 1
     return 0

@@ -43,14 +43,10 @@ MOVED_KEYS = {"agentic.env_workers": "roles.env.num_workers", "agentic.env_worke
 def _own_role(loc: tuple) -> tuple[tuple, type[BaseModel] | None]:
     """``loc`` without the kind pydantic puts after a role of one's own (``roles.teacher.infer.lr``),
     and that role's model; other locations unchanged, with None."""
-    from typing import get_args
+    from roll_core.config.schema import OWN_ROLE_MODELS, RolesConfig
 
-    from roll_core.config.schema import OwnRole, RolesConfig
-
-    if len(loc) >= 3 and loc[0] == "roles" and loc[1] not in RolesConfig.model_fields:
-        models = {m.model_fields["kind"].default: m for m in get_args(get_args(OwnRole)[0])}
-        if loc[2] in models:
-            return loc[:2] + loc[3:], models[loc[2]]
+    if len(loc) >= 3 and loc[0] == "roles" and loc[1] not in RolesConfig.model_fields and loc[2] in OWN_ROLE_MODELS:
+        return loc[:2] + loc[3:], OWN_ROLE_MODELS[loc[2]]
     return loc, None
 
 

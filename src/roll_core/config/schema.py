@@ -10,7 +10,7 @@ worker starts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -582,8 +582,20 @@ OwnRole = Annotated[Union[TrainRoleConfig, InferRoleConfig, CriticRoleConfig, En
                     Field(discriminator="kind")]
 RoleConfig = Union[ActorTrainRoleConfig, TrainRoleConfig, InferRoleConfig, CriticRoleConfig, RewardRoleConfig,
                    DomainRewardConfig, EnvRoleConfig]
-OWN_ROLE_KINDS = ("train", "infer", "critic", "env")
-MODEL_KINDS = ("train", "infer", "critic")
+OWN_ROLE_MODELS: dict[str, type[BaseModel]] = {m.model_fields["kind"].default: m
+                                                for m in get_args(get_args(OwnRole)[0])}
+OWN_ROLE_KINDS = tuple(OWN_ROLE_MODELS)
+
+
+def nested_models(annotation) -> list[type[BaseModel]]:
+    """The config models an annotation holds, however nested (``X | None``, ``dict[str, X]``, a union)."""
+    found, todo = [], [annotation]
+    while todo:
+        a = todo.pop()
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            found.append(a)
+        todo += list(get_args(a))
+    return found
 
 
 class RolesConfig(Strict):

@@ -47,8 +47,9 @@ class DistillPipeline(ActorLoop):
         teacher = cfg.role(cfg.distill.teacher, "infer")  # checked with the config: present, of kind infer
         self.teacher_path = teacher.model_path or self.model
         if load_tokenizer(self.teacher_path).get_vocab() != self.tokenizer.get_vocab():
-            raise ConfigError(f"key 'roles.{cfg.distill.teacher}.model_path': the teacher's tokenizer ({self.teacher_path}) "
-                              f"differs from the student's; distillation compares distributions token by token")
+            raise ConfigError(f"key 'roles.{cfg.distill.teacher}.model_path': the teacher's tokenizer "
+                              f"({self.teacher_path}) differs from the student's; distillation compares "
+                              f"distributions token by token")
         self.train_rows, self.eval_rows = load_rows(cfg.data, self.plugins, self.tokenizer)
         self.loss_fn = DistillObjective.from_config(cfg.distill, self.plugins)
         self.spec = UpdateSpec(max_grad_norm=cfg.algorithm.max_grad_norm,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from roll_core.errors import RollError
 from roll_core.pipelines.checkpoint import CheckpointManager
-from roll_core.pipelines.rollout_dump import _ranges, dumped_steps, load_dump
+from roll_core.pipelines.rollout_dump import dumped_steps, load_dump, step_ranges
 
 COMPARED = ("pg_loss", "grad_norm")  # under the update's metric prefix ("train/")
 
@@ -34,6 +34,7 @@ class ReplayedStep:
     replayed: dict[str, float]
 
     def gap(self, name: str) -> float | None:
+        """|recorded - replayed| of ``train/<name>``; None when either lacks it."""
         key = f"train/{name}"
         if key not in self.recorded or key not in self.replayed:
             return None
@@ -70,8 +71,9 @@ def plan(run_dir: Path, steps: tuple[int, int] | None) -> tuple[tuple[int, Path]
     missing = [s for s in wanted if s not in dumped]
     if missing or not wanted:
         raise RollError(f"replaying up to step {last} from the checkpoint at step {start[0]} needs the dumps of "
-                        f"steps {_ranges(wanted) or start[0] + 1}; missing: {_ranges(missing) or start[0] + 1} "
-                        f"(dumped: {_ranges(dumped)}; trainer.dump_rollouts_every=1 dumps every step)")
+                        f"steps {step_ranges(wanted) or start[0] + 1}; "
+                        f"missing: {step_ranges(missing) or start[0] + 1} "
+                        f"(dumped: {step_ranges(dumped)}; trainer.dump_rollouts_every=1 dumps every step)")
     return start, wanted
 
 
@@ -92,7 +94,7 @@ def replay(run_dir: Path, steps: tuple[int, int] | None = None, progress=print) 
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         recorded[row["step"]] = row
-    progress(f"replaying steps {_ranges(wanted)} of {run_dir} from the checkpoint at step {start}")
+    progress(f"replaying steps {step_ranges(wanted)} of {run_dir} from the checkpoint at step {start}")
     plugins = get_plugins()
     role = cfg.roles.actor_train
     worker = TrainWorker("actor_train", str(checkpoint / "actor_train" / "model"), role, cfg, cfg.seed)
@@ -107,6 +109,12 @@ def replay(run_dir: Path, steps: tuple[int, int] | None = None, progress=print) 
     return out
 
 
+def largest_gap(replayed: list[ReplayedStep]) -> float | None:
+    """The largest gap of any compared metric at any step (None: nothing to compare)."""
+    gaps = [g for r in replayed for n in COMPARED if (g := r.gap(n)) is not None]
+    return max(gaps) if gaps else None
+
+
 def report(replayed: list[ReplayedStep]) -> str:
     """A table: each step's recorded and replayed loss and gradient norm, and their gaps."""
     lines = [f"{'step':>6}  " + "  ".join(f"{'recorded ' + n:>20} {'replayed':>12} {'gap':>9}" for n in COMPARED)]
@@ -118,7 +126,7 @@ def report(replayed: list[ReplayedStep]) -> str:
             cells.append(f"{rec if rec is None else f'{rec:.6g}':>20} {rep if rep is None else f'{rep:.6g}':>12} "
                          f"{'-' if gap is None else f'{gap:.1e}':>9}")
         lines.append(f"{r.step:>6}  " + "  ".join(cells))
-    gaps = [g for r in replayed for n in COMPARED if (g := r.gap(n)) is not None]
-    if gaps:
-        lines.append(f"largest gap: {max(gaps):.1e}")
+    largest = largest_gap(replayed)
+    if largest is not None:
+        lines.append(f"largest gap: {largest:.1e}")
     return "\n".join(lines)

@@ -101,12 +101,12 @@ def load_dump(run_dir: Path, step: int) -> Batch:
     if not path.is_file():
         have = dumped_steps(run_dir)
         raise RollError(f"{run_dir} has no rollout dump of step {step}; dumped steps: "
-                        f"{_ranges(have) or 'none (set trainer.dump_rollouts_every)'}")
+                        f"{step_ranges(have) or 'none (set trainer.dump_rollouts_every)'}")
     saved = torch.load(path, weights_only=False)
     return Batch(saved["tensors"], saved["non_tensors"])
 
 
-def _ranges(steps: list[int]) -> str:
+def step_ranges(steps: list[int]) -> str:
     """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
     parts: list[list[int]] = []
     for s in steps:
@@ -127,7 +127,7 @@ def show(run_dir: Path, step: int | None = None, limit: int | None = 8) -> str:
     step = steps[-1] if step is None else step
     path = dump_path(run_dir, step, "jsonl")
     if not path.is_file():
-        raise RollError(f"{run_dir} has no rollout dump of step {step}; dumped steps: {_ranges(steps)}")
+        raise RollError(f"{run_dir} has no rollout dump of step {step}; dumped steps: {step_ranges(steps)}")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     lines = [f"step {step}: {len(rows)} samples" + (f", the first {limit}" if limit and limit < len(rows) else "")]
     for row in rows[:limit]:

@@ -115,8 +115,9 @@ class RoleGroups:
         one_model = kind in ("train", "critic") or getattr(engine, "sharded", False)
         seeds = [base if one_model else base + r for r in range(role_cfg.num_workers)]
         concurrent = getattr(engine, "concurrent_requests", False)
-        group = self.spawn(name, STRATEGY_WORKERS[kind], [(name, model_path, role_cfg, self.config, seed) for seed in seeds],
-                           role_cfg, self.config.rollout.max_running_requests if concurrent else 1)
+        group = self.spawn(name, STRATEGY_WORKERS[kind],
+                           [(name, model_path, role_cfg, self.config, seed) for seed in seeds], role_cfg,
+                           self.config.rollout.max_running_requests if concurrent else 1)
         world = len(group) if one_model else 1
         ex = self.executor
         address = ex.get(ex.invoke(group.handles[0], "node_address", (), {})) if world > 1 else None
@@ -158,9 +159,9 @@ class RoleGroups:
         """Roles with their own ``torch_threads`` use it during RL steps, when roles may run at
         once (an async trainer beside generation), and the run's count otherwise, when one role
         works alone (warm-up, evaluation) and may take every core."""
-        futures = []
+        futures, roles = [], self.config.roles.named()
         for name, group in self.groups.items():
-            threads = getattr(self.config.roles.named().get(name), "torch_threads", None)
+            threads = getattr(roles.get(name), "torch_threads", None)
             if threads is not None:
                 futures += group.call("set_threads", threads if rl else self.config.torch_threads)
         self.executor.get(futures)
