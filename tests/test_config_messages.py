@@ -138,6 +138,14 @@ def test_roles_are_named_entries_with_a_kind_and_mistakes_name_the_key():
     assert message("pipeline=agentic", "agentic.envs=[{env: frozen_lake, role: lake}]") == (
         "agentic.envs[0].role: roles.lake is not configured; configured env roles: env")
     assert message("agentic.env_workers=2") == "unknown key 'agentic.env_workers'. It moved to 'roles.env.num_workers'."
+    # an env role of one's own ('env' is also a built-in role's name), and a check of a whole role of one's own
+    assert message("roles.lake={kind: env, num_wrkers: 2}") == (
+        "unknown key 'roles.lake.num_wrkers'. Did you mean 'num_workers'?")
+    assert message("roles.teacher={kind: infer, device_mapping: [0, 0]}").startswith(
+        "key 'roles.teacher': Value error, device_mapping lists devices [0] twice")
+    # a check inside a section keeps its key; only whole-config checks print their message alone
+    assert message("data.domains={a: {train_file: x, dataset: carry_addition}}").startswith(
+        "key 'data.domains.a': Value error, give exactly one of dataset and train_file")
 
 
 def test_config_files_that_cannot_be_read_are_named(tmp_path):
