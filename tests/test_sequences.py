@@ -55,3 +55,44 @@ def test_top_p_keeps_the_smallest_nucleus():
     kept = torch.isfinite(top_p_filter(logits, 0.7))
     assert kept.tolist() == [[True, True, False, False]]  # 0.5 < 0.7, 0.5 + 0.3 >= 0.7
     assert torch.isfinite(top_p_filter(logits, 0.1)).sum() == 1  # the top token always survives
+
+
+def test_repeated_prompts_and_early_stops_decode_as_each_row_would_alone(tiny_model_path):
+    """A group's prompt is prefilled once and finished rows leave the batch: every row still gets
+    the tokens it gets decoded by itself, stops at its first EOS and has its own log-probs."""
+    model, tok, ids, mask = _setup(tiny_model_path)
+    with torch.no_grad():  # larger random weights than the embedded init, so greedy continuations differ by prompt
+        g = torch.Generator().manual_seed(0)
+        for weight in (p for p in model.parameters() if p.dim() == 2):
+            weight.normal_(0, 0.3, generator=g)
+    ids, mask = ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0)  # three groups of three
+    alone = [sample_responses(model, ids[i:i + 1], mask[i:i + 1], max_new_tokens=6, eos_token_id=-1,
+                              pad_token_id=tok.pad_token_id, temperature=0)[0][0].tolist() for i in range(0, 9, 3)]
+
+    def stops_at(eos):
+        return [row.index(eos) + 1 if eos in row else 6 for row in alone]
+
+    # an "EOS" that the groups reach at the most different steps, so rows leave the batch early
+    eos = max(set(alone[0]), key=lambda token: len(set(stops_at(token))))
+    stops = stops_at(eos)
+    assert len(set(stops)) == 3, (alone, stops)
+    resp, rmask, logp = sample_responses(model, ids, mask, max_new_tokens=6, eos_token_id=eos,
+                                         pad_token_id=tok.pad_token_id, temperature=0)
+    assert resp.shape[1] == max(stops)
+    for row in range(9):
+        n = stops[row // 3]
+        assert rmask[row].tolist() == [1] * n + [0] * (resp.shape[1] - n)
+        assert resp[row, :n].tolist() == alone[row // 3][:n]
+        assert (resp[row, n:] == tok.pad_token_id).all() and (logp[row, n:] == 0).all()
+    recomputed = response_log_probs(model, torch.cat([ids, resp], 1), torch.cat([mask, rmask], 1), resp.shape[1])
+    torch.testing.assert_close(recomputed * rmask, logp, atol=1e-4, rtol=1e-4)
+
+
+def test_sampling_a_repeated_prompt_draws_from_its_own_distribution_per_sample(tiny_model_path):
+    model, tok, ids, mask = _setup(tiny_model_path)
+    ids, mask = ids[:1].repeat(64, 1), mask[:1].repeat(64, 1)
+    resp, rmask, logp = sample_responses(model, ids, mask, max_new_tokens=4, eos_token_id=tok.eos_token_id,
+                                         pad_token_id=tok.pad_token_id, generator=torch.Generator().manual_seed(3))
+    assert len({tuple(r.tolist()) for r in resp}) > 8  # the copies of the prompt's cache are sampled apart
+    recomputed = response_log_probs(model, torch.cat([ids, resp], 1), torch.cat([mask, rmask], 1), resp.shape[1])
+    torch.testing.assert_close(recomputed * rmask, logp, atol=1e-4, rtol=1e-4)

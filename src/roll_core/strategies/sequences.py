@@ -12,6 +12,7 @@ it drew, which asynchronous training keeps for off-policy corrections.
 
 from __future__ import annotations
 
+import inspect
 from typing import Collection
 
 import torch
@@ -21,6 +22,30 @@ import torch.nn.functional as F
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding: ``[0,0,0,1,2]`` for mask ``[0,0,1,1,1]``.  Shape ``[B, T]``."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+    """The KV cache of left-padded prompts ``[B, P]`` and the logits of each one's next token ``[B, V]``.
+
+    A prompt that comes several times (the samples of a GRPO group) is computed once and its cache
+    copied to every sample: the same values, ``num_return_sequences`` times less prompt compute. Only
+    the last position's logits are computed where the model takes ``logits_to_keep`` (a full
+    vocabulary at every prompt position is most of the memory of a long prompt)."""
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    distinct, inverse = torch.unique(torch.where(prompt_mask.bool(), prompt_ids, -1), dim=0, return_inverse=True)
+    shared = len(distinct) < len(prompt_ids)
+    if shared:  # the first sample of each distinct prompt stands for all of them
+        order = torch.arange(len(prompt_ids), device=prompt_ids.device)
+        first = torch.full((len(distinct),), len(prompt_ids), device=prompt_ids.device).scatter_reduce(
+            0, inverse, order, reduce="amin")
+        prompt_ids, prompt_mask = prompt_ids[first], prompt_mask[first]
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
+                use_cache=True, **keep)
+    past, logits = out.past_key_values, out.logits[:, -1, :].float()
+    if shared:
+        past.reorder_cache(inverse)
+        logits = logits[inverse]
+    return past, logits
 
 
 def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -62,18 +87,17 @@ def sample_responses(
     """
     batch = prompt_ids.shape[0]
     mask = prompt_mask.long()
-    out = model(
-        input_ids=prompt_ids,
-        attention_mask=mask,
-        position_ids=position_ids_from_mask(mask),
-        use_cache=True,
-    )
-    past = out.past_key_values
-    logits = out.logits[:, -1, :].float()
+    past, logits = prefill(model, prompt_ids, mask)
     next_pos = mask.sum(-1, keepdim=True)
-    finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
-    tokens, masks, logps = [], [], []
-    for _ in range(max_new_tokens):
+    device = prompt_ids.device
+    # Finished rows leave the decoding batch (and its KV cache): ``rows`` maps the rows still decoding
+    # to their place in the output, which starts as padding.
+    rows = torch.arange(batch, device=device)
+    tokens = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    logps = torch.zeros(batch, max_new_tokens, device=device)
+    lengths = torch.zeros(batch, dtype=torch.long, device=device)
+    steps = 0
+    for step in range(max_new_tokens):
         if temperature > 0:
             scaled = logits / temperature
             probs = top_p_filter(scaled, top_p).softmax(-1)
@@ -82,25 +106,23 @@ def sample_responses(
         else:
             token = logits.argmax(-1)
             logp = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
-        alive = ~finished
-        tokens.append(torch.where(alive, token, torch.full_like(token, pad_token_id)))
-        masks.append(alive.long())
-        logps.append(torch.where(alive, logp, torch.zeros_like(logp)))
-        finished = finished | (token == eos_token_id)
-        if bool(finished.all()) or (should_stop is not None and should_stop()):
+        tokens[rows, step], logps[rows, step], lengths[rows] = token, logp, step + 1
+        steps = step + 1
+        going = token != eos_token_id
+        if not bool(going.any()) or (should_stop is not None and should_stop()):
             break
-        mask = torch.cat([mask, alive.long()[:, None]], dim=-1)
-        out = model(
-            input_ids=tokens[-1][:, None],
-            attention_mask=mask,
-            position_ids=next_pos,
-            past_key_values=past,
-            use_cache=True,
-        )
+        if not bool(going.all()):
+            keep = going.nonzero().squeeze(-1)
+            rows, token, mask, next_pos = rows[keep], token[keep], mask[keep], next_pos[keep]
+            past.reorder_cache(keep)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=past,
+                    use_cache=True)
         past = out.past_key_values
         logits = out.logits[:, -1, :].float()
         next_pos = next_pos + 1
-    return torch.stack(tokens, 1), torch.stack(masks, 1), torch.stack(logps, 1)
+    response_mask = (torch.arange(steps, device=device)[None, :] < lengths[:, None]).long()
+    return tokens[:, :steps], response_mask, logps[:, :steps]
 
 
 def response_log_probs(
@@ -143,11 +165,25 @@ def log_probs_from_logits(
 ):
     """:func:`response_log_probs` from a model's logits ``[B, P + R, V]`` (for engines whose models
     do not return a Hugging Face output)."""
-    logits = logits[:, -response_length - 1 : -1, :].float()
+    return token_log_probs(logits[:, -response_length - 1 : -1, :], input_ids[:, -response_length:], temperature,
+                           with_entropy=with_entropy, with_distribution=with_distribution)
+
+
+def token_log_probs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = False,
+    with_distribution: bool = False,
+):
+    """Log-probs of ``targets`` ``[B, R]`` under ``logits`` ``[B, R, V]``, the logits that predict
+    each target (already shifted by one), at ``temperature``; with the extras as in
+    :func:`response_log_probs`."""
+    logits = logits.float()
     if temperature > 0:
         logits = logits / temperature
     log_softmax = F.log_softmax(logits, dim=-1)
-    targets = input_ids[:, -response_length:]
     logp = log_softmax.gather(-1, targets[..., None]).squeeze(-1)
     if not (with_entropy or with_distribution):
         return logp
@@ -159,9 +195,17 @@ def causal_lm_outputs(logits: torch.Tensor, input_ids: torch.Tensor, response_le
                       wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
     """The outputs a training strategy's ``forward`` names (``log_probs``, ``entropy``,
     ``log_dist``), as many as ``wanted`` asks for, from one pass's logits ``[B, P + R, V]``."""
+    return response_outputs(logits[:, -response_length - 1 : -1, :], input_ids[:, -response_length:], wanted,
+                            temperature)
+
+
+def response_outputs(response_logits: torch.Tensor, responses: torch.Tensor, wanted: Collection[str],
+                     temperature: float) -> dict[str, torch.Tensor]:
+    """:func:`causal_lm_outputs` from the logits that predict each response token ``[B, R, V]``
+    (a packed pass's, gathered back: :meth:`roll_core.strategies.packing.PackedSequences.at_responses`)."""
     extras = "entropy" in wanted or "log_dist" in wanted
-    out = log_probs_from_logits(logits, input_ids, response_length, temperature,
-                                with_entropy="entropy" in wanted, with_distribution="log_dist" in wanted)
+    out = token_log_probs(response_logits, responses, temperature,
+                          with_entropy="entropy" in wanted, with_distribution="log_dist" in wanted)
     logp, entropy, log_dist = out if extras else (out, None, None)
     found = {"log_probs": logp, "entropy": entropy, "log_dist": log_dist}
     return {name: found[name] for name in wanted}
