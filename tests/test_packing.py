@@ -1,5 +1,8 @@
-"""Sequence packing for supervised steps (``warmup.packing``): the layout, and that a packed update
-is the padded update (same loss, same weights), so packing only removes padding."""
+"""Sequence packing. For supervised steps (``warmup.packing``): the layout, and that a packed update
+is the padded update (same loss, same weights), so packing only removes padding. For every forward
+pass of a role (``roles.<role>.pack_sequences``, :mod:`roll_core.strategies.packing`): a group's
+prompt is computed once, the outputs and gradients are the padded layout's, and micro-batches can be
+sized by tokens (``max_tokens_per_micro_batch``)."""
 
 from __future__ import annotations
 
@@ -14,10 +17,14 @@ from roll_core.config import load_and_check, load_config
 from roll_core.errors import ConfigError
 from roll_core.pipelines.runtime import load_tokenizer
 from roll_core.pipelines.batches import demonstration_batch, packed_demonstration_batch
-from roll_core.strategies.hf import HFTrainStrategy
+from roll_core.algorithms.objective import ActorObjective
+from roll_core.config.schema import CriticRoleConfig, TrainRoleConfig
+from roll_core.data import Batch
+from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_core.strategies.models import load_causal_lm
-from roll_core.testing import full_weights
-from roll_core.training import UpdateSpec, update
+from roll_core.strategies.packing import pack_sequences, packed_inputs
+from roll_core.testing import full_weights, training_batch
+from roll_core.training import UpdateSpec, micro_batches, update
 
 ROWS = [{"prompt": "12+34=", "demonstration": "46"}, {"prompt": "1+1=", "demonstration": "2"},
         {"prompt": "99+1=", "demonstration": "100"}, {"prompt": "7+8=", "demonstration": "15"}]
@@ -87,3 +94,155 @@ def test_sft_with_packing_lowers_the_held_out_loss(tiny_config):
     summary = SFTPipeline(cfg, LocalExecutor()).run()
     before, after = summary["before"]["eval/loss"], summary["after"]["eval/loss"]
     assert after < 0.6 * before, (before, after)
+
+
+# -- packed forward passes (roles.<role>.pack_sequences) -------------------------------------------
+def _grouped_batch() -> Batch:
+    """Prompt A = [5, 6, 7] sampled twice (answers [10, 11] and [12]), prompt B = [8, 9] once ([13, 14, 15])."""
+    return Batch({"prompt_ids": torch.tensor([[5, 6, 7], [5, 6, 7], [0, 8, 9]]),
+                  "prompt_mask": torch.tensor([[1, 1, 1], [1, 1, 1], [0, 1, 1]]),
+                  "responses": torch.tensor([[10, 11, 0], [12, 0, 0], [13, 14, 15]]),
+                  "response_mask": torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])})
+
+
+def _pack(batch: Batch, max_length: int):
+    return pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
+                          max_length=max_length, pad_token_id=0)
+
+
+def test_a_group_shares_one_prompt_and_each_answer_sees_only_it_and_itself():
+    packed = _pack(_grouped_batch(), max_length=1024)
+    # unit A (3 + 2 + 1 = 6 tokens) fills a row of 6 (the largest unit); unit B (2 + 3) takes the next
+    assert packed.input_ids.tolist() == [[5, 6, 7, 10, 11, 12], [8, 9, 13, 14, 15, 0]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 3], [0, 1, 2, 3, 4, 0]]  # answer 2 restarts at 3
+    assert packed.branches.tolist() == [[0, 0, 0, 1, 1, 2], [0, 0, 1, 1, 1, 0]]
+    # each answer token's logits come from the position before it: the prompt's last, then its own
+    assert packed.source.tolist() == [[2, 3, 0], [2, 0, 0], [7, 8, 9]]
+    allowed = packed.attention_mask("sdpa", torch.float32)[:, 0]
+    assert allowed[0, 5].tolist() == [True, True, True, False, False, True]  # answer 2: the prompt and itself
+    assert allowed[0, 4].tolist() == [True, True, True, True, True, False]
+    assert allowed[1, 2].tolist() == [True, True, True, False, False, False]
+    assert allowed[1, 5].tolist() == [False] * 5 + [True]  # padding sees itself only: no empty softmax row
+    additive = packed.attention_mask("eager", torch.float32)[0, 0, 5]
+    assert additive[3] == torch.finfo(torch.float32).min and additive[0] == 0.0
+
+
+def test_a_group_wider_than_max_length_repeats_its_prompt():
+    packed = _pack(_grouped_batch(), max_length=4)
+    # rows are at least as wide as the longest sample alone (5): A + answer 1 fills one, A + answer 2
+    # (prompt repeated) and B take rows of their own
+    assert packed.input_ids.tolist() == [[5, 6, 7, 10, 11], [8, 9, 13, 14, 15], [5, 6, 7, 12, 0]]
+    assert packed.source.tolist() == [[2, 3, 0], [12, 0, 0], [6, 7, 8]]
+
+
+def test_packing_refuses_masks_that_are_not_plain_padding():
+    batch = _grouped_batch()
+    holes = batch["response_mask"].clone()
+    holes[2] = torch.tensor([1, 0, 1])
+    with pytest.raises(ValueError, match="response_mask must be 1 on a prefix"):
+        pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], holes, max_length=8,
+                       pad_token_id=0)
+    right_padded = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0]])
+    with pytest.raises(ValueError, match="prompt_mask must be 1 on a suffix"):
+        pack_sequences(batch["prompt_ids"], right_padded, batch["responses"], batch["response_mask"], max_length=8,
+                       pad_token_id=0)
+
+
+def test_attention_without_4d_masks_runs_padded_unless_packing_was_asked_for():
+    model = types.SimpleNamespace(config=types.SimpleNamespace(_attn_implementation="flash_attention_2",
+                                                               pad_token_id=0))
+    batch = _grouped_batch()
+    assert packed_inputs(model, batch, TrainRoleConfig()) is None
+    with pytest.raises(ValueError, match="pack_sequences: true needs attention that takes a 4-D mask"):
+        packed_inputs(model, batch, TrainRoleConfig(pack_sequences=True))
+    model.config._attn_implementation = "sdpa"
+    assert packed_inputs(model, batch, TrainRoleConfig(pack_sequences=False)) is None
+    assert packed_inputs(model, batch, TrainRoleConfig()).input_ids.shape == (2, 6)
+
+
+def _grouped_training_batch(vocab: int) -> Batch:
+    """training_batch's 8 samples with samples 0-3 and 4-5 sharing a prompt (two GRPO groups)."""
+    batch = training_batch(vocab)
+    for tensor in (batch["prompt_ids"], batch["prompt_mask"]):
+        tensor[1:4] = tensor[0]
+        tensor[5] = tensor[4]
+    return batch
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_passes_give_the_padded_outputs_and_gradients(tiny_model_path, attention):
+    batch = _grouped_training_batch(vocab=90)
+    mask = batch["response_mask"].float()
+    wanted = ("log_probs", "entropy", "log_dist")
+    results = []
+    for pack in (False, True):
+        trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(pack_sequences=pack), seed=0)
+        trainer.model.set_attn_implementation(attention)
+        out = trainer._outputs(batch, wanted, temperature=0.7)
+        (out["log_probs"] * mask).sum().backward()
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+        results.append(({k: v * (mask[..., None] if v.dim() == 3 else mask) for k, v in out.items()}, grads))
+    (padded, padded_grads), (packed, packed_grads) = results
+    for name in wanted:
+        torch.testing.assert_close(packed[name], padded[name], atol=1e-5, rtol=1e-5, msg=name)
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert float(padded["log_probs"].abs().sum()) > 1.0  # the comparison is not of zeros
+
+
+def test_packed_values_are_the_padded_values(tiny_model_path):
+    batch = _grouped_training_batch(vocab=90)
+    values = [HFCriticStrategy(str(tiny_model_path), CriticRoleConfig(pack_sequences=pack), seed=0)
+              .forward(batch, ("values",), 1.0)["values"] for pack in (False, True)]
+    torch.testing.assert_close(values[1], values[0], atol=1e-5, rtol=1e-5)
+    assert float(values[0].abs().sum()) > 0.01
+
+
+def test_micro_batches_by_tokens_fill_up_to_the_budget_and_match_the_busiest_rank(monkeypatch):
+    lengths = [3, 3, 3, 3, 10]  # tokens per sample (no prompt here)
+    batch = Batch({"prompt_mask": torch.zeros(5, 1, dtype=torch.long), "index": torch.arange(5),
+                   "response_mask": (torch.arange(10)[None] < torch.tensor(lengths)[:, None]).long()})
+
+    def parts(*args):
+        return [micro["index"].tolist() for micro in micro_batches(batch, *args)]
+
+    assert parts(2) == [[0, 1], [2, 3], [4]]  # by samples
+    assert parts(64, 6) == [[0, 1], [2, 3], [4]]  # 6 tokens each; the 10-token sample alone
+    assert parts(64, 100) == [[0, 1, 2, 3, 4]]
+    monkeypatch.setattr("roll_core.training.all_reduce_max", lambda value, group=None: 4)
+    assert parts(64, 6) == [[0], [1], [2, 3], [4]]  # another rank needs 4 passes: the largest splittable part halves
+    monkeypatch.setattr("roll_core.training.all_reduce_max", lambda value, group=None: 9)
+    assert parts(64, 6) == [[0], [1], [2], [3], [4]]  # never more parts than samples
+
+
+def test_an_update_in_token_sized_micro_batches_is_the_one_pass_update(tiny_model_path):
+    from roll_core.config.schema import AlgorithmConfig
+
+    batch = _grouped_training_batch(vocab=90)
+    objective = ActorObjective.from_config(AlgorithmConfig())
+    results = []
+    for role in (TrainRoleConfig(pack_sequences=False), TrainRoleConfig(max_tokens_per_micro_batch=20)):
+        trainer = HFTrainStrategy(str(tiny_model_path), role, seed=0)
+        assert len(micro_batches(batch, 8, role.max_tokens_per_micro_batch)) == (1 if role.max_tokens_per_micro_batch
+                                                                                  is None else 4)
+        metrics = update(trainer, batch, objective, UpdateSpec(max_grad_norm=1.0, micro_batch_size=8))
+        results.append((metrics, full_weights(trainer)))
+    (one, one_weights), (tokens, token_weights) = results
+    for key in ("train/pg_loss", "train/grad_norm", "train/entropy"):
+        assert tokens[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+    for name, value in one_weights.items():
+        torch.testing.assert_close(token_weights[name], value, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_role_packing_keys_need_a_strategy_that_takes_packed_sequences(roll_plugins):
+    def roll_register_strategies(register):
+        register("plain", "roll_core.strategies.hf:HFTrainStrategy", kind="train")
+
+    plugins = roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies))))
+    for key in ("pack_sequences=true", "max_tokens_per_micro_batch=4096"):
+        with pytest.raises(ConfigError, match=f"'roles.actor_train.{key.split('=')[0]}': train strategy 'plain' does "
+                                              "not take packed sequences; train strategies that do: .*hf"):
+            load_and_check(None, ["roles.actor_train.strategy=plain", f"roles.actor_train.{key}"], plugins)
+    load_and_check(None, ["roles.actor_train.strategy=plain"], plugins)  # unset: that strategy runs padded
+    load_and_check(None, ["roles.actor_train.max_tokens_per_micro_batch=4096", "roles.reference.pack_sequences=true"],
+                   plugins)

@@ -54,12 +54,15 @@ def test_replay_reproduces_the_recorded_loss_and_gradient_norm(dumped_run, capsy
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from roll_core.pipelines.replay import replay
 
+    losses = []
     for steps, start in (((3, 4), 2), ((1, 1), 0), (None, 2)):
         replayed = replay(dumped_run, steps, progress=lambda _: None)
         assert [r.step for r in replayed] == ([3, 4] if steps != (1, 1) else [1])
         for r in replayed:
-            assert r.replayed["train/grad_norm"] > 0 and r.recorded["train/pg_loss"] != 0
+            assert r.replayed["train/grad_norm"] > 0  # the entropy bonus: a gradient even where all rewards tie
             assert r.gap("pg_loss") < 1e-5 and r.gap("grad_norm") < 1e-5, (r.recorded, r.replayed)
+            losses.append(r.recorded["train/pg_loss"])
+    assert any(loss != 0 for loss in losses)  # not only steps whose groups all tied
     assert main(["replay", str(dumped_run), "--steps", "3-4"]) == 0
     out = capsys.readouterr().out
     assert "from the checkpoint at step 2" in out and "largest gap:" in out

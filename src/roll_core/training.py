@@ -23,12 +23,13 @@ it in the driver. The loss function and :class:`UpdateSpec` come from the driver
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
 from roll_core.algorithms.objective import LossFn, loss_denominators
 from roll_core.data import Batch
-from roll_core.runtime.distributed import all_reduce_sum
+from roll_core.runtime.distributed import all_reduce_max, all_reduce_sum
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,35 @@ def _combine(per_micro: list[dict[str, float]], additive: frozenset[str]) -> dic
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + value
     return {k: v if k in additive else v / len(per_micro) for k, v in totals.items()}
+
+
+def micro_batches(mini: Batch, size: int, max_tokens: int | None = None, group=None) -> list[Batch]:
+    """The forward-backward passes of one mini-batch (this rank's share), in order.
+
+    Without ``max_tokens``, ``size`` samples each. With it, sized by tokens (a sample's prompt plus
+    response tokens, no padding): consecutive samples fill a part up to ``max_tokens`` (a longer
+    sample is a part of its own). Every data-parallel rank (``group``) runs as many passes as the
+    rank that needs the most, so a rank that needs fewer halves its largest parts until it has as many."""
+    if max_tokens is None:
+        return mini.split(size)
+    tokens = (mini["prompt_mask"].sum(-1) + mini["response_mask"].sum(-1)).tolist()
+    prefix = [0]
+    for n in tokens:
+        prefix.append(prefix[-1] + n)
+    bounds: list[tuple[int, int]] = []
+    for i in range(len(tokens)):
+        if bounds and prefix[i + 1] - prefix[bounds[-1][0]] <= max_tokens:
+            bounds[-1] = (bounds[-1][0], i + 1)
+        else:
+            bounds.append((i, i + 1))
+    parts = min(all_reduce_max(len(bounds), group), len(tokens))
+    while len(bounds) < parts:
+        widest = max((k for k, (a, b) in enumerate(bounds) if b - a > 1),
+                     key=lambda k: prefix[bounds[k][1]] - prefix[bounds[k][0]])
+        a, b = bounds[widest]
+        middle = bisect.bisect_left(prefix, (prefix[a] + prefix[b]) / 2, lo=a + 1, hi=b - 1)
+        bounds[widest:widest + 1] = [(a, middle), (middle, b)]
+    return [mini.select(slice(a, b)) for a, b in bounds]
 
 
 def accumulate_gradients(strategy, mini: Batch, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:

@@ -194,6 +194,25 @@ def _packing_requirements(cfg: RollConfig, plugins) -> list[str]:
             f"{', '.join(able)}"]
 
 
+def _role_packing_requirements(cfg: RollConfig, plugins) -> list[str]:
+    """A role's ``pack_sequences: true`` or ``max_tokens_per_micro_batch`` needs a strategy of its
+    kind registered with ``packed_sequences=True``; left unset, packing is simply off elsewhere."""
+    problems = []
+    for name, role in cfg.model_roles().items():
+        registry = f"{role.kind}_strategies"
+        if role.strategy not in plugins.registry(registry):
+            continue  # reported as an unknown strategy
+        able = _registered_with(plugins, registry, "packed_sequences")
+        if role.strategy in able:
+            continue
+        for key, value in (("pack_sequences", role.pack_sequences is True),
+                           ("max_tokens_per_micro_batch", getattr(role, "max_tokens_per_micro_batch", None))):
+            if value:
+                problems.append(f"key 'roles.{name}.{key}': {role.kind} strategy '{role.strategy}' does not take "
+                                f"packed sequences; {role.kind} strategies that do: {', '.join(able) or '(none)'}")
+    return problems
+
+
 def _lora_requirements(cfg: RollConfig, plugins) -> list[str]:
     """LoRA needs a train strategy registered with ``lora=True`` and peft; its reference (no
     ``model_path``) runs on actor_train's workers, so a placement of its own would go unused."""
@@ -403,6 +422,7 @@ def check_registry_names(cfg: RollConfig, plugins=None, where: str = "the config
     problems += _role_requirements(cfg, plugins)
     problems += _lora_requirements(cfg, plugins)
     problems += _packing_requirements(cfg, plugins)
+    problems += _role_packing_requirements(cfg, plugins)
     problems += _reward_options(cfg, plugins)
     problems += _component_options(cfg, plugins)
     problems += _strategy_options(cfg, plugins)

@@ -448,6 +448,15 @@ RoleThreads = Annotated[int | None, Field(
     "torch_threads. None = torch_threads throughout")]
 
 
+PackSequences = Annotated[bool | None, Field(
+    description="run this role's forward passes on packed rows: no padding, and the samples of a group share "
+    "one copy of their prompt (roll_core.strategies.packing; same log-probs, fewer tokens). None = on where the "
+    "strategy supports it (registered with packed_sequences=True) and the model's attention takes a 4-D mask")]
+PackMaxLength = Annotated[int, Field(
+    ge=1, description="widest packed row in tokens (pack_sequences); a group that needs more is split over rows, "
+    "each repeating the prompt. A sample longer than this gets a row of its own")]
+
+
 class _TrainedRoleConfig(Placed):
     """A trained role. Several workers train data-parallel: each gets an equal share of every
     mini-batch and gradients are summed over ``torch.distributed`` (gloo on CPU, nccl on GPU)."""
@@ -462,6 +471,11 @@ class _TrainedRoleConfig(Placed):
     weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay")
     micro_batch_size: int = Field(
         64, ge=1, description="samples per forward-backward pass; gradients accumulate over a mini-batch")
+    pack_sequences: PackSequences = None
+    pack_max_length: PackMaxLength = 1024
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="size forward-backward passes by tokens (prompt + response, no padding) instead of "
+        "micro_batch_size samples; every data-parallel rank runs as many passes as the rank that needs most")
 
 
 class LoraConfig(Strict):
@@ -503,6 +517,8 @@ class InferRoleConfig(Placed):
         default_factory=dict, description="the strategy's own settings (a vllm engine's arguments), checked against "
         "the options model it registered")
     torch_threads: RoleThreads = None
+    pack_sequences: PackSequences = None
+    pack_max_length: PackMaxLength = 1024
     model_path: str | None = Field(
         None, description="load this model instead of the policy's (a reference role used as distillation teacher)"
     )

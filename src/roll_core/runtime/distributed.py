@@ -72,6 +72,15 @@ def all_reduce_sum(values: list[float], group=None) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_max(value: int, group=None) -> int:
+    """The largest ``value`` over the data-parallel ranks (``group`` as in :func:`all_reduce_sum`)."""
+    if rank_world()[1] == 1 or (group is not None and dist.get_world_size(group) == 1):
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return int(t.item())
+
+
 def sum_gradients(params) -> None:
     """All-reduce (sum) the gradients of a replicated model, coalesced into one buffer per dtype."""
     if rank_world()[1] == 1:

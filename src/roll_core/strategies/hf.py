@@ -20,8 +20,11 @@ from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, rank_world, sum_gradients
 from roll_core.strategies import lora
 from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
-from roll_core.strategies.sequences import causal_lm_outputs, position_ids_from_mask, sample_responses
+from roll_core.strategies.packing import packed_forward, packed_inputs
+from roll_core.strategies.sequences import (causal_lm_outputs, position_ids_from_mask, response_outputs,
+                                            sample_responses)
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy, request_cancelled
+from roll_core.training import micro_batches
 
 
 class TorchOffloading:
@@ -64,7 +67,12 @@ class _Sampling(TorchOffloading):
         return t.to(self.device)
 
     def _outputs(self, batch: Batch, wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
-        """The causal LM's outputs for ``batch`` (on the device), unmasked."""
+        """The causal LM's outputs for ``batch`` (on the device), unmasked: over packed rows when
+        the role packs sequences (:mod:`roll_core.strategies.packing`), else over the padded layout."""
+        packed = None if "position_ids" in batch else packed_inputs(self.model, batch, self.role_config)
+        if packed is not None:
+            logits = packed_forward(self.model, packed, self.device).logits
+            return response_outputs(packed.at_responses(logits), self._to(batch["responses"]), wanted, temperature)
         ids, mask = (self._to(t) for t in full_sequence(batch))
         if "position_ids" in batch:  # packed rows: no mask, so each example attends to itself (its positions restart)
             logits = self.model(input_ids=ids, position_ids=self._to(batch["position_ids"]), use_cache=False).logits
@@ -130,6 +138,7 @@ class TorchPrimitives:
     role_config: Any
     optimizers: dict[str, torch.optim.Optimizer]
     _outputs: Callable[[Batch, Collection[str], float], dict[str, torch.Tensor]]  # the model's outputs
+    data_parallel_group: Callable[[], Any]  # the Trainable's
 
     def _build_optimizers(self) -> None:
         self.optimizers = {"default": self._new_optimizer(lr=self.role_config.lr,
@@ -144,7 +153,8 @@ class TorchPrimitives:
                          denominators: tuple[float, float]) -> list[dict[str, float]]:
         self.model.train()
         per_micro = []
-        for micro in mini.split(micro_batch_size):
+        max_tokens = getattr(self.role_config, "max_tokens_per_micro_batch", None)
+        for micro in micro_batches(mini, micro_batch_size, max_tokens, self.data_parallel_group()):
             micro = Batch({k: v.to(self.device) for k, v in micro.tensors.items()}, micro.non_tensors)
             loss, metrics = loss_fn(self._outputs(micro, loss_fn.outputs, loss_fn.temperature), micro, *denominators)
             self.backward(loss)
@@ -266,12 +276,16 @@ class HFCriticStrategy(TorchPrimitives, TorchOffloading, CriticStrategy):
         self._build_optimizers()
 
     def _outputs(self, batch: Batch, wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
-        ids, mask = full_sequence(batch)
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
-        width = batch["responses"].shape[1]
         # V(s_t) is read where the log-prob of token t is: at the position before it.
-        return {"values": out.logits[:, -width - 1 : -1, 0].float() * batch["response_mask"].to(self.device).float()}
+        packed = packed_inputs(self.model, batch, self.role_config)
+        if packed is not None:
+            values = packed.at_responses(packed_forward(self.model, packed, self.device).logits[..., 0])
+        else:
+            ids, mask = full_sequence(batch)
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
+            values = out.logits[:, -batch["responses"].shape[1] - 1 : -1, 0]
+        return {"values": values.float() * batch["response_mask"].to(self.device).float()}
 
     @torch.no_grad()
     def forward(self, batch: Batch, outputs: Collection[str], temperature: float) -> dict[str, torch.Tensor]:

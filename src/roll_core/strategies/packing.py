@@ -1,0 +1,186 @@
+"""Sequences packed without padding, each group's shared prompt computed once.
+
+Why: an RL batch is ``prompts_per_step x num_return_sequences`` samples, and the samples of a group
+share their prompt. The padded layout (:mod:`roll_core.strategies.sequences`) computes every row at
+the batch's widest prompt plus its longest response, and every group's prompt once per sample.
+When responses are short next to their width, or prompts long next to the responses, most of that
+compute is padding and repetition. Here a *unit* is one prompt followed by the responses of its
+group that fit in a row; each response attends to the prompt and to itself only, at the positions it
+would have alone, so every response token gets the same logits as in the padded layout (up to float
+rounding: the matrix kernels see other shapes). Units are packed first-fit into rows:
+
+    padded (B rows of P + R)              packed (N rows of W)
+    [pad pad p1 p2 | r1 r1 pad]           [p1 p2 | r1 r1 | r2 r2 r2 | r3 | q1 q2 q3 | s1 s1 pad ...]
+    [pad pad p1 p2 | r2 r2 r2 ]            <------ one unit ------->   <--- next unit ---->
+    [pad pad p1 p2 | r3 pad pad]
+
+A row is as wide as the longest sample alone, or as ``max_length`` where the largest unit needs
+it: attention is computed densely over a row, so ``max_length`` bounds what it costs per token. The attention mask is 4-D (``[N, 1, W, W]``): transformers passes such a mask through as
+given, as a boolean mask to ``sdpa`` and an additive one to ``eager``.
+
+Used by the torch strategies' forward passes (``hf``, ``fsdp2``, ``deepspeed``) when a role's
+``pack_sequences`` is on (the default where the strategy supports it). Measured in
+``docs/benchmarks.md`` (``benchmarks/bench_packing.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# transformers' attention implementations that take a custom 4-D mask, and the mask each expects
+MASKED_ATTENTION = ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class PackedSequences:
+    """A batch's sequences packed into ``N`` rows of ``W`` tokens.
+
+    ``input_ids``, ``position_ids`` ``[N, W]``; ``units`` ``[N, W]`` numbers the unit (prompt plus
+    responses) each token belongs to, -1 on padding; ``branches`` ``[N, W]`` is 0 on a unit's prompt
+    and ``k`` on its ``k``-th response. ``source`` ``[B, R]`` is, for each response token of the
+    padded layout, the flat index (row * W + column) of the position whose logits predict it; a
+    token the batch does not have (``response_mask`` 0) points at position 0 and must stay masked."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    units: torch.Tensor
+    branches: torch.Tensor
+    source: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        """Positions a forward pass over the rows computes (padding included)."""
+        return self.input_ids.numel()
+
+    def attention_mask(self, implementation: str, dtype: torch.dtype) -> torch.Tensor:
+        """``[N, 1, W, W]``: token ``i`` sees token ``j <= i`` of its own unit when ``j`` is on the
+        prompt or on ``i``'s own response. Padding sees itself only (no empty softmax row, so no NaN).
+        Boolean for ``sdpa``; 0 / most-negative additive for ``eager``."""
+        if implementation not in MASKED_ATTENTION:
+            raise ValueError(f"packed sequences need attention that takes a 4-D mask ({', '.join(MASKED_ATTENTION)}); "
+                             f"the model uses {implementation!r}")
+        width = self.input_ids.shape[1]
+        column = torch.arange(width)
+        causal = column[None, :] <= column[:, None]
+        same_unit = self.units[:, :, None] == self.units[:, None, :]
+        visible = (self.branches[:, None, :] == 0) | (self.branches[:, :, None] == self.branches[:, None, :])
+        allowed = (same_unit & visible & causal) | torch.eye(width, dtype=torch.bool)
+        allowed = allowed[:, None]
+        if implementation == "sdpa":
+            return allowed
+        blocked = torch.zeros(allowed.shape, dtype=dtype)
+        return blocked.masked_fill(~allowed, torch.finfo(dtype).min)
+
+    def at_responses(self, per_position: torch.Tensor) -> torch.Tensor:
+        """``[N, W, ...]`` values per packed position as ``[B, R, ...]``: those that predict each response token."""
+        flat = per_position.reshape(-1, *per_position.shape[2:])
+        return flat[self.source.to(flat.device)]
+
+
+def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
+                   response_mask: torch.Tensor, *, max_length: int, pad_token_id: int) -> PackedSequences:
+    """Pack left-padded prompts ``[B, P]`` and right-padded responses ``[B, R]`` (the padded layout)
+    into rows of ``W = max(longest sample, min(max_length, largest group))`` tokens.
+
+    Samples with equal prompt tokens share one prompt per unit, in the order they come; a unit
+    takes responses while it fits in ``W`` and a new unit repeats the prompt. Units go first-fit,
+    longest first, into rows."""
+    batch, width_r = responses.shape
+    width_p = prompt_ids.shape[1]
+    prompt_lengths, lengths = prompt_mask.sum(-1), response_mask.sum(-1)
+    if not torch.equal(response_mask.bool(), torch.arange(width_r)[None, :] < lengths[:, None]):
+        raise ValueError("response_mask must be 1 on a prefix of each response (right padding only)")
+    if not torch.equal(prompt_mask.bool(), torch.arange(width_p)[None, :] >= (width_p - prompt_lengths)[:, None]):
+        raise ValueError("prompt_mask must be 1 on a suffix of each prompt (left padding only)")
+    # Python lists once: slicing them is far cheaper than one tensor index per sample
+    prompts = [tuple(row[width_p - n:]) for row, n in zip(prompt_ids.tolist(), prompt_lengths.tolist())]
+    answers = [row[:n] for row, n in zip(responses.tolist(), lengths.tolist())]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for b, prompt in enumerate(prompts):
+        groups.setdefault(prompt, []).append(b)
+    alone = max(len(p) + len(a) for p, a in zip(prompts, answers))
+    together = max(len(p) + sum(len(answers[b]) for b in members) for p, members in groups.items())
+    width = max(alone, min(max_length, together))
+
+    units: list[tuple[tuple[int, ...], list[int], int]] = []  # (prompt, samples, tokens)
+    for prompt, members in groups.items():
+        taken: list[int] = []
+        size = len(prompt)
+        for b in members:
+            if taken and size + len(answers[b]) > width:
+                units.append((prompt, taken, size))
+                taken, size = [], len(prompt)
+            taken.append(b)
+            size += len(answers[b])
+        units.append((prompt, taken, size))
+
+    rows: list[list[tuple[tuple[int, ...], list[int], int]]] = []
+    used: list[int] = []
+    for unit in sorted(units, key=lambda u: -u[2]):
+        home = next((r for r, filled in enumerate(used) if filled + unit[2] <= width), None)
+        if home is None:
+            rows.append([unit])
+            used.append(unit[2])
+        else:
+            rows[home].append(unit)
+            used[home] += unit[2]
+
+    ids, positions, unit_of, branch_of = [], [], [], []
+    source = [[0] * width_r for _ in range(batch)]
+    next_unit = 0
+    for r, row in enumerate(rows):
+        row_ids: list[int] = []
+        row_pos: list[int] = []
+        row_unit: list[int] = []
+        row_branch: list[int] = []
+        for prompt, members, _ in row:
+            unit_id, next_unit = next_unit, next_unit + 1
+            row_ids += prompt
+            row_pos += range(len(prompt))
+            row_unit += [unit_id] * len(prompt)
+            row_branch += [0] * len(prompt)
+            last_prompt = r * width + len(row_ids) - 1
+            for k, b in enumerate(members, start=1):
+                n = len(answers[b])
+                start = r * width + len(row_ids)
+                # token t is predicted at the position before it: the prompt's last, then the answer's own
+                source[b][:n] = [last_prompt, *range(start, start + n - 1)][:n]
+                row_ids += answers[b]
+                row_pos += range(len(prompt), len(prompt) + n)
+                row_unit += [unit_id] * n
+                row_branch += [k] * n
+        pad = width - len(row_ids)
+        ids.append(row_ids + [pad_token_id] * pad)
+        positions.append(row_pos + list(range(pad)))
+        unit_of.append(row_unit + [-1] * pad)
+        branch_of.append(row_branch + [0] * pad)
+    return PackedSequences(input_ids=torch.tensor(ids, dtype=torch.long),
+                           position_ids=torch.tensor(positions, dtype=torch.long),
+                           units=torch.tensor(unit_of, dtype=torch.long),
+                           branches=torch.tensor(branch_of, dtype=torch.long),
+                           source=torch.tensor(source, dtype=torch.long))
+
+
+def packed_inputs(model, batch, role_config) -> PackedSequences | None:
+    """``batch`` (the padded layout) packed for ``model``, or None where it runs padded: the role's
+    ``pack_sequences`` is off, or is left unset (None) and the model's attention takes no 4-D mask.
+    Set on (True) with such a model, it is an error."""
+    wanted = getattr(role_config, "pack_sequences", None)
+    implementation = getattr(model.config, "_attn_implementation", None) or "eager"
+    if wanted is False or (wanted is None and implementation not in MASKED_ATTENTION):
+        return None
+    if implementation not in MASKED_ATTENTION:
+        raise ValueError(f"pack_sequences: true needs attention that takes a 4-D mask ({', '.join(MASKED_ATTENTION)}); "
+                         f"the model uses {implementation!r}. Set pack_sequences: false")
+    return pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
+                          max_length=int(getattr(role_config, "pack_max_length", 1024)), pad_token_id=model.config.pad_token_id or 0)
+
+
+def packed_forward(model, packed: PackedSequences, device: torch.device):
+    """The model's output on ``packed``'s rows (``use_cache`` off)."""
+    implementation = getattr(model.config, "_attn_implementation", None) or "eager"
+    mask = packed.attention_mask(implementation, model.dtype)
+    return model(input_ids=packed.input_ids.to(device), attention_mask=mask.to(device),
+                 position_ids=packed.position_ids.to(device), use_cache=False)
