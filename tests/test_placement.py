@@ -123,3 +123,22 @@ def test_each_kind_of_role_offers_its_own_methods_and_a_wrong_call_names_the_rol
     reference = group.as_role("reference", compute_log_probs="base_log_probs")
     with pytest.raises(RollError, match="reference: .* no method 'base_log_probs'"):
         reference.call("compute_log_probs", None, 1.0)
+
+
+def test_a_local_ray_cluster_starts_its_workers_at_the_configured_niceness(monkeypatch):
+    """Ray's default niceness (15) lets the driver preempt workers; roll starts its cluster at 0."""
+    import ray
+
+    from roll_core.config import load_config
+    from roll_core.runtime.executor import make_executor
+
+    started = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: started.update(kwargs))
+    make_executor(load_config(None, ["executor=ray"]))
+    assert started["_system_config"] == {"worker_niceness": 0}
+    make_executor(load_config(None, ["executor=ray", "ray.worker_niceness=10"]))
+    assert started["_system_config"] == {"worker_niceness": 10}
+    started.clear()
+    make_executor(load_config(None, ["executor=ray", "ray.address=auto"]))
+    assert "_system_config" not in started  # a joined cluster keeps its own setting

@@ -187,7 +187,7 @@ class RayExecutor(Executor):
     name = "ray"
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, timeout_s: float | None = None,
-                 worker_env: dict[str, str] | None = None):
+                 worker_env: dict[str, str] | None = None, worker_niceness: int = 0):
         import ray
 
         self.ray = ray
@@ -204,7 +204,8 @@ class RayExecutor(Executor):
             if address:
                 kwargs["address"] = address
             else:  # "local": a new cluster even when another one runs on this machine
-                kwargs.update(address="local", num_cpus=num_cpus or os.cpu_count())
+                kwargs.update(address="local", num_cpus=num_cpus or os.cpu_count(),
+                              _system_config={"worker_niceness": worker_niceness})
                 self._owns_cluster = True
             # Workers must find the same packages and plugins as the driver, and keep its OpenMP and
             # Hugging Face settings (HF_HUB_DISABLE_PROGRESS_BARS: roll run hides the load/save bars).
@@ -304,7 +305,8 @@ def make_executor(config) -> Executor:
         import ray  # noqa: F401
     except ImportError:
         raise RollError("executor 'ray' needs Ray: pip install ray, or run with executor=local") from None
-    return RayExecutor(config.ray.address, config.ray.num_cpus, config.runtime.worker_timeout_s, _worker_env(config))
+    return RayExecutor(config.ray.address, config.ray.num_cpus, config.runtime.worker_timeout_s, _worker_env(config),
+                       config.ray.worker_niceness)
 
 
 def _worker_env(config) -> dict[str, str]:
