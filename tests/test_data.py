@@ -197,3 +197,31 @@ def test_len_select_by_slice_and_concat_of_empty_parts():
     assert len(Batch.concat([Batch(), Batch()])) == 0
     joined = Batch.concat([b.select([]), b.select([1])])
     assert joined["name"] == ["r1"] and joined["x"].tolist() == [[2, 3]]
+
+
+def test_a_pickled_batch_carries_tensors_as_numpy_buffers_and_comes_back_equal():
+    import pickle
+
+    import numpy as np
+
+    batch = Batch({"ids": torch.arange(6).view(2, 3), "strided": torch.rand(2, 4)[:, ::2],
+                   "bf16": torch.ones(2, 2, dtype=torch.bfloat16), "grad": torch.rand(2, requires_grad=True)},
+                  {"prompt": ["a", "b"]})
+    buffers = []
+    data = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
+    # out-of-band: the int64 and float32 tensors (a strided view too) travel as buffers, not through
+    # the pickle stream; bfloat16, which numpy lacks, is pickled by torch
+    assert len(buffers) == 3 and len(data) < 1500
+    back = pickle.loads(data, buffers=buffers)
+    for key, tensor in batch.tensors.items():
+        assert back[key].dtype == tensor.dtype and torch.equal(back[key], tensor.detach()), key
+        assert not back[key].requires_grad
+    assert back["prompt"] == ["a", "b"]
+    # a read-only buffer (Ray's shared memory) comes back as a writable tensor
+    frozen = np.arange(4)
+    frozen.flags.writeable = False
+    from roll_core.data import _from_wire
+
+    tensor = _from_wire(frozen)
+    tensor[0] = 7
+    assert int(frozen[0]) == 0
