@@ -158,6 +158,8 @@ def test_attention_without_4d_masks_runs_padded_unless_packing_was_asked_for():
     model.config._attn_implementation = "sdpa"
     assert packed_inputs(model, batch, TrainRoleConfig(pack_sequences=False)) is None
     assert packed_inputs(model, batch, TrainRoleConfig()).input_ids.shape == (2, 6)
+    engine = types.SimpleNamespace(config={"zero_optimization": {}}, module=model)  # DeepSpeed's engine wraps it
+    assert packed_inputs(engine, batch, TrainRoleConfig()).input_ids.shape == (2, 6)
 
 
 def _grouped_training_batch(vocab: int) -> Batch:

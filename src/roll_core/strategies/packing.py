@@ -163,24 +163,37 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
                            source=torch.tensor(source, dtype=torch.long))
 
 
+def model_config(model):
+    """The Hugging Face config of ``model``, or of the model an engine wraps (DeepSpeed's engine has
+    a ``config`` of its own and the model in ``module``)."""
+    config = getattr(model, "config", None)
+    if not hasattr(config, "pad_token_id") and hasattr(model, "module"):
+        return model_config(model.module)
+    return config
+
+
+def _attention(model) -> str:
+    return getattr(model_config(model), "_attn_implementation", None) or "eager"
+
+
 def packed_inputs(model, batch, role_config) -> PackedSequences | None:
     """``batch`` (the padded layout) packed for ``model``, or None where it runs padded: the role's
     ``pack_sequences`` is off, or is left unset (None) and the model's attention takes no 4-D mask.
     Set on (True) with such a model, it is an error."""
     wanted = getattr(role_config, "pack_sequences", None)
-    implementation = getattr(model.config, "_attn_implementation", None) or "eager"
+    implementation = _attention(model)
     if wanted is False or (wanted is None and implementation not in MASKED_ATTENTION):
         return None
     if implementation not in MASKED_ATTENTION:
         raise ValueError(f"pack_sequences: true needs attention that takes a 4-D mask ({', '.join(MASKED_ATTENTION)}); "
                          f"the model uses {implementation!r}. Set pack_sequences: false")
     return pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
-                          max_length=int(getattr(role_config, "pack_max_length", 1024)), pad_token_id=model.config.pad_token_id or 0)
+                          max_length=int(getattr(role_config, "pack_max_length", 1024)),
+                          pad_token_id=model_config(model).pad_token_id or 0)
 
 
 def packed_forward(model, packed: PackedSequences, device: torch.device):
     """The model's output on ``packed``'s rows (``use_cache`` off)."""
-    implementation = getattr(model.config, "_attn_implementation", None) or "eager"
-    mask = packed.attention_mask(implementation, model.dtype)
+    mask = packed.attention_mask(_attention(model), next(model.parameters()).dtype)
     return model(input_ids=packed.input_ids.to(device), attention_mask=mask.to(device),
                  position_ids=packed.position_ids.to(device), use_cache=False)
