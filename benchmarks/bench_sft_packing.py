@@ -56,7 +56,8 @@ def main() -> None:
     path = str(build_tiny_model(Path(tempfile.mkdtemp()) / "model", TinyModelConfig(hidden_size=256, num_layers=4,
                                                                                     num_heads=4, intermediate_size=1024)))
     tokenizer = load_tokenizer(path)
-    cfg = load_config(None, [f"roles.actor_train.micro_batch_size={args.batch}"])
+    # the padded baseline: without the role-level packing that would otherwise remove its padding too
+    cfg = load_config(None, [f"roles.actor_train.micro_batch_size={args.batch}", "roles.actor_train.pack_sequences=false"])
     spec = UpdateSpec(max_grad_norm=1.0, micro_batch_size=args.batch, optimizer="warmup", lr=1e-3,
                       metric_prefix="warmup")
     loss_fn = SupervisedObjective("warmup/loss")

@@ -3,7 +3,7 @@
 Both libraries train the same model from the same checkpoint on the same prompts with the same
 settings (the quickstart's: ``--prompts`` prompts x 8 samples per step, lr 3e-4 constant, clip
 0.2, no KL, token-mean loss over the batch, group-normalised advantages, temperature 1, grad-norm
-clip 1, AdamW with torch's defaults), for each seed, alternating libraries so drift of the
+clip 1, AdamW with torch's defaults, one forward-backward pass over the step's samples), for each seed, alternating libraries so drift of the
 machine hits both alike. Each run is its own process; this script samples the resident memory of
 its whole process tree (for roll on Ray: the driver, Ray's daemons and every worker).
 
@@ -167,6 +167,8 @@ def roll_cmd(model: str, out: Path, seed: int, steps: int, args, max_new_tokens:
             "trainer.resume=never", f"rollout.prompts_per_step={args.prompts}",
             f"rollout.num_return_sequences={SAMPLES_PER_PROMPT}", f"rollout.max_new_tokens={max_new_tokens}",
             f"data.eval_size={args.eval_size}", f"executor={args.executor}", "trackers=[jsonl]",
+            # one forward-backward pass over the step's samples, as trl_worker sets TRL's per_device_train_batch_size
+            f"roles.actor_train.micro_batch_size={args.prompts * SAMPLES_PER_PROMPT}",
             f"torch_threads={args.threads}", *args.overrides]
 
 

@@ -1,0 +1,159 @@
+"""Where an RL step of the embedded default goes: time per phase, model compute against overhead,
+and what the Ray executor adds over the local one.
+
+Runs ``roll run`` (the quickstart: warm-up, then ``--steps`` RL steps, no evaluation) on the
+``local`` executor in this process and on the ``ray`` executor in a child process, alternating for
+``--rounds`` rounds so drift in the machine's speed falls on both, and prints the median of each
+``time/*`` phase over the RL steps after the first of every run.
+
+On the local executor every role runs in this process, so the script also times what counts as
+model compute: the causal LM's forward passes, backward passes, gradient clipping and optimizer
+steps, and whole
+``generate`` calls (the sampling loop around the model included). Everything else in a step,
+(batching, packing, rewards, advantages, the pipeline's bookkeeping) is overhead. On Ray the
+workers are other processes; a Ray step does the same compute, so what it takes beyond the local
+step is the executor's cost (calls, serialisation, the weight broadcast).
+
+    python benchmarks/step_profile.py [--steps 100] [--rounds 2] [--executor both|local|ray] [overrides ...]
+
+Run nothing else CPU-heavy beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+PHASES = ("time/step_s", "time/rollout_s", "time/generate_s", "time/train_s", "time/weight_sync_s")
+
+
+class ComputeClock:
+    """Seconds spent in model compute, per RL step (``marks`` cut the running total at each step)."""
+
+    def __init__(self):
+        self.total = 0.0
+        self.depth = 0  # a forward pass inside generate (or a nested module call) counts once
+
+    @contextmanager
+    def timing(self):
+        self.depth += 1
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                self.total += time.perf_counter() - start
+
+    def wrap(self, owner, name: str) -> None:
+        original = getattr(owner, name)
+        clock = self
+
+        def timed(*args, **kwargs):
+            with clock.timing():
+                return original(*args, **kwargs)
+
+        setattr(owner, name, timed)
+
+
+def install_clock() -> tuple[ComputeClock, list[float]]:
+    """Time the causal LM's forward, backward, optimizer steps and ``generate`` calls; record the
+    running total at the end of each RL step."""
+    import torch
+    from transformers import PreTrainedModel
+
+    from roll_core.pipelines.rlvr import RLVRPipeline
+    from roll_core.strategies.hf import HFInferStrategy
+
+    clock, marks = ComputeClock(), []
+    original_call = PreTrainedModel.__call__
+
+    def timed_call(self, *args, **kwargs):  # the whole model, not each of its modules
+        with clock.timing():
+            return original_call(self, *args, **kwargs)
+
+    PreTrainedModel.__call__ = timed_call
+    clock.wrap(torch.Tensor, "backward")
+    clock.wrap(torch.optim.AdamW, "step")
+    clock.wrap(torch.nn.utils, "clip_grad_norm_")
+    clock.wrap(HFInferStrategy, "generate")
+    original_step = RLVRPipeline.step
+
+    def marked_step(self, *args, **kwargs):
+        result = original_step(self, *args, **kwargs)
+        marks.append(clock.total)
+        return result
+
+    RLVRPipeline.step = marked_step
+    return clock, marks
+
+
+def run_args(out: Path, executor: str, steps: int, overrides: list[str]) -> list[str]:
+    return ["run", f"output_dir={out}", f"executor={executor}", f"trainer.max_steps={steps}", "trainer.eval_every=0",
+            "trainer.save_every=0", "trainer.resume=never", "trackers=[jsonl]", *overrides]
+
+
+def step_rows(out: Path) -> list[dict]:
+    """The metrics of every RL step after the first."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "time/step_s" in r][1:]
+
+
+def phases(steps: list[dict]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in steps) for k in PHASES if all(k in r for r in steps)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--executor", choices=["both", "local", "ray"], default="both")
+    parser.add_argument("overrides", nargs="*", help="roll config overrides")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="roll-step-profile-"))
+    steps: dict[str, list[dict]] = {}
+    computed: list[float] = []
+    clock_marks = install_clock()[1] if args.executor in ("both", "local") else []
+    for round_ in range(args.rounds):
+        if args.executor in ("both", "local"):
+            from roll_core.cli import main as roll
+
+            clock_marks.clear()
+            out = root / f"local-{round_}"
+            if roll(run_args(out, "local", args.steps, args.overrides)) != 0:
+                raise SystemExit("the local run failed")
+            computed += [b - a for a, b in zip(clock_marks, clock_marks[1:])]  # steps 2.. (as step_rows)
+            steps.setdefault("local", []).extend(step_rows(out))
+        if args.executor in ("both", "ray"):
+            out = root / f"ray-{round_}"
+            cmd = [sys.executable, "-m", "roll_core.cli", *run_args(out, "ray", args.steps, args.overrides)]
+            if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
+                raise SystemExit(f"the Ray run failed: {' '.join(cmd)}")
+            steps.setdefault("ray", []).extend(step_rows(out))
+    results = {name: phases(rows) for name, rows in steps.items()}
+    compute = statistics.median(computed) if computed else None
+    print(f"\nmedians over RL steps 2-{args.steps} of {args.rounds} run(s) each, seconds")
+    print(f"{'phase':<20}" + "".join(f"{name:>10}" for name in results))
+    for key in PHASES:
+        print(f"{key:<20}" + "".join(f"{r.get(key, float('nan')):>10.4f}" for r in results.values()))
+    if compute is not None:
+        step = results["local"]["time/step_s"]
+        print(f"local: model compute {compute:.4f} s of a {step:.4f} s step ({compute / step:.0%}); "
+              f"overhead {step - compute:.4f} s ({1 - compute / step:.0%})")
+    if len(results) == 2:
+        ray, local = results["ray"]["time/step_s"], results["local"]["time/step_s"]
+        print(f"ray / local step time: {ray / local:.2f}x")
+        if compute is not None:
+            print(f"ray: model compute (as local) {compute / ray:.0%} of the step; overhead {1 - compute / ray:.0%}")
+    print(f"runs kept in {root}")
+
+
+if __name__ == "__main__":
+    main()
