@@ -25,7 +25,7 @@ TRL's final accuracy. TRL is a benchmark-only dependency (``pip install -e ".[be
 nothing else CPU-heavy beside it.
 
     python benchmarks/vs_trl.py --size tiny --seeds 42 1 2          # ~10 min on 2 cores
-    python benchmarks/vs_trl.py --size large --seeds 42 1 2         # ~17 min
+    python benchmarks/vs_trl.py --size large --seeds 42 1 2         # ~22 min
     python benchmarks/vs_trl.py --size tiny --executor local        # roll's in-process executor
 """
 
