@@ -142,6 +142,11 @@ def test_packing_refuses_masks_that_are_not_plain_padding():
     with pytest.raises(ValueError, match="response_mask must be 1 on a prefix"):
         pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], holes, max_length=8,
                        pad_token_id=0)
+    no_prompt = batch["prompt_mask"].clone()
+    no_prompt[2] = 0
+    with pytest.raises(ValueError, match="a prompt of at least one token"):
+        pack_sequences(batch["prompt_ids"], no_prompt, batch["responses"], batch["response_mask"], max_length=8,
+                       pad_token_id=0)
     right_padded = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0]])
     with pytest.raises(ValueError, match="prompt_mask must be 1 on a suffix"):
         pack_sequences(batch["prompt_ids"], right_padded, batch["responses"], batch["response_mask"], max_length=8,
@@ -160,6 +165,12 @@ def test_attention_without_4d_masks_runs_padded_unless_packing_was_asked_for():
     assert packed_inputs(model, batch, TrainRoleConfig()).input_ids.shape == (2, 6)
     engine = types.SimpleNamespace(config={"zero_optimization": {}}, module=model)  # DeepSpeed's engine wraps it
     assert packed_inputs(engine, batch, TrainRoleConfig()).input_ids.shape == (2, 6)
+    model.config.sliding_window = 4  # the longest sequence (B: 2 + 3 tokens) passes it: the model's own mask must run
+    assert packed_inputs(model, batch, TrainRoleConfig()) is None
+    with pytest.raises(ValueError, match="a sequence of 5 tokens passes the model's sliding window"):
+        packed_inputs(model, batch, TrainRoleConfig(pack_sequences=True))
+    model.config.sliding_window = 5
+    assert packed_inputs(model, batch, TrainRoleConfig()) is not None
 
 
 def _grouped_training_batch(vocab: int) -> Batch:

@@ -94,6 +94,8 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
         raise ValueError("response_mask must be 1 on a prefix of each response (right padding only)")
     if not torch.equal(prompt_mask.bool(), torch.arange(width_p)[None, :] >= (width_p - prompt_lengths)[:, None]):
         raise ValueError("prompt_mask must be 1 on a suffix of each prompt (left padding only)")
+    if bool((prompt_lengths == 0).any()):
+        raise ValueError("every sample needs a prompt of at least one token (the first response token's logits)")
     # Python lists once: slicing them is far cheaper than one tensor index per sample
     prompts = [tuple(row[width_p - n:]) for row, n in zip(prompt_ids.tolist(), prompt_lengths.tolist())]
     answers = [row[:n] for row, n in zip(responses.tolist(), lengths.tolist())]
@@ -187,6 +189,15 @@ def packed_inputs(model, batch, role_config) -> PackedSequences | None:
     if implementation not in MASKED_ATTENTION:
         raise ValueError(f"pack_sequences: true needs attention that takes a 4-D mask ({', '.join(MASKED_ATTENTION)}); "
                          f"the model uses {implementation!r}. Set pack_sequences: false")
+    # A custom mask replaces the model's own, sliding window included: only pack where no sequence reaches it
+    config = model_config(model)
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    longest = int((batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)).max())
+    if isinstance(window, int) and longest > window:
+        if wanted:
+            raise ValueError(f"pack_sequences: true, but a sequence of {longest} tokens passes the model's sliding "
+                             f"window ({window}), which the packed mask would not apply. Set pack_sequences: false")
+        return None
     return pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
                           max_length=int(getattr(role_config, "pack_max_length", 1024)),
                           pad_token_id=model_config(model).pad_token_id or 0)
