@@ -62,10 +62,15 @@ def rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+def _alone(group=None) -> bool:
+    """Whether this rank is the only one of ``group`` (None: of the whole role): nothing to reduce."""
+    return rank_world()[1] == 1 or (group is not None and dist.get_world_size(group) == 1)
+
+
 def all_reduce_sum(values: list[float], group=None) -> list[float]:
     """Sum of each value over the data-parallel ranks: ``group`` (a strategy's data-parallel group
     under tensor or pipeline parallelism), else the whole role. The values themselves on one worker."""
-    if rank_world()[1] == 1 or (group is not None and dist.get_world_size(group) == 1):
+    if _alone(group):
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
     dist.all_reduce(t, group=group)
@@ -74,7 +79,7 @@ def all_reduce_sum(values: list[float], group=None) -> list[float]:
 
 def all_reduce_max(value: int, group=None) -> int:
     """The largest ``value`` over the data-parallel ranks (``group`` as in :func:`all_reduce_sum`)."""
-    if rank_world()[1] == 1 or (group is not None and dist.get_world_size(group) == 1):
+    if _alone(group):
         return value
     t = torch.tensor([value], dtype=torch.int64, device=_comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
