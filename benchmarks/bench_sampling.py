@@ -1,63 +1,89 @@
 """Sampling throughput: roll's KV-cached loop vs `transformers` `generate`, side by side, same model.
 
-Why it matters: rollout dominates RL wall-clock. The hf strategy uses its own loop (private RNG,
-returns sampled log-probs); this checks it is not slower than the library's `generate`, which
-returns neither the log-probs by default nor draws from a per-worker generator.
+Why it matters: rollout is a large part of RL wall-clock. The hf strategy uses its own loop (private
+RNG, returns sampled log-probs); this checks it is not slower than the library's `generate`, which
+returns neither the log-probs by default nor draws from a per-worker generator. A third contender
+is roll's loop with transformers' default cache, which concatenates at every step, against the
+cache that writes in place (`roll_core.strategies.kv_cache`).
 
-    python benchmarks/bench_sampling.py [--batch 256] [--new-tokens 8] [--repeats 5]
+EOS is suppressed so every row generates exactly ``--new-tokens`` tokens (equal work on all sides).
+Prompts come in groups of 8 copies, as GRPO samples them. The contenders alternate for
+``--repeats`` rounds and the median of each is printed.
+
+    python benchmarks/bench_sampling.py                      # tiny: batch 256, 8 new tokens
+    python benchmarks/bench_sampling.py --size large         # 95M parameters: batch 64, 64 new tokens
 """
 
 import argparse
+import statistics
 import tempfile
 import time
 
 import torch
 
+import roll_core.strategies.sequences as sequences
+from roll_core.config.schema import TinyModelConfig
 from roll_core.embedded.model import build_tiny_model
-from roll_core.strategies.sequences import sample_responses
+
+LARGE = TinyModelConfig(hidden_size=768, num_layers=10, num_heads=12, intermediate_size=3072,
+                        max_position_embeddings=256)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument("--size", choices=["tiny", "large"], default="tiny")
+    ap.add_argument("--batch", type=int, help="rows (default 256 tiny, 64 large)")
+    ap.add_argument("--new-tokens", type=int, help="tokens per row (default 8 tiny, 64 large)")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    large = args.size == "large"
+    batch = args.batch or (64 if large else 256)
+    new_tokens = args.new_tokens or (64 if large else 8)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = build_tiny_model(tempfile.mkdtemp() + "/tiny")
+    path = build_tiny_model(tempfile.mkdtemp() + "/model", LARGE if large else None)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     tok = AutoTokenizer.from_pretrained(path)
-    enc = tok([f"{i % 100:02d}+{(i * 7) % 100:02d}=" for i in range(args.batch)], return_tensors="pt",
-              add_special_tokens=False, padding=True)
+    prompts = [f"{i % 100:02d}+{(i * 7) % 100:02d}=" for i in range(batch // 8)]
+    enc = tok([p for p in prompts for _ in range(8)], return_tensors="pt", add_special_tokens=False, padding=True)
     ids, mask = enc["input_ids"], enc["attention_mask"]
-    # EOS is suppressed in both so every row generates exactly new_tokens tokens (equal work).
-    eos = -1
+    in_place = sequences.in_place_cache
 
-    def roll_loop():
-        sample_responses(model, ids, mask, max_new_tokens=args.new_tokens, eos_token_id=eos,
-                         pad_token_id=tok.pad_token_id, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    def roll_loop(cache=in_place):
+        sequences.in_place_cache = cache
+        try:
+            sequences.sample_responses(model, ids, mask, max_new_tokens=new_tokens, eos_token_id=-1,
+                                       pad_token_id=tok.pad_token_id, temperature=1.0,
+                                       generator=torch.Generator().manual_seed(0))
+        finally:
+            sequences.in_place_cache = in_place
+
+    def roll_concat():
+        roll_loop(cache=lambda past, new: past)  # transformers' own DynamicCache, as it comes
 
     def hf_generate():
         with torch.no_grad():
             model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                           max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                           pad_token_id=tok.pad_token_id)
+                           max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=tok.pad_token_id)
 
-    results = {}
-    for name, fn in (("roll sample_responses", roll_loop), ("transformers generate", hf_generate)):
+    contenders = {"roll, in-place cache": roll_loop, "roll, concatenating cache": roll_concat,
+                  "transformers generate": hf_generate}
+    times = {name: [] for name in contenders}
+    for fn in contenders.values():
         fn()  # warm-up
-        times = []
-        for _ in range(args.repeats):
+    for _ in range(args.repeats):
+        for name, fn in contenders.items():
             t0 = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - t0)
-        best = min(times)
-        results[name] = args.batch * args.new_tokens / best
-        print(f"{name:24s} {results[name]:10.0f} tokens/s (best of {args.repeats}: {best * 1000:.1f} ms)")
-    ratio = results["roll sample_responses"] / results["transformers generate"]
-    print(f"ratio roll / transformers: {ratio:.2f}x  (batch {args.batch}, {args.new_tokens} new tokens, "
-          f"{torch.get_num_threads()} threads)")
+            times[name].append(time.perf_counter() - t0)
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"{args.size}: {params:.1f}M parameters, batch {batch} ({batch // 8} prompts x 8), {new_tokens} new tokens, "
+          f"{torch.get_num_threads()} threads, median of {args.repeats}")
+    base = statistics.median(times["roll, in-place cache"])
+    for name, ts in times.items():
+        median = statistics.median(ts)
+        print(f"  {name:26s} {batch * new_tokens / median:9.0f} tokens/s  {median * 1000:9.1f} ms  "
+              f"roll in-place is {median / base:.2f}x faster")
 
 
 if __name__ == "__main__":

@@ -18,14 +18,18 @@ from typing import Collection
 import torch
 import torch.nn.functional as F
 
+from roll_core.strategies.kv_cache import in_place_cache
+
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding: ``[0,0,0,1,2]`` for mask ``[0,0,1,1,1]``.  Shape ``[B, T]``."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_tokens: int = 0):
     """The KV cache of left-padded prompts ``[B, P]`` and the logits of each one's next token ``[B, V]``.
+
+    The cache takes the ``new_tokens`` that follow in place (:mod:`roll_core.strategies.kv_cache`).
 
     A prompt that comes several times (the samples of a GRPO group) is computed once and its cache
     copied to every sample: the same values, ``num_return_sequences`` times less prompt compute. Only
@@ -41,7 +45,7 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
         prompt_ids, prompt_mask = prompt_ids[first], prompt_mask[first]
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
                 use_cache=True, **keep)
-    past, logits = out.past_key_values, out.logits[:, -1, :].float()
+    past, logits = in_place_cache(out.past_key_values, new_tokens), out.logits[:, -1, :].float()
     if shared:
         past.reorder_cache(inverse)
         logits = logits[inverse]
@@ -87,7 +91,7 @@ def sample_responses(
     """
     batch = prompt_ids.shape[0]
     mask = prompt_mask.long()
-    past, logits = prefill(model, prompt_ids, mask)
+    past, logits = prefill(model, prompt_ids, mask, max_new_tokens)
     next_pos = mask.sum(-1, keepdim=True)
     device = prompt_ids.device
     # Finished rows leave the decoding batch (and its KV cache): ``rows`` maps the rows still decoding

@@ -1,0 +1,83 @@
+"""The sampler's in-place KV cache against transformers' concatenating one."""
+
+import pytest
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+import roll_core.strategies.sequences as sequences
+from roll_core.strategies.kv_cache import GrowingLayer, in_place_cache
+
+
+def _states(batch, length, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, 2, length, 4, generator=g), torch.randn(batch, 2, length, 4, generator=g)
+
+
+def test_growing_layer_holds_what_concatenation_holds_through_reallocations_and_row_drops():
+    plain, keys, values = DynamicLayer(), *_states(3, 5, 0)
+    plain.update(keys, values)
+    growing = GrowingLayer(keys, values, limit=5 + 40)
+    assert growing._key_buffer.shape[-2] == 16  # twice the prompt, at least 16: not the whole limit at once
+    capacities = set()
+    for step in range(40):
+        k, v = _states(plain.keys.shape[0], 1, step + 1)
+        expected, got = plain.update(k, v), growing.update(k, v)
+        assert torch.equal(expected[0], got[0]) and torch.equal(expected[1], got[1])
+        assert growing.get_seq_length() == plain.get_seq_length() == 6 + step
+        capacities.add(growing._key_buffer.shape[-2])
+        if step in (3, 17):  # a row finishes: both keep the others, in the order given
+            keep = torch.tensor([2, 0]) if step == 3 else torch.tensor([1])
+            plain.reorder_cache(keep)
+            growing.reorder_cache(keep)
+            assert torch.equal(plain.keys, growing.keys) and torch.equal(plain.values, growing.values)
+    assert capacities == {16, 32, 45}  # doubling, capped at the limit: a few copies, not one per step
+    growing.crop(-3)
+    plain.crop(-3)
+    assert torch.equal(plain.keys, growing.keys) and growing.get_seq_length() == 42
+    with pytest.raises(ValueError, match="negative"):
+        growing.crop(2)
+
+
+def test_growing_layer_writes_in_place_and_repeats_rows():
+    growing = GrowingLayer(*_states(2, 3, 0), limit=10)
+    buffer = growing._key_buffer
+    growing.update(*_states(2, 1, 1))
+    assert growing._key_buffer is buffer and growing.keys.data_ptr() == buffer.data_ptr()
+    before = growing.keys.clone()
+    growing.batch_repeat_interleave(2)
+    assert torch.equal(growing.keys, before.repeat_interleave(2, dim=0)) and growing.get_seq_length() == 4
+
+
+def test_in_place_cache_swaps_only_plain_layers():
+    cache = DynamicCache()
+    cache.layers = [DynamicLayer(), DynamicSlidingWindowLayer(sliding_window=4), DynamicLayer()]
+    keys, values = _states(2, 3, 0)
+    cache.layers[0].update(keys, values)
+    cache.layers[1].update(keys, values)  # the third stays empty (a layer that shares another's cache)
+    in_place_cache(cache, new_tokens=8)
+    assert [type(layer) for layer in cache.layers] == [GrowingLayer, DynamicSlidingWindowLayer, DynamicLayer]
+    assert torch.equal(cache.layers[0].keys, keys) and cache.layers[0].limit == 11
+    assert in_place_cache("not a cache", 8) == "not a cache"
+
+
+def test_sampler_draws_the_same_tokens_with_either_cache(tiny_model_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    enc = tok(["1+2=", "33+44=", "5=", "1+2="] * 3, return_tensors="pt", padding=True, add_special_tokens=False)
+
+    def draw():
+        return sequences.sample_responses(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=24,
+                                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                          generator=torch.Generator().manual_seed(3))
+
+    swapped = []
+    monkeypatch.setattr(sequences, "in_place_cache", lambda past, new: swapped.append(new) or in_place_cache(past, new))
+    ours = draw()
+    monkeypatch.setattr(sequences, "in_place_cache", lambda past, new: past)
+    theirs = draw()
+    assert swapped == [24]
+    assert 0 < int(ours[1].sum()) < ours[1].numel()  # some rows stopped early and left the batch
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
