@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-SIZES = {  # model shape, prompts per step, longest response, mean response length
-    "tiny": (None, 32, 8, 4.0),
-    "large": (dict(hidden_size=768, num_layers=10, num_heads=12, intermediate_size=3072), 8, 64, 48.0),
+SIZES = {  # a large model or not, prompts per step, longest response, mean response length
+    "tiny": (False, 32, 8, 4.0),
+    "large": (True, 8, 64, 48.0),
 }
 MODES = {  # role settings of each mode
     "padded, 64 samples per pass": dict(pack_sequences=False, micro_batch_size=64),
@@ -84,7 +84,8 @@ def main() -> None:
     torch.set_num_threads(2)
 
     from roll_core.algorithms.objective import ActorObjective
-    from roll_core.config.schema import AlgorithmConfig, TinyModelConfig, TrainRoleConfig
+    from large_model import build_large_model
+    from roll_core.config.schema import AlgorithmConfig, TrainRoleConfig
     from roll_core.embedded.model import build_tiny_model
     from roll_core.pipelines.runtime import load_tokenizer
     from roll_core.strategies.hf import HFTrainStrategy
@@ -93,8 +94,9 @@ def main() -> None:
     objective = ActorObjective.from_config(AlgorithmConfig())
     print(f"{'size':>6} {'mode':<32} {'positions':>9} {'of padded':>9} {'s/update':>9} {'speed-up':>8}")
     for size in SIZES if args.size == "both" else [args.size]:
-        shape, prompts, longest, mean = SIZES[size]
-        path = str(build_tiny_model(Path(tempfile.mkdtemp()) / size, TinyModelConfig(**shape) if shape else None))
+        large, prompts, longest, mean = SIZES[size]
+        tmp = Path(tempfile.mkdtemp())
+        path = str(build_large_model(tmp) if large else build_tiny_model(tmp / size))
         batch = rl_batch(load_tokenizer(path), prompts, longest, mean, args.seed)
         padded = tokens_computed(batch, MODES[next(iter(MODES))])
         trainers = {mode: HFTrainStrategy(path, TrainRoleConfig(**settings), seed=0) for mode, settings in MODES.items()}

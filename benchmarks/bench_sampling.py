@@ -22,11 +22,8 @@ import time
 import torch
 
 import roll_core.strategies.sequences as sequences
-from roll_core.config.schema import TinyModelConfig
+from large_model import build_large_model
 from roll_core.embedded.model import build_tiny_model
-
-LARGE = TinyModelConfig(hidden_size=768, num_layers=10, num_heads=12, intermediate_size=3072,
-                        max_position_embeddings=256)
 
 
 def main():
@@ -41,7 +38,8 @@ def main():
     new_tokens = args.new_tokens or (64 if large else 8)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = build_tiny_model(tempfile.mkdtemp() + "/model", LARGE if large else None)
+    tmp = tempfile.mkdtemp()
+    path = build_large_model(tmp) if large else build_tiny_model(tmp + "/tiny")
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     tok = AutoTokenizer.from_pretrained(path)
     prompts = [f"{i % 100:02d}+{(i * 7) % 100:02d}=" for i in range(batch // 8)]

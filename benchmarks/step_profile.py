@@ -15,6 +15,11 @@ workers are other processes; a Ray step does the same compute, so what it takes 
 step is the executor's cost (calls, serialisation, the weight broadcast).
 
     python benchmarks/step_profile.py [--steps 100] [--rounds 2] [--executor both|local|ray] [overrides ...]
+    python benchmarks/step_profile.py --size large --steps 4 --rounds 2
+
+``--size large`` profiles the step ``vs_trl.py`` compares at its large size: the 95M-parameter model
+of ``large_model.py`` (random weights, no warm-up), 8 prompts x 8 samples of up to 64 tokens, one
+training pass over the step's samples.
 
 Run nothing else CPU-heavy beside it.
 """
@@ -115,9 +120,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--executor", choices=["both", "local", "ray"], default="both")
+    parser.add_argument("--size", choices=["tiny", "large"], default="tiny")
     parser.add_argument("overrides", nargs="*", help="roll config overrides")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="roll-step-profile-"))
+    if args.size == "large":
+        from large_model import build_large_model
+
+        args.overrides = [f"model.path={build_large_model(root)}", "warmup.steps=0", "rollout.prompts_per_step=8",
+                          "rollout.num_return_sequences=8", "rollout.max_new_tokens=64",
+                          "roles.actor_train.micro_batch_size=64", "data.eval_size=8", *args.overrides]
     steps: dict[str, list[dict]] = {}
     computed: list[float] = []
     clock_marks = install_clock()[1] if args.executor in ("both", "local") else []

@@ -227,12 +227,9 @@ def build_inputs(args, tmp: Path) -> dict:
                        env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         models["tiny"] = str(warm / "warm-model")
     if "large" in args.sizes:
-        from roll_core.config.schema import TinyModelConfig
-        from roll_core.embedded.model import build_tiny_model
+        from large_model import build_large_model
 
-        shape = TinyModelConfig(hidden_size=768, num_layers=10, num_heads=12, intermediate_size=3072,
-                                max_position_embeddings=256)
-        models["large"] = str(build_tiny_model(tmp / "large", shape))
+        models["large"] = str(build_large_model(tmp))
     tokenizer = AutoTokenizer.from_pretrained(next(iter(models.values())))
     train, evals = load_rows(load_config(None, [f"data.eval_size={args.eval_size}"]).data, get_plugins(), tokenizer)
     prompt_tokens = statistics.fmean(len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in train)

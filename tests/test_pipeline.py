@@ -82,6 +82,40 @@ def _run_cli(run_dir, *overrides, executor="local"):
             "algorithm.kl_metric=true", *overrides]  # train/kl checks that the reference resumes too
 
 
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_synchronous_step_awaits_the_queued_weight_update_where_its_samples_depend_on_it(ordered, monkeypatch):
+    """After an RL update a synchronous run leaves the weight update queued. An inference worker that
+    takes one call at a time runs it before the next generate calls, so the driver awaits it once
+    those samples are in; a concurrent engine gives no such order, so the driver awaits it first.
+    Either way a failed update stops the run before its samples are used."""
+    import types
+
+    import roll_core.pipelines.rlvr as rlvr
+
+    monkeypatch.setattr(rlvr, "batch_metrics", lambda batch, multi_domain: {})
+    events = []
+
+    class Weights:
+        def finish(self):
+            events.append("settle")
+            raise RuntimeError("the broadcast failed")
+
+    class Scheduler:
+        def next_batch(self):
+            events.append("generate")
+            return {}, {}
+
+    pipeline = types.SimpleNamespace(roles=types.SimpleNamespace(use=lambda *roles: None), overlapping=False,
+                                     ordered_infer=ordered, weights=Weights(), scheduler=Scheduler())
+    pipeline.settle_weights = types.MethodType(RLVRPipeline.settle_weights, pipeline)
+    with pytest.raises(RuntimeError, match="the broadcast failed"):
+        RLVRPipeline.collect(pipeline)
+    assert events == (["generate", "settle"] if ordered else ["settle"])
+    pipeline.overlapping, pipeline.multi_domain, events[:] = True, False, []
+    assert RLVRPipeline.collect(pipeline) == ({}, {})  # an overlapping scheduler's update: awaited at the next push
+    assert events == ["generate"]
+
+
 def test_kill_after_checkpoint_then_resume_continues(tmp_path):
     """SIGKILL a run once a checkpoint exists; resuming continues from its step and data position,
     and the resumed steps reproduce the uninterrupted run's metrics."""

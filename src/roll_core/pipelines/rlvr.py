@@ -59,6 +59,10 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         self.actor = self.roles.model_role("actor_train", self.model)
         self.infer = self.roles.model_role("actor_infer", self.model)
         self.weights = weight_sync.connect(cfg, self.executor, self.actor, self.infer, self.overlapping, self.plugins)
+        # an inference worker that takes one call at a time runs a queued weight update before the
+        # generate calls sent after it; one that serves requests concurrently gives no such order
+        engine = self.plugins.infer_strategies.get(roles.actor_infer.strategy)
+        self.ordered_infer = not getattr(engine, "concurrent_requests", False)
         self.scheduler = self.plugins.schedulers.get(cfg.rollout.scheduler)(
             cfg, self.executor, self.infer, self.reward, self.tokenizer)
         self.reference = self.critic = None
@@ -123,7 +127,10 @@ class RLVRPipeline(WarmStart, TrainingLoop):
     def collect(self):
         """One step's scored groups (after dynamic sampling) and the rollout metrics."""
         self.roles.use("actor_infer")
+        if not self.ordered_infer:
+            self.settle_weights()
         batch, metrics = self.scheduler.next_batch()
+        self.settle_weights()  # done before these samples were drawn; a failed update stops the run here
         return batch, {**metrics, **batch_metrics(batch, self.multi_domain)}
 
     def step(self, step: int) -> dict[str, float]:
@@ -171,12 +178,20 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         return metrics
 
     def push_weights(self, policy_update: bool = False) -> None:
-        """actor_train's weights to every actor_infer worker. After an RL update with a scheduler that
-        overlaps training, the update is queued behind the requests already sent and not waited for."""
+        """actor_train's weights to every actor_infer worker. After an RL update the driver does not
+        wait for them: with a scheduler that overlaps training the update is queued behind the
+        requests already sent (and awaited at the next push); with a synchronous one it is awaited
+        by :meth:`settle_weights` when the next samples are in, so the broadcast overlaps the
+        driver's logging and the next step's dispatch."""
         self.roles.use("actor_train", "actor_infer")
-        self.weights.update(new_version=policy_update, wait=not (self.overlapping and policy_update))
+        self.weights.update(new_version=policy_update, wait=not policy_update)
         if policy_update:
             self.scheduler.weights_pushed()
+
+    def settle_weights(self) -> None:
+        """Wait for the weight update a synchronous step left queued (its errors surface here)."""
+        if not self.overlapping:
+            self.weights.finish()
 
     def _trained(self) -> dict:
         return {"actor_train": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
@@ -186,11 +201,13 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         if not self.eval_rows:
             return {}
         self.roles.use("actor_infer")
+        self.settle_weights()
         self.phase = "held-out evaluation"
         return heldout_accuracy(self.scheduler, self.eval_rows, self.reward)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def write_checkpoint(self, tmp: Path) -> dict:
+        self.settle_weights()
         self.roles.use(*self._trained())
         self.executor.get([h for name, group in self._trained().items()
                            for h in group.call("save_checkpoint", str(tmp / name))])
