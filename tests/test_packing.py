@@ -80,7 +80,7 @@ def test_packing_needs_a_strategy_that_takes_packed_sequences(roll_plugins):
 
     plugins = roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies))))
     with pytest.raises(ConfigError, match="'warmup.packing': train strategy 'plain' does not take packed sequences; "
-                                          "strategies that do: .*hf"):
+                                          "train strategies that do: .*hf"):
         load_and_check(None, ["warmup.packing=true", "roles.actor_train.strategy=plain"], plugins)
     load_and_check(None, ["warmup.packing=true"], plugins)  # hf does
 

@@ -73,6 +73,11 @@ class Batch:
     def __contains__(self, key: str) -> bool:
         return key in self.tensors or key in self.non_tensors
 
+    def sample_tokens(self) -> torch.Tensor:
+        """Each sample's prompt plus response tokens, padding left out ``[B]``: what a packed pass
+        computes for it and what token-sized micro-batches count."""
+        return self.tensors["prompt_mask"].sum(-1) + self.tensors["response_mask"].sum(-1)
+
     def update(self, **items: Any) -> "Batch":
         for key, value in items.items():
             (self.tensors if isinstance(value, torch.Tensor) else self.non_tensors)[key] = value

@@ -73,7 +73,7 @@ def micro_batches(mini: Batch, size: int, max_tokens: int | None = None, group=N
     rank that needs the most, so a rank that needs fewer halves its largest parts until it has as many."""
     if max_tokens is None:
         return mini.split(size)
-    tokens = (mini["prompt_mask"].sum(-1) + mini["response_mask"].sum(-1)).tolist()
+    tokens = mini.sample_tokens().tolist()
     prefix = [0]
     for n in tokens:
         prefix.append(prefix[-1] + n)

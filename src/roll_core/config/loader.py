@@ -184,32 +184,26 @@ def _registered_with(plugins, registry: str, flag: str, default: bool = False) -
 
 
 def _packing_requirements(cfg: RollConfig, plugins) -> list[str]:
-    """Packed rows need a train strategy registered with ``packed_sequences=True`` (one that passes
-    ``position_ids`` and no attention mask, so each example attends to itself only)."""
-    name = cfg.roles.actor_train.strategy
-    able = _registered_with(plugins, "train_strategies", "packed_sequences")
-    if not cfg.warmup.packing or name not in plugins.registry("train_strategies") or name in able:
-        return []
-    return [f"key 'warmup.packing': train strategy '{name}' does not take packed sequences; strategies that do: "
-            f"{', '.join(able)}"]
-
-
-def _role_packing_requirements(cfg: RollConfig, plugins) -> list[str]:
-    """A role's ``pack_sequences: true`` or ``max_tokens_per_micro_batch`` needs a strategy of its
-    kind registered with ``packed_sequences=True``; left unset, packing is simply off elsewhere."""
+    """Packed sequences need a strategy of the role's kind registered with ``packed_sequences=True``.
+    They are asked for by ``warmup.packing`` (actor_train's supervised steps), a role's
+    ``pack_sequences: true`` or its ``max_tokens_per_micro_batch``; left unset, packing is simply off
+    where the strategy cannot do it."""
+    roles = cfg.model_roles()
+    asks = [("warmup.packing", "actor_train", cfg.warmup.packing)]
+    for name, role in roles.items():
+        asks += [(f"roles.{name}.pack_sequences", name, role.pack_sequences is True),
+                 (f"roles.{name}.max_tokens_per_micro_batch", name,
+                  getattr(role, "max_tokens_per_micro_batch", None) is not None)]
     problems = []
-    for name, role in cfg.model_roles().items():
+    for key, name, asked in asks:
+        role = roles[name]
         registry = f"{role.kind}_strategies"
-        if role.strategy not in plugins.registry(registry):
-            continue  # reported as an unknown strategy
+        if not asked or role.strategy not in plugins.registry(registry):
+            continue  # an unknown strategy is reported as such
         able = _registered_with(plugins, registry, "packed_sequences")
-        if role.strategy in able:
-            continue
-        for key, value in (("pack_sequences", role.pack_sequences is True),
-                           ("max_tokens_per_micro_batch", getattr(role, "max_tokens_per_micro_batch", None))):
-            if value:
-                problems.append(f"key 'roles.{name}.{key}': {role.kind} strategy '{role.strategy}' does not take "
-                                f"packed sequences; {role.kind} strategies that do: {', '.join(able) or '(none)'}")
+        if role.strategy not in able:
+            problems.append(f"key '{key}': {role.kind} strategy '{role.strategy}' does not take packed sequences; "
+                            f"{role.kind} strategies that do: {', '.join(able) or '(none)'}")
     return problems
 
 
@@ -422,7 +416,6 @@ def check_registry_names(cfg: RollConfig, plugins=None, where: str = "the config
     problems += _role_requirements(cfg, plugins)
     problems += _lora_requirements(cfg, plugins)
     problems += _packing_requirements(cfg, plugins)
-    problems += _role_packing_requirements(cfg, plugins)
     problems += _reward_options(cfg, plugins)
     problems += _component_options(cfg, plugins)
     problems += _strategy_options(cfg, plugins)

@@ -183,16 +183,16 @@ def packed_inputs(model, batch, role_config) -> PackedSequences | None:
     ``pack_sequences`` is off, or is left unset (None) and the model's attention takes no 4-D mask.
     Set on (True) with such a model, it is an error."""
     wanted = getattr(role_config, "pack_sequences", None)
-    implementation = _attention(model)
+    config = model_config(model)
+    implementation = getattr(config, "_attn_implementation", None) or "eager"
     if wanted is False or (wanted is None and implementation not in MASKED_ATTENTION):
         return None
     if implementation not in MASKED_ATTENTION:
         raise ValueError(f"pack_sequences: true needs attention that takes a 4-D mask ({', '.join(MASKED_ATTENTION)}); "
                          f"the model uses {implementation!r}. Set pack_sequences: false")
     # A custom mask replaces the model's own, sliding window included: only pack where no sequence reaches it
-    config = model_config(model)
     window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-    longest = int((batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)).max())
+    longest = int(batch.sample_tokens().max())
     if isinstance(window, int) and longest > window:
         if wanted:
             raise ValueError(f"pack_sequences: true, but a sequence of {longest} tokens passes the model's sliding "
@@ -200,7 +200,7 @@ def packed_inputs(model, batch, role_config) -> PackedSequences | None:
         return None
     return pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
                           max_length=int(getattr(role_config, "pack_max_length", 1024)),
-                          pad_token_id=model_config(model).pad_token_id or 0)
+                          pad_token_id=config.pad_token_id or 0)
 
 
 def packed_forward(model, packed: PackedSequences, device: torch.device):
