@@ -129,10 +129,44 @@ def test_a_group_shares_one_prompt_and_each_answer_sees_only_it_and_itself():
 
 def test_a_group_wider_than_max_length_repeats_its_prompt():
     packed = _pack(_grouped_batch(), max_length=4)
-    # rows are at least as wide as the longest sample alone (5): A + answer 1 fills one, A + answer 2
-    # (prompt repeated) and B take rows of their own
-    assert packed.input_ids.tolist() == [[5, 6, 7, 10, 11], [8, 9, 13, 14, 15], [5, 6, 7, 12, 0]]
-    assert packed.source.tolist() == [[2, 3, 0], [12, 0, 0], [6, 7, 8]]
+    # rows are at least as wide as the longest sample alone (5). Group A (6 tokens) goes first:
+    # A + answer 1 fills row 0; answer 2 opens a unit with the prompt repeated in a new row (4 of 5);
+    # B (5) fits neither row and takes a third
+    assert packed.input_ids.tolist() == [[5, 6, 7, 10, 11], [5, 6, 7, 12, 0], [8, 9, 13, 14, 15]]
+    assert packed.source.tolist() == [[2, 3, 0], [7, 0, 0], [11, 12, 13]]
+    assert packed.units.tolist() == [[0] * 5, [1, 1, 1, 1, -1], [2] * 5]
+
+
+def test_groups_of_uneven_length_share_rows_instead_of_padding_to_the_widest():
+    """One group of 8 tokens (prompt 1, seven 1-token answers) and four of 5 (prompt k, answers
+    10k..10k+3), in rows of 8. A unit per group would take 5 rows (40 positions, 12 padding); response
+    by response, a group's answers spill into the next row with the prompt repeated: 4 rows."""
+    prompts = [1] * 7 + [k for k in (2, 3, 4, 5) for _ in range(4)]
+    answers = [10 + i for i in range(7)] + [10 * k + i for k in (2, 3, 4, 5) for i in range(4)]
+    batch = Batch({"prompt_ids": torch.tensor(prompts)[:, None], "prompt_mask": torch.ones(23, 1, dtype=torch.long),
+                   "responses": torch.tensor(answers)[:, None], "response_mask": torch.ones(23, 1, dtype=torch.long)})
+    packed = _pack(batch, max_length=8)
+    assert packed.input_ids.tolist() == [[1, 10, 11, 12, 13, 14, 15, 16],
+                                         [2, 20, 21, 22, 23, 3, 30, 31],   # group 3 starts in row 1 ...
+                                         [3, 32, 33, 4, 40, 41, 42, 43],   # ... and goes on here, prompt repeated
+                                         [5, 50, 51, 52, 53, 0, 0, 0]]
+    assert packed.position_ids[2].tolist() == [0, 1, 1, 0, 1, 1, 1, 1]
+    assert packed.units[2].tolist() == [3, 3, 3, 4, 4, 4, 4, 4]
+    # answer 31 (sample 12) is predicted from its prompt in row 1 (flat 8 + 5), answer 32 (sample 13)
+    # from the repeated prompt in row 2 (flat 16)
+    assert packed.source[11:15, 0].tolist() == [13, 13, 16, 16]
+
+
+def test_rows_narrow_while_as_few_suffice():
+    """Groups of 10, 4 and 2 tokens (1-token prompt and answers): at the largest group's width, 2
+    rows of 10 with 4 slots empty. At 9 the big group's last answer spills over with its prompt
+    repeated and 2 rows still hold everything; at 8 they would not."""
+    prompts = [1] * 9 + [2] * 3 + [3]
+    answers = [10 + i for i in range(9)] + [20, 21, 22, 30]
+    batch = Batch({"prompt_ids": torch.tensor(prompts)[:, None], "prompt_mask": torch.ones(13, 1, dtype=torch.long),
+                   "responses": torch.tensor(answers)[:, None], "response_mask": torch.ones(13, 1, dtype=torch.long)})
+    assert _pack(batch, max_length=1024).input_ids.tolist() == [[1, 10, 11, 12, 13, 14, 15, 16, 17],
+                                                                [1, 18, 2, 20, 21, 22, 3, 30, 0]]
 
 
 def test_packing_refuses_masks_that_are_not_plain_padding():
@@ -182,14 +216,16 @@ def _grouped_training_batch(vocab: int) -> Batch:
     return batch
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_packed_passes_give_the_padded_outputs_and_gradients(tiny_model_path, attention):
+@pytest.mark.parametrize("attention, max_length", [("sdpa", 1024), ("eager", 1024), ("sdpa", 12)])
+def test_packed_passes_give_the_padded_outputs_and_gradients(tiny_model_path, attention, max_length):
+    """At 12 tokens per row a group's answers spread over rows, its prompt repeated in each."""
     batch = _grouped_training_batch(vocab=90)
     mask = batch["response_mask"].float()
     wanted = ("log_probs", "entropy", "log_dist")
     results = []
     for pack in (False, True):
-        trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(pack_sequences=pack), seed=0)
+        trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(pack_sequences=pack, pack_max_length=max_length),
+                                  seed=0)
         trainer.model.set_attn_implementation(attention)
         out = trainer._outputs(batch, wanted, temperature=0.7)
         (out["log_probs"] * mask).sum().backward()

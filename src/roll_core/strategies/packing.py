@@ -7,15 +7,17 @@ When responses are short next to their width, or prompts long next to the respon
 compute is padding and repetition. Here a *unit* is one prompt followed by the responses of its
 group that fit in a row; each response attends to the prompt and to itself only, at the positions it
 would have alone, so every response token gets the same logits as in the padded layout (up to float
-rounding: the matrix kernels see other shapes). Units are packed first-fit into rows:
+rounding: the matrix kernels see other shapes). Responses are packed first-fit into rows, a group's
+prompt repeated in each row its responses reach:
 
     padded (B rows of P + R)              packed (N rows of W)
     [pad pad p1 p2 | r1 r1 pad]           [p1 p2 | r1 r1 | r2 r2 r2 | r3 | q1 q2 q3 | s1 s1 pad ...]
     [pad pad p1 p2 | r2 r2 r2 ]            <------ one unit ------->   <--- next unit ---->
     [pad pad p1 p2 | r3 pad pad]
 
-A row is as wide as the longest sample alone, or as ``max_length`` where the largest unit needs
-it: attention is computed densely over a row, so ``max_length`` bounds what it costs per token. The attention mask is 4-D (``[N, 1, W, W]``): transformers passes such a mask through as
+A row is as wide as the longest sample alone, or as ``max_length`` where the largest group needs
+it, then narrowed while the rows stay as few: attention is computed densely over a row, so
+``max_length`` bounds what it costs per token. The attention mask is 4-D (``[N, 1, W, W]``): transformers passes such a mask through as
 given, as a boolean mask to ``sdpa`` and an additive one to ``eager``.
 
 Used by the torch strategies' forward passes (``hf``, ``fsdp2``, ``deepspeed``) when a role's
@@ -82,11 +84,12 @@ class PackedSequences:
 def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
                    response_mask: torch.Tensor, *, max_length: int, pad_token_id: int) -> PackedSequences:
     """Pack left-padded prompts ``[B, P]`` and right-padded responses ``[B, R]`` (the padded layout)
-    into rows of ``W = max(longest sample, min(max_length, largest group))`` tokens.
+    into rows of at most ``W = max(longest sample, min(max_length, largest group))`` tokens; where
+    the last rows would be part empty, the rows are narrowed as far as their number stays the same.
 
-    Samples with equal prompt tokens share one prompt per unit, in the order they come; a unit
-    takes responses while it fits in ``W`` and a new unit repeats the prompt. Units go first-fit,
-    longest first, into rows."""
+    Samples with equal prompt tokens share one prompt per unit, in the order they come. Groups go
+    longest first; each response joins its group's open unit while that row has room, and otherwise
+    opens a unit (the prompt repeated) in the first row with room for both."""
     batch, width_r = responses.shape
     width_p = prompt_ids.shape[1]
     prompt_lengths, lengths = prompt_mask.sum(-1), response_mask.sum(-1)
@@ -106,28 +109,19 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
     together = max(len(p) + sum(len(answers[b]) for b in members) for p, members in groups.items())
     width = max(alone, min(max_length, together))
 
-    units: list[tuple[tuple[int, ...], list[int], int]] = []  # (prompt, samples, tokens)
-    for prompt, members in groups.items():
-        taken: list[int] = []
-        size = len(prompt)
-        for b in members:
-            if taken and size + len(answers[b]) > width:
-                units.append((prompt, taken, size))
-                taken, size = [], len(prompt)
-            taken.append(b)
-            size += len(answers[b])
-        units.append((prompt, taken, size))
-
-    rows: list[list[tuple[tuple[int, ...], list[int], int]]] = []
-    used: list[int] = []
-    for unit in sorted(units, key=lambda u: -u[2]):
-        home = next((r for r, filled in enumerate(used) if filled + unit[2] <= width), None)
-        if home is None:
-            rows.append([unit])
-            used.append(unit[2])
-        else:
-            rows[home].append(unit)
-            used[home] += unit[2]
+    totals = {prompt: len(prompt) + sum(len(answers[b]) for b in members) for prompt, members in groups.items()}
+    order = sorted(groups, key=lambda p: -totals[p])
+    rows = _fill_rows(order, groups, answers, width)
+    content = sum(totals.values())
+    if len(rows) * width > 1.05 * content:  # the last rows are part empty: narrow every row while as few suffice
+        low = max(alone, -(-content // len(rows)))
+        while low < width:
+            middle = (low + width) // 2
+            narrower = _fill_rows(order, groups, answers, middle)
+            if len(narrower) <= len(rows):
+                rows, width = narrower, middle
+            else:
+                low = middle + 1
 
     ids, positions, unit_of, branch_of = [], [], [], []
     source = [[0] * width_r for _ in range(batch)]
@@ -137,7 +131,7 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
         row_pos: list[int] = []
         row_unit: list[int] = []
         row_branch: list[int] = []
-        for prompt, members, _ in row:
+        for prompt, members in row:
             unit_id, next_unit = next_unit, next_unit + 1
             row_ids += prompt
             row_pos += range(len(prompt))
@@ -163,6 +157,33 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
                            units=torch.tensor(unit_of, dtype=torch.long),
                            branches=torch.tensor(branch_of, dtype=torch.long),
                            source=torch.tensor(source, dtype=torch.long))
+
+
+def _fill_rows(order: list[tuple[int, ...]], groups: dict[tuple[int, ...], list[int]], answers: list[list[int]],
+               width: int) -> list[list[tuple[tuple[int, ...], list[int]]]]:
+    """Each row's units ``(prompt, samples)``, first fit response by response: a group's responses
+    join its open unit while its row has room; the next one opens a unit (its prompt repeated) in the
+    first row with room for both, so groups of uneven length share rows instead of each padding a
+    row to the widest. Groups are taken in ``order``."""
+    rows: list[list[tuple[tuple[int, ...], list[int]]]] = []
+    used: list[int] = []
+    for prompt in order:
+        open_row: int | None = None
+        for b in groups[prompt]:
+            n = len(answers[b])
+            if open_row is not None and used[open_row] + n <= width:
+                rows[open_row][-1][1].append(b)  # the row's last unit: this group's, opened just before
+                used[open_row] += n
+                continue
+            need = len(prompt) + n
+            open_row = next((r for r, filled in enumerate(used) if filled + need <= width), None)
+            if open_row is None:
+                open_row = len(rows)
+                rows.append([])
+                used.append(0)
+            rows[open_row].append((prompt, [b]))
+            used[open_row] += need
+    return rows
 
 
 def model_config(model):
