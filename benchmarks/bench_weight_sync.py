@@ -1,10 +1,13 @@
 """Weight-sync bandwidth: training rank 0 to the inference workers, measured side by side.
 
-Three ways to move the same weights, in one run on one Ray cluster:
+Four ways to move the same weights, in one run on one Ray cluster:
 
 * ``collective``: what the pipeline does on Ray (``runtime.weight_sync=collective``). Training rank
   0 and every inference worker form one ``torch.distributed`` group (gloo on CPU, nccl on GPU);
   each bucket is packed into one byte buffer and broadcast, then loaded into the model.
+* ``shared_memory``: the default on a one-node CPU cluster (``runtime.weight_sync=shared_memory``).
+  Training rank 0 writes the buckets into a ``/dev/shm`` buffer that every inference worker maps;
+  each worker loads them from there into its model.
 * ``object_store``: buckets returned by the trainer into Ray's object store and passed to every
   inference worker (``runtime.weight_sync=object_store``).
 * ``memcpy``: a plain in-process copy of a buffer of the same bytes (the ceiling on this machine).
@@ -54,18 +57,16 @@ def main() -> None:
         infer = executor.spawn("actor_infer", InferWorker, [("actor_infer", model_path, cfg.roles.actor_infer, cfg, 1)
                                                           for _ in range(args.infer_workers)])
         executor.get(train.call("setup") + infer.call("setup"))
+        names = ("collective", "shared_memory", "object_store")
         syncs = {name: get_plugins().weight_syncs.get(name)(cfg, executor, train, infer, colocated=False)
-                 for name in ("collective", "object_store")}
+                 for name in names}
         for sync in syncs.values():
             sync.setup()
         buckets = [b for meta in syncs["collective"].metas for b in meta]
         nbytes = sum(distributed.bucket_bytes(b) for b in buckets)
 
-        def collective():
-            executor.get(syncs["collective"].push(1))
-
-        def object_store():
-            executor.get(syncs["object_store"].push(1))
+        def push(name):
+            return lambda: executor.get(syncs[name].push(1))
 
         src, dst = torch.empty(nbytes, dtype=torch.uint8).fill_(1), torch.empty(nbytes, dtype=torch.uint8)
 
@@ -73,7 +74,7 @@ def main() -> None:
             dst.copy_(src)
 
         results = {}
-        for name, fn in (("memcpy", memcpy), ("collective", collective), ("object_store", object_store)):
+        for name, fn in (("memcpy", memcpy), *((name, push(name)) for name in names)):
             fn()  # warm-up
             times = []
             for _ in range(args.repeats):
@@ -89,9 +90,9 @@ def main() -> None:
     print(f"model: hidden {args.hidden}, {args.layers} layers, {gb * 1e3:.0f} MB of weights in "
           f"{len(buckets)} bucket(s) of <= {args.bucket_mb:g} MB; {args.infer_workers} inference worker(s); "
           f"median of {args.repeats}")
-    print(f"{'path':<14}{'seconds':>10}{'GB/s':>10}{'vs memcpy':>12}{'vs object_store':>18}")
+    print(f"{'path':<15}{'seconds':>10}{'GB/s':>10}{'vs memcpy':>12}{'vs object_store':>18}")
     for name, seconds in results.items():
-        print(f"{name:<14}{seconds:>10.3f}{gb / seconds:>10.2f}{results['memcpy'] / seconds:>11.2f}x"
+        print(f"{name:<15}{seconds:>10.3f}{gb / seconds:>10.2f}{results['memcpy'] / seconds:>11.2f}x"
               f"{results['object_store'] / seconds:>17.2f}x")
 
 

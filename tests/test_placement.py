@@ -108,10 +108,10 @@ def test_each_kind_of_role_offers_its_own_methods_and_a_wrong_call_names_the_rol
     from roll_core.errors import RollError
     from roll_core.runtime.workers import CriticWorker, InferWorker, TrainWorker
 
-    assert {"update", "send_weights", "save_checkpoint"} <= set(dir(TrainWorker))
-    assert not {"generate", "receive_weights", "compute_values"} & set(dir(TrainWorker))
-    assert {"generate", "receive_weights", "top_k_log_probs"} <= set(dir(InferWorker))
-    assert not {"update", "send_weights", "save_checkpoint", "compute_values"} & set(dir(InferWorker))
+    assert {"update", "send_weights", "write_weights", "save_checkpoint"} <= set(dir(TrainWorker))
+    assert not {"generate", "receive_weights", "read_weights", "compute_values"} & set(dir(TrainWorker))
+    assert {"generate", "receive_weights", "read_weights", "top_k_log_probs"} <= set(dir(InferWorker))
+    assert not {"update", "send_weights", "write_weights", "save_checkpoint", "compute_values"} & set(dir(InferWorker))
     assert {"compute_values", "update"} <= set(dir(CriticWorker)) and "generate" not in dir(CriticWorker)
 
     cfg = load_config(None, ["executor=local"])

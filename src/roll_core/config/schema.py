@@ -690,8 +690,10 @@ class RuntimeConfig(Strict):
     weight_sync: str = Field(
         "auto", description="a registered weight-sync backend. collective: buckets broadcast through a "
         "torch.distributed group from each sending training rank to the inference workers; object_store: "
-        "buckets passed through Ray / memory; auto: collective on Ray with a scheduler that waits for the "
-        "update, object_store otherwise")
+        "buckets passed through Ray / memory; shared_memory: buckets written to a buffer in /dev/shm that every "
+        "inference worker maps (one node); auto: on Ray with a scheduler that waits for the update, "
+        "shared_memory when actor_train and actor_infer have no device_mapping and ray.address is unset, "
+        "collective otherwise; object_store for the rest")
     weight_bucket_mb: float = Field(64, gt=0, description="size of one weight-sync bucket")
     max_restarts: int = Field(1, ge=0, description="restarts of the workers from the last checkpoint after "
                               "a worker process dies or stops answering; 0 = stop at the first failure")

@@ -7,7 +7,9 @@
   a divide factor of 1 for sharded ones.
 * **Weight sync.** Training rank 0 and every inference worker join a separate group built from its
   own TCP store (:class:`CollectiveGroup`), since those processes share no default group. Weights
-  travel as flat byte buffers, one broadcast per bucket (:func:`pack_bucket` / :func:`unpack_bucket`).
+  travel as flat byte buffers, one broadcast per bucket (:func:`pack_bucket` / :func:`unpack_bucket`),
+  or, between processes of one node, through one shared-memory buffer per sending rank
+  (:func:`shared_buffer`, :func:`buffer_layout`).
 """
 
 from __future__ import annotations
@@ -173,3 +175,32 @@ def unpack_bucket(flat: torch.Tensor, meta: list[tuple[str, tuple, torch.dtype]]
 def bucket_bytes(meta) -> int:
     """Bytes of one packed bucket described by ``meta`` (see :func:`bucket_meta`)."""
     return sum(torch.Size(shape).numel() * dtype.itemsize for _, shape, dtype in meta)
+
+
+BUFFER_ALIGN = 64  # every bucket of a shared buffer starts on a cache line, so its tensors view in place
+
+
+def buffer_layout(metas: list) -> tuple[list[int], int]:
+    """Where each bucket of ``metas`` (one :func:`bucket_meta` per bucket) starts in a shared weight
+    buffer that holds them back to back, and the buffer's size in bytes."""
+    offsets, end = [], 0
+    for meta in metas:
+        start = -(-end // BUFFER_ALIGN) * BUFFER_ALIGN
+        offsets.append(start)
+        end = start + bucket_bytes(meta)
+    return offsets, end
+
+
+def shared_buffer(path: str, nbytes: int) -> torch.Tensor:
+    """``nbytes`` of memory shared by every process on this node that maps ``path`` (a file in
+    ``/dev/shm``, created by the first to map it). The mapping outlives the file's name."""
+    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+
+
+def pack_bucket_into(bucket: list[tuple[str, torch.Tensor]], out: torch.Tensor) -> None:
+    """:func:`pack_bucket`'s layout written straight into ``out`` (a byte tensor on any device)."""
+    offset = 0
+    for _, t in bucket:
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        out[offset : offset + raw.numel()].copy_(raw)
+        offset += raw.numel()

@@ -10,12 +10,18 @@ On the training side every rank iterates ``weight_buckets`` (sharded strategies 
 collectives there) and yields the buckets of the weights it owns: one rank of replicated data
 parallelism, every pipeline stage's first rank once stages split the layers. A backend moves those
 buckets; backends are a registered plugin kind (``roll_register_weight_syncs``), chosen with
-``runtime.weight_sync`` (``auto``: ``collective`` on Ray for schedulers that wait for the update,
-``object_store`` otherwise):
+``runtime.weight_sync`` (``auto``: on Ray, for schedulers that wait for the update,
+``shared_memory`` when both roles run on CPU workers of a cluster roll starts itself and
+``collective`` otherwise; ``object_store`` for the rest):
 
 * ``collective``: each sending rank and every inference worker form a ``torch.distributed`` group of
   their own and each bucket is one broadcast (nccl when both sides are on GPUs and not colocated,
   gloo otherwise);
+* ``shared_memory``: workers on one node (Ray's local cluster on a laptop or a CPU server): each
+  sending rank writes its buckets into a buffer in ``/dev/shm`` that every inference worker maps
+  and reads, one memory copy on each side instead of a socket's round trips. The inference side's
+  read is ordered after the writes by taking their results as arguments; the next write waits
+  until every read of the last update is done;
 * ``object_store``: the buckets travel as call arguments (Ray's object store; memory when local).
 
 A backend is constructed as ``cls(config, executor, trainer_group, infer_group, colocated)`` and
@@ -26,9 +32,15 @@ requests sent before it finish with the old weights.
 
 from __future__ import annotations
 
+import shutil
+import uuid
 from abc import ABC, abstractmethod
 
+from roll_core.errors import RollError
+from roll_core.runtime import distributed
 from roll_core.runtime.executor import Executor, WorkerGroup
+
+SHARED_MEMORY = "/dev/shm"
 
 
 class WeightSync(ABC):
@@ -106,18 +118,60 @@ class CollectiveSync(WeightSync):
                 + self.infer.call("receive_weights", version, self.metas))
 
 
-def _total_bytes(metas_per_rank: list) -> int:
-    from roll_core.runtime.distributed import bucket_bytes
+class SharedMemoryUnavailable(RollError):
+    """The workers are on different nodes, or ``/dev/shm`` cannot hold the buffers (containers often
+    give it 64 MiB): ``auto`` falls back to ``collective``."""
 
-    return sum(bucket_bytes(meta) for rank in metas_per_rank for meta in rank)
+
+class SharedMemorySync(WeightSync):
+    """One shared-memory buffer per sending rank, mapped by that rank and every inference worker."""
+
+    def setup(self) -> None:
+        ex = self.executor
+        metas = ex.get(self.trainer.call("weight_meta", self.bucket_bytes))
+        self.bytes_per_update = _total_bytes(metas)
+        self.senders = [i for i, meta in enumerate(metas) if meta]
+        self.metas = [metas[i] for i in self.senders]
+        senders = [self.trainer.handles[i] for i in self.senders]
+        nodes = sorted({ip for ip, _ in ex.get([ex.invoke(h, "node_address", (), {})
+                                                 for h in [*senders, *self.infer.handles]])})
+        if len(nodes) > 1:
+            raise SharedMemoryUnavailable(f"runtime.weight_sync: shared_memory needs actor_train's sending ranks "
+                                          f"and every actor_infer worker on one node; they are on {nodes}")
+        sizes = [distributed.buffer_layout(meta)[1] for meta in self.metas]
+        free = shutil.disk_usage(SHARED_MEMORY).free
+        if sum(sizes) > free:
+            raise SharedMemoryUnavailable(f"runtime.weight_sync: shared_memory needs {sum(sizes) / 2**20:.0f} MiB "
+                                          f"in {SHARED_MEMORY}, which has {free / 2**20:.0f} MiB free (a "
+                                          f"container's --shm-size raises it)")
+        token = uuid.uuid4().hex[:12]
+        paths = [f"{SHARED_MEMORY}/roll-weights-{token}-{g}" for g in range(len(senders))]
+        # the sender creates its buffer, the readers map it, then its name goes (the memory stays mapped)
+        ex.get([ex.invoke(h, "map_weight_buffer", (g, path, size), {})
+                for g, (h, path, size) in enumerate(zip(senders, paths, sizes))])
+        ex.get([ex.invoke(h, "map_weight_buffer", (g, path, size), {})
+                for g, (path, size) in enumerate(zip(paths, sizes)) for h in self.infer.handles])
+        ex.get([ex.invoke(h, "unlink_weight_buffer", (path,), {}) for h, path in zip(senders, paths)])
+
+    def push(self, version: int) -> list:
+        self.finish()  # every reader is done with the last update before the buffers are written again
+        written = self.trainer.call("write_weights", self.bucket_bytes)
+        return written + self.infer.call("read_weights", version, self.metas, *(written[i] for i in self.senders))
+
+
+def _total_bytes(metas_per_rank: list) -> int:
+    return sum(distributed.bucket_bytes(meta) for rank in metas_per_rank for meta in rank)
 
 
 def choose(config, overlaps_training: bool) -> str:
     """The backend ``runtime.weight_sync`` names (``auto``: see the module docstring)."""
     mode = config.runtime.weight_sync
-    if mode == "auto":
-        return "collective" if config.executor == "ray" and not overlaps_training else "object_store"
-    return mode
+    if mode != "auto":
+        return mode
+    if config.executor != "ray" or overlaps_training:
+        return "object_store"
+    on_cpu = config.roles.actor_train.device_mapping is None and config.roles.actor_infer.device_mapping is None
+    return "shared_memory" if on_cpu and config.ray.address is None else "collective"
 
 
 def connect(config, executor: Executor, trainer: WorkerGroup, infer: WorkerGroup, overlaps_training: bool,
@@ -125,7 +179,15 @@ def connect(config, executor: Executor, trainer: WorkerGroup, infer: WorkerGroup
     """The chosen backend between ``trainer`` (actor_train) and ``infer`` (actor_infer), set up."""
     from roll_core.runtime.placement import colocated
 
-    backend = plugins.weight_syncs.get(choose(config, overlaps_training))
-    sync = backend(config, executor, trainer, infer, colocated=infer.role in colocated(config).get(trainer.role, set()))
-    sync.setup()
+    name = choose(config, overlaps_training)
+    together = infer.role in colocated(config).get(trainer.role, set())
+    sync = plugins.weight_syncs.get(name)(config, executor, trainer, infer, colocated=together)
+    try:
+        sync.setup()
+    except SharedMemoryUnavailable as exc:
+        if config.runtime.weight_sync != "auto":
+            raise SharedMemoryUnavailable(f"{exc}; runtime.weight_sync: collective works anywhere") from None
+        print(f"weight sync falls back to collective: {exc}", flush=True)
+        sync = plugins.weight_syncs.get("collective")(config, executor, trainer, infer, colocated=together)
+        sync.setup()
     return sync

@@ -108,10 +108,21 @@ class _StrategyWorker(_Worker):
 
 
 class _WeightGroupMember:
-    """A worker in the broadcast groups of weight sync (:mod:`roll_core.runtime.weight_sync`)."""
+    """A worker in the broadcast groups, or sharing the memory buffers, of weight sync
+    (:mod:`roll_core.runtime.weight_sync`). Both are keyed by group: one per sending training rank."""
 
     _args: tuple
     weight_groups: dict[int, distributed.CollectiveGroup]
+    weight_buffers: dict[int, torch.Tensor]
+
+    def map_weight_buffer(self, group: int, path: str, nbytes: int) -> None:
+        """Map shared buffer ``group`` (a file in ``/dev/shm`` on this node; the first to map creates it)."""
+        self.weight_buffers[group] = distributed.shared_buffer(path, nbytes)
+
+    def unlink_weight_buffer(self, path: str) -> None:
+        """Remove the buffer's name once every member has mapped it: the memory lives on in the
+        mappings and is freed with the last process, so no crash leaves a file behind."""
+        os.unlink(path)
 
     def join_weight_group(self, group: int, address: tuple[str, int], rank: int, size: int, backend: str) -> None:
         """Join broadcast group ``group`` (one per sending training rank; rank 0 is the sender)."""
@@ -145,7 +156,7 @@ class TrainWorker(_TrainedWorker, _WeightGroupMember):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.weight_groups = {}
+        self.weight_groups, self.weight_buffers = {}, {}
 
     def compute_log_probs(self, batch, temperature: float, distribution: bool = False):
         return self.strategy.compute_log_probs(batch, temperature, distribution)
@@ -185,6 +196,19 @@ class TrainWorker(_TrainedWorker, _WeightGroupMember):
             sent += flat.numel()
         return sent
 
+    def write_weights(self, bucket_bytes: int) -> int:
+        """Write every bucket this rank owns into its shared buffer (laid out by
+        :func:`~roll_core.runtime.distributed.buffer_layout`); bytes written."""
+        buckets = list(self.strategy.weight_buckets(bucket_bytes))
+        if not buckets:
+            return 0
+        (buffer,) = self.weight_buffers.values()  # a sender maps its own buffer only
+        metas = [distributed.bucket_meta(b) for b in buckets]
+        offsets, _ = distributed.buffer_layout(metas)
+        for bucket, start in zip(buckets, offsets):
+            distributed.pack_bucket_into(bucket, buffer[start:])
+        return sum(map(distributed.bucket_bytes, metas))
+
 
 class CriticWorker(_TrainedWorker):
     """PPO's value model (a :class:`~roll_core.strategy.CriticStrategy`)."""
@@ -204,7 +228,7 @@ class InferWorker(_StrategyWorker, _WeightGroupMember):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.weight_groups = {}
+        self.weight_groups, self.weight_buffers = {}, {}
         self.merger: lora.AdapterMerger | None = None  # once LoRA adapters arrive
 
     def generate(self, batch, **sampling):
@@ -267,6 +291,20 @@ class InferWorker(_StrategyWorker, _WeightGroupMember):
                 group.broadcast(flat)
                 self._load(distributed.unpack_bucket(flat, bucket_meta))
                 received += flat.numel()
+        self._end_update()
+        return received
+
+    def read_weights(self, version: int, metas: list, *written: int) -> int:
+        """One update from the shared buffers: ``metas[g]`` describes what group ``g``'s sender wrote.
+        ``written`` are the senders' results, so on Ray this call runs once they are done; bytes."""
+        self.strategy.begin_update(version)
+        received = 0
+        for g, meta in enumerate(metas):
+            offsets, _ = distributed.buffer_layout(meta)
+            for start, bucket_meta in zip(offsets, meta):
+                size = distributed.bucket_bytes(bucket_meta)
+                self._load(distributed.unpack_bucket(self.weight_buffers[g][start : start + size], bucket_meta))
+                received += size
         self._end_update()
         return received
 

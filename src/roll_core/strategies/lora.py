@@ -193,8 +193,8 @@ class AdapterMerger:
         out = []
         for name, tensor in bucket:
             if not is_adapter(name):
-                if name in self.base:
-                    self.base[name] = tensor.detach().float().cpu()
+                if name in self.base:  # a copy: the bucket may be a view of a buffer that is written again
+                    self.base[name] = tensor.detach().to("cpu", torch.float32, copy=True)
                 out.append((name, tensor))
                 continue
             module, half = (name[: -len(A_SUFFIX)], "A") if name.endswith(A_SUFFIX) else (name[: -len(B_SUFFIX)], "B")
