@@ -82,3 +82,16 @@ def test_report_overlays_a_real_run_and_another_and_the_page_renders(tiny_config
     # single-run quickstart page of 7 plots has about 8,000 of them at this sampling
     coloured = sum(1 for p in pixels if max(p) - min(p) > 60)
     assert coloured > 3000, coloured
+
+
+def test_a_reused_folder_keeps_only_this_reports_plots_and_the_count_says_so(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["report", str(_synthetic_run(tmp_path / "full")), "--out", str(out)]) == 0
+    assert (out / "staleness.png").exists()
+    capsys.readouterr()
+    lean = tmp_path / "lean"  # only a reward curve: no staleness, KL, time ... panels
+    lean.mkdir()
+    (lean / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": s / 4}) + "\n" for s in range(4)))
+    assert main(["report", str(lean), "--out", str(out)]) == 0
+    assert sorted(p.stem for p in out.glob("*.png")) == ["reward"]
+    assert "and 1 PNG plots in" in capsys.readouterr().out

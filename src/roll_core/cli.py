@@ -324,11 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_report(args) -> int:
     from pathlib import Path
 
-    from roll_core.report import write_report
+    from roll_core.report import PANELS, write_report
 
     out = Path(args.out) if args.out else Path(args.runs[0]) / "report" if len(args.runs) == 1 else Path("roll-report")
     page = write_report([Path(r) for r in args.runs], out)
-    print(f"wrote {page} and {len(list(out.glob('*.png')))} PNG plots in {out}")
+    plots = sum((out / f"{panel.name}.png").exists() for panel in PANELS)
+    print(f"wrote {page} and {plots} PNG plots in {out}")
     return 0
 
 

@@ -148,6 +148,10 @@ def write_report(run_dirs: list[Path], out: Path) -> Path:
             run.label = f"{run.label} ({run.path.parent.name or i})"
     out.mkdir(parents=True, exist_ok=True)
     images = [(panel, file) for panel in PANELS if (file := plot(panel, runs, out)) is not None]
+    drawn = {panel.name for panel, _ in images}
+    for panel in PANELS:  # an earlier report's plot of a metric these runs lack, in a reused folder
+        if panel.name not in drawn:
+            (out / f"{panel.name}.png").unlink(missing_ok=True)
     if not images:
         raise RollError(f"no plottable metrics in {', '.join(str(p) for p in run_dirs)}")
     parts = [f"<h1>roll report: {html.escape(', '.join(r.label for r in runs))}</h1>", "<h2>Plots</h2>"]
