@@ -1,9 +1,10 @@
 """Rewards that misbehave as a plugin author's bug would make them, a changed config resumed into an
 old run, and Ctrl-C: each ends in a clear message or a counted policy, never a hang or a traceback.
 
-Unit tests drive the reward worker and router in-process; the integration tests run ``roll run`` on
-the Ray executor (the default) with rewards from a fake installed distribution, so the registration
-reaches the Ray workers through entry points as a real plugin's would.
+Unit tests drive the reward worker and router in-process; the integration tests run ``roll run``
+with rewards from a fake installed distribution, on the Ray executor (the default) where a worker's
+failure or hang is what they check, so the registration reaches the Ray workers through entry points
+as a real plugin's would, and on the local one where the executor plays no part (it is faster).
 """
 
 import json
@@ -252,7 +253,9 @@ def test_ray_nan_reward_stops_with_one_line_or_scores_zero_by_policy(roll, tmp_p
         in errors[0] and "roles.reward.on_nonfinite: zero" in errors[0]
     assert "Traceback" not in out.stderr
 
-    out = roll(tmp_path / "zero", "roles.reward.name=nan_reward", "roles.reward.on_nonfinite=zero", "trainer.max_steps=2")
+    # the policy is applied in the reward worker, the same code on either executor
+    out = roll(tmp_path / "zero", "roles.reward.name=nan_reward", "roles.reward.on_nonfinite=zero", "trainer.max_steps=2",
+               "executor=local")
     assert out.returncode == 0, out.stderr[-3000:]
     steps = [r for r in _metrics(tmp_path / "zero") if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2]
@@ -289,16 +292,16 @@ def test_ray_rejected_reward_options_fail_in_seconds_before_the_warm_up(roll, tm
     assert elapsed < 60, elapsed  # Ray's start-up, then at once (the warm-up alone takes minutes)
 
 
-@pytest.mark.ray
-def test_ray_resuming_a_changed_reward_into_an_old_run_is_refused(roll, tmp_path):
+def test_resuming_a_changed_reward_into_an_old_run_is_refused(roll, tmp_path):
     run_dir = tmp_path / "run"
-    assert roll(run_dir, "trainer.max_steps=2").returncode == 0
+    local = "executor=local"  # the check reads the run's config.json before any worker starts, on any executor
+    assert roll(run_dir, "trainer.max_steps=2", local).returncode == 0
     config_before = (run_dir / "config.json").read_text()
-    out = roll(run_dir, "roles.reward.name=picky", "trainer.max_steps=3")
+    out = roll(run_dir, "roles.reward.name=picky", "trainer.max_steps=3", local)
     assert out.returncode == 2
     assert "roles.reward.name: 'exact_match' -> 'picky'" in out.stderr and "trainer.resume=never" in out.stderr
     assert (run_dir / "config.json").read_text() == config_before  # nothing of the old run is touched
-    more = roll(run_dir, "trainer.max_steps=3")  # more steps of the same run do resume
+    more = roll(run_dir, "trainer.max_steps=3", local)  # more steps of the same run do resume
     assert more.returncode == 0 and "resumed from" in more.stdout, more.stderr[-2000:]
     assert [r["step"] for r in _metrics(run_dir)][-1] == 3
 
