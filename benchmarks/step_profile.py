@@ -12,9 +12,11 @@ steps, and whole
 ``generate`` calls (the sampling loop around the model included). Everything else in a step,
 (batching, packing, rewards, advantages, the pipeline's bookkeeping) is overhead. On Ray the
 workers are other processes; a Ray step does the same compute, so what it takes beyond the local
-step is the executor's cost (calls, serialisation, the weight broadcast).
+step is the executor's cost (calls, serialisation, the weight broadcast). By default Ray builds
+actor_infer's worker inside actor_train's process (``ray.hybrid_engine``); ``--executor all`` also
+runs Ray with a process per role (``ray-separate``).
 
-    python benchmarks/step_profile.py [--steps 100] [--rounds 2] [--executor both|local|ray] [overrides ...]
+    python benchmarks/step_profile.py [--steps 100] [--rounds 2] [--executor both|all|local|ray] [overrides ...]
     python benchmarks/step_profile.py --size large --steps 4 --rounds 2
 
 ``--size large`` profiles the step ``vs_trl.py`` compares at its large size: the 95M-parameter model
@@ -36,6 +38,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+# Ray runs per --executor choice: the default layout, and with "all" also actor_infer in a process of
+# its own (ray.hybrid_engine=false), so the hybrid engine's effect is measured in the same invocation.
+RAY_LAYOUTS = {"local": [], "ray": [("ray", [])], "both": [("ray", [])],
+               "all": [("ray", []), ("ray-separate", ["ray.hybrid_engine=false"])]}
 PHASES = ("time/step_s", "time/rollout_s", "time/generate_s", "time/train_s", "time/weight_sync_s")
 
 
@@ -119,7 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--executor", choices=["both", "local", "ray"], default="both")
+    parser.add_argument("--executor", choices=["both", "all", "local", "ray"], default="both")
     parser.add_argument("--size", choices=["tiny", "large"], default="tiny")
     parser.add_argument("overrides", nargs="*", help="roll config overrides")
     args = parser.parse_args()
@@ -132,9 +138,10 @@ def main() -> None:
                           "roles.actor_train.micro_batch_size=64", "data.eval_size=8", *args.overrides]
     steps: dict[str, list[dict]] = {}
     computed: list[float] = []
-    clock_marks = install_clock()[1] if args.executor in ("both", "local") else []
+    with_local = args.executor in ("both", "all", "local")
+    clock_marks = install_clock()[1] if with_local else []
     for round_ in range(args.rounds):
-        if args.executor in ("both", "local"):
+        if with_local:
             from roll_core.cli import main as roll
 
             clock_marks.clear()
@@ -143,25 +150,27 @@ def main() -> None:
                 raise SystemExit("the local run failed")
             computed += [b - a for a, b in zip(clock_marks, clock_marks[1:])]  # steps 2.. (as step_rows)
             steps.setdefault("local", []).extend(step_rows(out))
-        if args.executor in ("both", "ray"):
-            out = root / f"ray-{round_}"
-            cmd = [sys.executable, "-m", "roll_core.cli", *run_args(out, "ray", args.steps, args.overrides)]
+        for name, extra in RAY_LAYOUTS[args.executor]:
+            out = root / f"{name}-{round_}"
+            cmd = [sys.executable, "-m", "roll_core.cli", *run_args(out, "ray", args.steps, [*args.overrides, *extra])]
             if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
                 raise SystemExit(f"the Ray run failed: {' '.join(cmd)}")
-            steps.setdefault("ray", []).extend(step_rows(out))
+            steps.setdefault(name, []).extend(step_rows(out))
     results = {name: phases(rows) for name, rows in steps.items()}
     compute = statistics.median(computed) if computed else None
     print(f"\nmedians over RL steps 2-{args.steps} of {args.rounds} run(s) each, seconds")
-    print(f"{'phase':<20}" + "".join(f"{name:>10}" for name in results))
+    print(f"{'phase':<20}" + "".join(f"{name:>14}" for name in results))
     for key in PHASES:
-        print(f"{key:<20}" + "".join(f"{r.get(key, float('nan')):>10.4f}" for r in results.values()))
+        print(f"{key:<20}" + "".join(f"{r.get(key, float('nan')):>14.4f}" for r in results.values()))
     if compute is not None:
         step = results["local"]["time/step_s"]
         print(f"local: model compute {compute:.4f} s of a {step:.4f} s step ({compute / step:.0%}); "
               f"overhead {step - compute:.4f} s ({1 - compute / step:.0%})")
-    if len(results) == 2:
+    if "ray" in results and "local" in results:
         ray, local = results["ray"]["time/step_s"], results["local"]["time/step_s"]
         print(f"ray / local step time: {ray / local:.2f}x")
+        if "ray-separate" in results:
+            print(f"ray-separate / local step time: {results['ray-separate']['time/step_s'] / local:.2f}x")
         if compute is not None:
             print(f"ray: model compute (as local) {compute / ray:.0%} of the step; overhead {1 - compute / ray:.0%}")
     print(f"runs kept in {root}")

@@ -66,7 +66,7 @@ def test_cross_field_check():
         ("algorithm.kl_penalty.estimator=k4", "algorithm.kl_penalty.estimator", "Valid names: abs, full, k1, k2, k3"),
         ("roles.critic.strategy=hff", "roles.critic.strategy", "Did you mean 'hf'? Valid names: "),
         ("trackers=[stdout,wandbb]", "trackers[1]", "Did you mean 'wandb'? Valid names: jsonl, stdout, swanlab, tensorboard, wandb"),
-        ("runtime.weight_sync=colective", "runtime.weight_sync", "Did you mean 'collective'? Valid names: collective, object_store, shared_memory"),
+        ("runtime.weight_sync=colective", "runtime.weight_sync", "Did you mean 'collective'? Valid names: collective, in_process, object_store, shared_memory"),
         ("rollout.scheduler=asyncc", "rollout.scheduler", "Did you mean 'async'? Valid names: async, sync"),
     ],
 )

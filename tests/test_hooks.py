@@ -137,7 +137,7 @@ def test_roll_register_weight_syncs(roll_plugins):
 
     p = roll_plugins(("t", plugin(roll_register_weight_syncs=lambda register: register("pigeon", Pigeon))))
     assert issubclass(p.weight_syncs.get("pigeon"), WeightSync)
-    assert set(p.weight_syncs.names()) == {"collective", "object_store", "pigeon", "shared_memory"}
+    assert set(p.weight_syncs.names()) == {"collective", "in_process", "object_store", "pigeon", "shared_memory"}
 
 
 def test_roll_register_trackers(roll_plugins, tmp_path):

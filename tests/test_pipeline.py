@@ -153,18 +153,25 @@ def test_kill_after_checkpoint_then_resume_continues(tmp_path):
 
 
 @pytest.mark.ray
-def test_same_seed_same_metrics_local_and_ray(tmp_path):
+@pytest.mark.parametrize("layout", ["streaming", "hybrid"])
+def test_same_seed_same_metrics_local_and_ray(tmp_path, layout):
+    """``streaming``: two inference workers, each running two requests whose rewards are scored
+    while the next request generates on two reward workers: completion order differs between the
+    executors, the numbers must not. Weights reach the engines through shared memory.
+    ``hybrid``: the default layout, where Ray builds actor_infer's worker inside actor_train's
+    process (``ray.hybrid_engine``) and the weights are handed over in memory."""
     results = {}
-    # Two inference workers, each running two requests whose rewards are scored while the next
-    # request generates on two reward workers: completion order differs between the executors,
-    # the numbers must not.
-    streaming = ["rollout.request_size=4", "roles.actor_infer.num_workers=2", "roles.reward.num_workers=2"]
+    overrides = {"streaming": ["rollout.request_size=4", "roles.actor_infer.num_workers=2",
+                               "roles.reward.num_workers=2"], "hybrid": []}[layout]
     for executor in ("local", "ray"):
         run_dir = tmp_path / executor
-        out = subprocess.run(_run_cli(run_dir, "trainer.max_steps=3", *streaming, executor=executor),
+        out = subprocess.run(_run_cli(run_dir, "trainer.max_steps=3", *overrides, executor=executor),
                              capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
         results[executor] = metrics_of(run_dir)
+    roles = json.loads((tmp_path / "ray" / "placement.json").read_text())["roles"]
+    train_pids = {w["pid"] for w in roles["actor_train"]}
+    assert ({w["pid"] for w in roles["actor_infer"]} == train_pids) == (layout == "hybrid")
     local, ray = results["local"], results["ray"]
     assert [r["step"] for r in local] == [r["step"] for r in ray] == [0, 1, 2, 3]
     for a, b in zip(local, ray):

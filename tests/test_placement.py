@@ -45,6 +45,12 @@ def test_mapping_as_list_or_range_fixes_the_workers():
     (["roles.actor_infer.device_mapping=[6,7,8,9]", "roles.actor_infer.num_devices_per_worker=4",
       "runtime.num_gpus_per_node=8"], "span nodes"),
     (["roles.actor_train.device_mapping=[]"], "device_mapping is empty"),
+    (["ray.hybrid_engine=true", "rollout.scheduler=async", "rollout.async_generation_ratio=1"],
+     "ray.hybrid_engine: true, but the 'async' scheduler generates while the policy trains; use auto"),
+    (["ray.hybrid_engine=true", "roles.actor_infer.device_mapping=[0]"], "runs CPU workers only"),
+    (["ray.hybrid_engine=true", "roles.actor_infer.num_workers=2"], "num_workers of 1"),
+    (["ray.hybrid_engine=true", "roles.actor_train.num_workers=2"], "num_workers of 1"),
+    (["ray.hybrid_engine=true", "roles.actor_infer.torch_threads=1"], "different torch_threads"),
 ])
 def test_bad_mappings_are_config_errors_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as err:

@@ -1,9 +1,9 @@
 """Weight sync backends: the shared-memory buffers' layout, an update that reaches every inference
 worker's model, which backend ``auto`` picks, and the fallback when ``/dev/shm`` is too small.
 
-The Ray path of ``shared_memory`` (separate processes, reads ordered after writes by their results)
-runs in ``tests/test_pipeline.py::test_same_seed_same_metrics_local_and_ray``, whose Ray run picks it
-through ``auto``; ``collective`` runs on the simulated two-node cluster of ``tests/test_distributed.py``.
+The Ray paths of ``in_process`` (the hybrid engine) and ``shared_memory`` (separate processes, reads
+ordered after writes by their results) run in ``tests/test_pipeline.py::test_same_seed_same_metrics_local_and_ray``,
+whose Ray runs pick them through ``auto``; ``collective`` runs on the simulated two-node cluster of ``tests/test_distributed.py``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import torch
 
 from roll_core.config import load_config
 from roll_core.runtime import distributed, weight_sync
-from roll_core.runtime.executor import LocalExecutor
-from roll_core.runtime.weight_sync import SharedMemorySync, SharedMemoryUnavailable, choose
+from roll_core.errors import RollError
+from roll_core.runtime.executor import Hosted, LocalExecutor
+from roll_core.runtime.weight_sync import InProcessSync, SharedMemorySync, SharedMemoryUnavailable, choose
 from roll_core.runtime.workers import InferWorker, TrainWorker
 
 
@@ -74,6 +75,30 @@ def test_shared_memory_updates_reach_every_inference_worker_and_leave_no_file(wo
                 assert torch.equal(param, expected[name]), (version, name)
 
 
+def test_in_process_updates_the_hosted_inference_worker_and_refuses_one_it_does_not_host(workers, tiny_model_path):
+    cfg, executor, train, infer = workers
+    hosted = executor.spawn_hosted("actor_infer", InferWorker, [("actor_infer", str(tiny_model_path),
+                                                                 cfg.roles.actor_infer, cfg, 1)], train)
+    assert hosted.handles == [Hosted(train.handles[0], "actor_infer")]
+    executor.get(hosted.call("setup"))
+    trainer, engine = train.handles[0].strategy.model, train.handles[0].hosted["actor_infer"].strategy.model
+    sync = InProcessSync(cfg, executor, train, hosted, colocated=False)
+    sync.setup()
+    assert sync.bytes_per_update == sum(p.numel() * p.element_size() for p in trainer.parameters())
+    for version, seed in ((1, 0), (2, 1)):
+        _perturb(trainer, seed)
+        sync.update(new_version=True, wait=True)
+        expected = dict(trainer.named_parameters())
+        for name, param in engine.named_parameters():
+            assert torch.equal(param, expected[name]), (version, name)
+            assert param.data_ptr() != expected[name].data_ptr()  # a copy: the engine never trains
+    with pytest.raises(RollError, match="in_process needs every actor_infer worker built inside a actor_train "
+                                        "worker .ray.hybrid_engine."):
+        InProcessSync(cfg, executor, train, infer, colocated=False).setup()
+    with pytest.raises(RollError, match="2 workers cannot live in actor_train's 1 worker processes"):
+        executor.spawn_hosted("actor_infer", InferWorker, [()] * 2, train)
+
+
 def test_explicit_shared_memory_says_how_much_dev_shm_it_needs(workers, monkeypatch):
     cfg, executor, train, infer = workers
     monkeypatch.setattr(weight_sync.shutil, "disk_usage", lambda path: types.SimpleNamespace(free=1024))
@@ -105,8 +130,11 @@ def test_auto_falls_back_to_collective_when_dev_shm_is_too_small(workers, monkey
 
 
 @pytest.mark.parametrize("overrides, overlapping, expected", [
-    (["executor=ray"], False, "shared_memory"),  # a local cluster of CPU workers: one node
-    (["executor=ray", "ray.address=10.0.0.1:6379"], False, "collective"),  # a cluster that may span nodes
+    (["executor=ray"], False, "in_process"),  # the hybrid engine: actor_infer lives in actor_train's process
+    (["executor=ray", "ray.address=10.0.0.1:6379"], False, "in_process"),
+    (["executor=ray", "ray.hybrid_engine=false"], False, "shared_memory"),  # a local cluster's CPU workers: one node
+    (["executor=ray", "roles.actor_infer.torch_threads=1"], False, "shared_memory"),  # no hybrid engine
+    (["executor=ray", "ray.hybrid_engine=false", "ray.address=10.0.0.1:6379"], False, "collective"),  # may span nodes
     (["executor=ray", "roles.actor_infer.device_mapping=[0]"], False, "collective"),
     (["executor=ray", "roles.actor_train.device_mapping=[0]"], False, "collective"),
     (["executor=ray"], True, "object_store"),  # a scheduler that trains while generating

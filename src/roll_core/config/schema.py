@@ -678,6 +678,11 @@ class RayConfig(Strict):
         0, ge=0, le=19, description="scheduling niceness of the workers of the local cluster roll starts. Ray's "
         "own default, 15, lets the driver and Ray's daemons preempt a worker whenever they run, which stalls its "
         "whole thread team (13% slower quickstart steps on 2 cores); a joined cluster keeps its setting")
+    hybrid_engine: bool | Literal["auto"] = Field(
+        "auto", description="build actor_infer's worker inside actor_train's worker process, as a hybrid "
+        "engine: one process, its calls in order, the weight update handed over in memory. It needs a "
+        "scheduler that waits for the update, CPU workers without device_mapping, one worker of each role, "
+        "the same torch_threads and an engine that serves one request at a time. auto: on wherever it can be")
 
 
 class RuntimeConfig(Strict):
@@ -691,9 +696,10 @@ class RuntimeConfig(Strict):
         "auto", description="a registered weight-sync backend. collective: buckets broadcast through a "
         "torch.distributed group from each sending training rank to the inference workers; object_store: "
         "buckets passed through Ray / memory; shared_memory: buckets written to a buffer in /dev/shm that every "
-        "inference worker maps (one node); auto: on Ray with a scheduler that waits for the update, "
-        "shared_memory when actor_train and actor_infer have no device_mapping and ray.address is unset, "
-        "collective otherwise; object_store for the rest")
+        "inference worker maps (one node); in_process: handed over in memory under ray.hybrid_engine; auto: on "
+        "Ray with a scheduler that waits for the update, in_process under the hybrid engine, else shared_memory "
+        "when actor_train and actor_infer have no device_mapping and ray.address is unset, collective "
+        "otherwise; object_store for the rest")
     weight_bucket_mb: float = Field(64, gt=0, description="size of one weight-sync bucket")
     max_restarts: int = Field(1, ge=0, description="restarts of the workers from the last checkpoint after "
                               "a worker process dies or stops answering; 0 = stop at the first failure")

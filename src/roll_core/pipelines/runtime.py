@@ -41,7 +41,8 @@ from roll_core.pipelines.checkpoint import CheckpointManager
 from roll_core.pipelines.rollout_dump import write_dump
 from roll_core.plugins import get_plugins
 from roll_core.runtime.executor import WorkerGroup
-from roll_core.runtime.placement import Residency, check_cluster, colocated, nodes_needed, worker_slots
+from roll_core.runtime.placement import (Residency, check_cluster, colocated, hybrid_engine, nodes_needed,
+                                         worker_slots)
 from roll_core.rollout.rewards import RewardRouter
 from roll_core.runtime.workers import STRATEGY_WORKERS, RewardWorker
 
@@ -100,7 +101,8 @@ class RoleGroups:
 
     def model_role(self, name: str, model_path: str, role_cfg=None) -> WorkerGroup:
         """Spawn and set up the model role at key ``roles.<name>`` (or ``role_cfg``): its kind's worker
-        (train, infer or critic), ``num_workers`` times. Workers that hold one model between them
+        (train, infer or critic), ``num_workers`` times; actor_infer's inside actor_train's process
+        under the hybrid engine (:func:`~roll_core.runtime.placement.hybrid_engine`). Workers that hold one model between them
         (trained roles, and an inference engine that declares ``sharded``) first join one process
         group. Workers of an engine that declares ``concurrent_requests`` run
         ``rollout.max_running_requests`` calls at once.
@@ -115,9 +117,13 @@ class RoleGroups:
         one_model = kind in ("train", "critic") or getattr(engine, "sharded", False)
         seeds = [base if one_model else base + r for r in range(role_cfg.num_workers)]
         concurrent = getattr(engine, "concurrent_requests", False)
-        group = self.spawn(name, STRATEGY_WORKERS[kind],
-                           [(name, model_path, role_cfg, self.config, seed) for seed in seeds], role_cfg,
-                           self.config.rollout.max_running_requests if concurrent else 1)
+        args = [(name, model_path, role_cfg, self.config, seed) for seed in seeds]
+        if name == "actor_infer" and "actor_train" in self.groups and hybrid_engine(self.config):
+            group = self.groups[name] = self.executor.spawn_hosted(name, STRATEGY_WORKERS[kind], args,
+                                                                   self.groups["actor_train"])
+        else:
+            group = self.spawn(name, STRATEGY_WORKERS[kind], args, role_cfg,
+                               self.config.rollout.max_running_requests if concurrent else 1)
         world = len(group) if one_model else 1
         ex = self.executor
         address = ex.get(ex.invoke(group.handles[0], "node_address", (), {})) if world > 1 else None

@@ -81,11 +81,45 @@ def check_mappings(cfg) -> None:
                 raise ValueError(f"roles.actor_train and roles.actor_infer share devices {shared}, but the "
                                  f"'{cfg.rollout.scheduler}' scheduler generates while the policy trains: give them "
                                  f"disjoint device_mapping")
+    if cfg.executor == "ray" and cfg.ray.hybrid_engine is True and (blocker := hybrid_engine_blocker(cfg)):
+        raise ValueError(f"ray.hybrid_engine: true, but {blocker}; use auto (on wherever it can be) or false")
     per_node, nodes = cfg.runtime.num_gpus_per_node, cfg.runtime.num_nodes
     if per_node is not None:
         problems = cluster_problems(cfg, per_node, nodes)
         if problems:
             raise ValueError(problems[0])
+
+
+def hybrid_engine_blocker(cfg) -> str | None:
+    """Why actor_infer's worker cannot live in actor_train's worker process on Ray (None: it can).
+
+    One process runs one call at a time and has one thread count, and the trainer's process group
+    is its own; so: a scheduler that waits for the update, CPU workers (no ``device_mapping``), one
+    worker of each role, the same RL thread count, and an engine that serves one request at a time."""
+    from roll_core.errors import RegistryError
+    from roll_core.plugins import get_plugins
+
+    train, infer = cfg.roles.actor_train, cfg.roles.actor_infer
+    if _overlaps_training(cfg):
+        return f"the '{cfg.rollout.scheduler}' scheduler generates while the policy trains"
+    if train.device_mapping is not None or infer.device_mapping is not None:
+        return "it runs CPU workers only (actor_train and actor_infer without a device_mapping)"
+    if train.num_workers != 1 or infer.num_workers != 1:
+        return "it needs roles.actor_train.num_workers and roles.actor_infer.num_workers of 1"
+    if cfg.rl_threads("actor_train") != cfg.rl_threads("actor_infer"):
+        return "actor_train and actor_infer have different torch_threads (a process has one thread count)"
+    try:
+        engine = get_plugins().infer_strategies.get(infer.strategy)
+    except RegistryError:  # an unknown name is reported by the registry-name check
+        return f"actor_infer's strategy '{infer.strategy}' is not registered"
+    if getattr(engine, "concurrent_requests", False) or getattr(engine, "sharded", False):
+        return f"actor_infer's strategy '{infer.strategy}' is an engine of its own (concurrent or sharded)"
+    return None
+
+
+def hybrid_engine(cfg) -> bool:
+    """Whether actor_infer's worker is built inside actor_train's (``ray.hybrid_engine``)."""
+    return cfg.executor == "ray" and cfg.ray.hybrid_engine is not False and hybrid_engine_blocker(cfg) is None
 
 
 def cluster_problems(cfg, per_node: int, nodes: int | None) -> list[str]:

@@ -11,8 +11,8 @@ collectives there) and yields the buckets of the weights it owns: one rank of re
 parallelism, every pipeline stage's first rank once stages split the layers. A backend moves those
 buckets; backends are a registered plugin kind (``roll_register_weight_syncs``), chosen with
 ``runtime.weight_sync`` (``auto``: on Ray, for schedulers that wait for the update,
-``shared_memory`` when both roles run on CPU workers of a cluster roll starts itself and
-``collective`` otherwise; ``object_store`` for the rest):
+``in_process`` under the hybrid engine, else ``shared_memory`` when both roles run on CPU workers
+of a cluster roll starts itself and ``collective`` otherwise; ``object_store`` for the rest):
 
 * ``collective``: each sending rank and every inference worker form a ``torch.distributed`` group of
   their own and each bucket is one broadcast (nccl when both sides are on GPUs and not colocated,
@@ -22,7 +22,9 @@ buckets; backends are a registered plugin kind (``roll_register_weight_syncs``),
   and reads, one memory copy on each side instead of a socket's round trips. The inference side's
   read is ordered after the writes by taking their results as arguments; the next write waits
   until every read of the last update is done;
-* ``object_store``: the buckets travel as call arguments (Ray's object store; memory when local).
+* ``object_store``: the buckets travel as call arguments (Ray's object store; memory when local);
+* ``in_process``: under the hybrid engine (``ray.hybrid_engine``) the inference worker lives in the
+  trainer's process, which hands it the buckets in memory in one call (``auto`` picks it there).
 
 A backend is constructed as ``cls(config, executor, trainer_group, infer_group, colocated)`` and
 implements :meth:`WeightSync.push`; pipelines call :meth:`WeightSync.update`, which counts versions
@@ -38,7 +40,7 @@ from abc import ABC, abstractmethod
 
 from roll_core.errors import RollError
 from roll_core.runtime import distributed
-from roll_core.runtime.executor import Executor, WorkerGroup
+from roll_core.runtime.executor import Executor, Hosted, WorkerGroup
 
 SHARED_MEMORY = "/dev/shm"
 
@@ -118,6 +120,20 @@ class CollectiveSync(WeightSync):
                 + self.infer.call("receive_weights", version, self.metas))
 
 
+class InProcessSync(WeightSync):
+    """The trainer's worker loads the buckets into the inference worker it hosts (the hybrid engine)."""
+
+    def setup(self) -> None:
+        hosts = [h.host if isinstance(h, Hosted) else None for h in self.infer.handles]
+        if hosts != list(self.trainer.handles):
+            raise RollError(f"runtime.weight_sync: in_process needs every {self.infer.role} worker built inside "
+                            f"a {self.trainer.role} worker (ray.hybrid_engine); use auto")
+        super().setup()
+
+    def push(self, version: int) -> list:
+        return self.trainer.call("pass_weights", self.infer.role, version, self.bucket_bytes)
+
+
 class SharedMemoryUnavailable(RollError):
     """The workers are on different nodes, or ``/dev/shm`` cannot hold the buffers (containers often
     give it 64 MiB): ``auto`` falls back to ``collective``."""
@@ -168,8 +184,12 @@ def choose(config, overlaps_training: bool) -> str:
     mode = config.runtime.weight_sync
     if mode != "auto":
         return mode
+    from roll_core.runtime.placement import hybrid_engine
+
     if config.executor != "ray" or overlaps_training:
         return "object_store"
+    if hybrid_engine(config):
+        return "in_process"
     on_cpu = config.roles.actor_train.device_mapping is None and config.roles.actor_infer.device_mapping is None
     return "shared_memory" if on_cpu and config.ray.address is None else "collective"
 

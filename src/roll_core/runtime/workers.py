@@ -35,6 +35,8 @@ def _bind_devices(devices) -> None:
 
 
 class _Worker:
+    hosted: dict[str, Any]  # role -> a worker built in this process by host()
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -53,6 +55,15 @@ class _Worker:
         except ImportError:
             pass
         return {"pid": os.getpid(), "node_id": node, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    # -- hosting another role's worker in this process (the hybrid engine, executor ray) ----------
+    def host(self, role: str, cls: type, args: tuple) -> None:
+        """Build ``cls(*args)``, a worker of ``role``, in this process: the executor's calls to it
+        arrive through :meth:`call_hosted`, in order with this worker's own calls."""
+        self.__dict__.setdefault("hosted", {})[role] = cls(*args)
+
+    def call_hosted(self, role: str, method: str, args: tuple, kwargs: dict) -> Any:
+        return getattr(self.hosted[role], method)(*args, **kwargs)
 
 
 class RewardError(RollError):
@@ -195,6 +206,11 @@ class TrainWorker(_TrainedWorker, _WeightGroupMember):
             group.broadcast(flat)
             sent += flat.numel()
         return sent
+
+    def pass_weights(self, role: str, version: int, bucket_bytes: int) -> int:
+        """One update of the inference worker of ``role`` that this process hosts, its buckets handed
+        over in memory (no copy leaves the process); tensors loaded."""
+        return self.hosted[role].update_weights(version, self.weight_bucket_list(bucket_bytes))
 
     def write_weights(self, bucket_bytes: int) -> int:
         """Write every bucket this rank owns into its shared buffer (laid out by
