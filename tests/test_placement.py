@@ -7,7 +7,9 @@ from roll_core.config import load_config
 from roll_core.data import Batch, dp_shards
 from roll_core.errors import ConfigError
 from roll_core.runtime.executor import LocalExecutor
-from roll_core.runtime.placement import Residency, check_cluster, colocated, nodes_needed, worker_slots
+from roll_core.plugins import get_plugins
+from roll_core.runtime.placement import (Residency, check_cluster, colocated, hybrid_engine, hybrid_engine_blocker,
+                                         nodes_needed, worker_slots)
 
 RAY = ["executor=ray"]
 
@@ -56,6 +58,33 @@ def test_bad_mappings_are_config_errors_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as err:
         load_config(None, RAY + overrides)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ([], None),
+    (["ray.hybrid_engine=false"], None),  # possible, but turned off
+    (["rollout.scheduler=async", "rollout.async_generation_ratio=1"],
+     "the 'async' scheduler generates while the policy trains"),
+    (["roles.actor_train.device_mapping=[0]"],
+     "it runs CPU workers only (actor_train and actor_infer without a device_mapping)"),
+    (["roles.actor_infer.num_workers=2"],
+     "it needs roles.actor_train.num_workers and roles.actor_infer.num_workers of 1"),
+    (["roles.actor_train.torch_threads=1"],
+     "actor_train and actor_infer have different torch_threads (a process has one thread count)"),
+])
+def test_the_hybrid_engine_applies_where_one_process_can_serve_both_roles(overrides, reason):
+    cfg = load_config(None, RAY + overrides)
+    assert hybrid_engine_blocker(cfg) == reason
+    assert hybrid_engine(cfg) == (reason is None and "ray.hybrid_engine=false" not in overrides)
+    assert not hybrid_engine(load_config(None, ["executor=local"]))  # every role in one process already
+
+
+@pytest.mark.parametrize("attribute", ["concurrent_requests", "sharded"])
+def test_an_engine_of_its_own_keeps_a_process_of_its_own(monkeypatch, attribute):
+    cfg = load_config(None, RAY)
+    monkeypatch.setattr(get_plugins().infer_strategies, "get", lambda name: type("Engine", (), {attribute: True}))
+    assert hybrid_engine_blocker(cfg) == "actor_infer's strategy 'hf' is an engine of its own (concurrent or sharded)"
+    assert not hybrid_engine(cfg)
 
 
 def test_mapping_is_checked_against_the_running_cluster():

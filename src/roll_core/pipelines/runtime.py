@@ -102,9 +102,9 @@ class RoleGroups:
     def model_role(self, name: str, model_path: str, role_cfg=None) -> WorkerGroup:
         """Spawn and set up the model role at key ``roles.<name>`` (or ``role_cfg``): its kind's worker
         (train, infer or critic), ``num_workers`` times; actor_infer's inside actor_train's process
-        under the hybrid engine (:func:`~roll_core.runtime.placement.hybrid_engine`). Workers that hold one model between them
-        (trained roles, and an inference engine that declares ``sharded``) first join one process
-        group. Workers of an engine that declares ``concurrent_requests`` run
+        under the hybrid engine (:func:`~roll_core.runtime.placement.hybrid_engine`). Workers that
+        hold one model between them (trained roles, and an inference engine that declares
+        ``sharded``) first join one process group. Workers of an engine that declares ``concurrent_requests`` run
         ``rollout.max_running_requests`` calls at once.
 
         Seeds: ``seed + SEED_OFFSETS[name]`` (0 for actor_train; a role of one's own: 10,000 plus a

@@ -8,11 +8,11 @@ Both expose the same API: ``spawn`` a :class:`WorkerGroup`, call methods on it (
 and ``get`` the results, so pipelines are written once.
 
 The hybrid engine (``ray.hybrid_engine``): a worker may be built inside another role's worker
-process (``spawn(..., host_in=group)``), as ROLL and verl run the trainer and its rollout engine in
-one process. Its handle is a :class:`Hosted`; calls to it travel through the host and run in order
-with the host's own. On 2 CPU cores this makes a quickstart step's model compute 8-12% faster than
-two processes that take turns (``benchmarks/step_profile.py``), and the weight update never leaves
-the process.
+process (:meth:`Executor.spawn_hosted`), as ROLL and verl run the trainer and its rollout engine
+in one process. Its handle is a :class:`Hosted`; calls to it travel through the host and run in
+order with the host's own. On 2 CPU cores the quickstart's update and generate calls, replayed
+alternately, run 8% and 24% faster in one process than in two that take turns
+(``benchmarks/bench_hybrid.py``), and the weight update never leaves the process.
 
 Device placement (Ray): :meth:`RayExecutor.reserve_devices` holds one placement group per node,
 each a single bundle with all of the node's GPUs; a worker with a device mapping is scheduled into
