@@ -68,8 +68,12 @@ def test_a_packed_update_is_the_padded_update(tiny_model_path):
     # the same target tokens in another order (packing sorts longest first): compare as sorted sets
     torch.testing.assert_close(packed_logp.sort().values, padded_logp.sort().values, atol=1e-5, rtol=0)
     assert packed_loss == pytest.approx(padded_loss, rel=1e-5)
+    # Adam's first step moves a weight by lr * g / (|g| + eps): sign-like where |g| >> eps, but where
+    # a gradient is near eps (1e-8) float noise from the other summation order shows at up to ~lr. One
+    # such weight of 65,536 moved 1.1e-5 apart (lr 1e-3) with transformers 5.23's initialisation, so
+    # the bound is 5% of lr; leakage between a row's examples moves many weights by up to 2 * lr.
     for name, value in padded_weights.items():
-        torch.testing.assert_close(packed_weights[name], value, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(packed_weights[name], value, atol=5e-5, rtol=1e-4, msg=name)
     initial = dict(load_causal_lm(str(tiny_model_path)).named_parameters())
     assert max(float((packed_weights[n] - initial[n]).abs().max()) for n in initial) > 5e-4  # Adam moved them ~lr
 

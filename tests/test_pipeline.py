@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,15 +121,21 @@ def test_kill_after_checkpoint_then_resume_continues(tmp_path):
     """SIGKILL a run once a checkpoint exists; resuming continues from its step and data position,
     and the resumed steps reproduce the uninterrupted run's metrics."""
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_run_cli(killed, "trainer.max_steps=200", "trainer.save_every=2"),
+    # every checkpoint is kept: with the default two, step 2's was gone within the 0.2 s between
+    # two looks once steps got fast, and the run finished before it was seen
+    proc = subprocess.Popen(_run_cli(killed, "trainer.max_steps=200", "trainer.save_every=2",
+                                     "trainer.keep_checkpoints=1000"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     ckpt = killed / "checkpoints" / "step_000002" / "state.json"
     while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
-    os.kill(proc.pid, signal.SIGKILL)
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert ckpt.exists(), "no checkpoint was written before the deadline"
+    for later in [d for d in (killed / "checkpoints").iterdir() if d.name > "step_000002"]:
+        shutil.rmtree(later)  # as if killed right after step 2's checkpoint
     saved = json.loads(ckpt.read_text())
     assert saved["step"] == 2 and saved["data"] == {"epoch": 0, "index": 8}  # 2 steps x 4 prompts
 
