@@ -6,8 +6,8 @@ import torch
 from roll_core.config import load_config
 from roll_core.data import Batch, dp_shards
 from roll_core.errors import ConfigError
-from roll_core.runtime.executor import LocalExecutor
 from roll_core.plugins import get_plugins
+from roll_core.runtime.executor import LocalExecutor
 from roll_core.runtime.placement import (Residency, check_cluster, colocated, hybrid_engine, hybrid_engine_blocker,
                                          nodes_needed, worker_slots)
 
@@ -65,6 +65,9 @@ def test_bad_mappings_are_config_errors_naming_the_key(overrides, message):
     (["ray.hybrid_engine=false"], None),  # possible, but turned off
     (["rollout.scheduler=async", "rollout.async_generation_ratio=1"],
      "the 'async' scheduler generates while the policy trains"),
+    (["pipeline=agentic", "agentic.rollout=async", "rollout.async_generation_ratio=1"],
+     "agentic.rollout: async generates while the policy trains"),
+    (["pipeline=agentic"], None),  # its synchronous rollout waits for the update
     (["roles.actor_train.device_mapping=[0]"],
      "it runs CPU workers only (actor_train and actor_infer without a device_mapping)"),
     (["roles.actor_infer.num_workers=2"],

@@ -2,8 +2,9 @@
 worker's model, which backend ``auto`` picks, and the fallback when ``/dev/shm`` is too small.
 
 The Ray paths of ``in_process`` (the hybrid engine) and ``shared_memory`` (separate processes, reads
-ordered after writes by their results) run in ``tests/test_pipeline.py::test_same_seed_same_metrics_local_and_ray``,
-whose Ray runs pick them through ``auto``; ``collective`` runs on the simulated two-node cluster of ``tests/test_distributed.py``.
+ordered after writes by their results) run in
+``tests/test_pipeline.py::test_same_seed_same_metrics_local_and_ray``, whose Ray runs pick them
+through ``auto``; ``collective`` runs on the simulated two-node cluster of ``tests/test_distributed.py``.
 """
 
 from __future__ import annotations

@@ -681,7 +681,7 @@ class RayConfig(Strict):
     hybrid_engine: bool | Literal["auto"] = Field(
         "auto", description="build actor_infer's worker inside actor_train's worker process, as a hybrid "
         "engine: one process, its calls in order, the weight update handed over in memory. It needs a "
-        "scheduler that waits for the update, CPU workers without device_mapping, one worker of each role, "
+        "rollout that waits for the update (rollout.scheduler, agentic.rollout), CPU workers without device_mapping, one worker of each role, "
         "the same torch_threads and an engine that serves one request at a time. auto: on wherever it can be")
 
 

@@ -104,8 +104,8 @@ class RoleGroups:
         (train, infer or critic), ``num_workers`` times; actor_infer's inside actor_train's process
         under the hybrid engine (:func:`~roll_core.runtime.placement.hybrid_engine`). Workers that
         hold one model between them (trained roles, and an inference engine that declares
-        ``sharded``) first join one process group. Workers of an engine that declares ``concurrent_requests`` run
-        ``rollout.max_running_requests`` calls at once.
+        ``sharded``) first join one process group. Workers of an engine that declares
+        ``concurrent_requests`` run ``rollout.max_running_requests`` calls at once.
 
         Seeds: ``seed + SEED_OFFSETS[name]`` (0 for actor_train; a role of one's own: 10,000 plus a
         hash of its name below 10,000); the workers of one model share it, worker r of an inference

@@ -94,14 +94,17 @@ def hybrid_engine_blocker(cfg) -> str | None:
     """Why actor_infer's worker cannot live in actor_train's worker process on Ray (None: it can).
 
     One process runs one call at a time and has one thread count, and the trainer's process group
-    is its own; so: a scheduler that waits for the update, CPU workers (no ``device_mapping``), one
-    worker of each role, the same RL thread count, and an engine that serves one request at a time."""
+    is its own; so: a rollout that waits for the update (``rollout.scheduler``, and for the agentic
+    pipeline ``agentic.rollout``), CPU workers (no ``device_mapping``), one worker of each role, the
+    same RL thread count, and an engine that serves one request at a time."""
     from roll_core.errors import RegistryError
     from roll_core.plugins import get_plugins
 
     train, infer = cfg.roles.actor_train, cfg.roles.actor_infer
     if _overlaps_training(cfg):
         return f"the '{cfg.rollout.scheduler}' scheduler generates while the policy trains"
+    if cfg.pipeline == "agentic" and cfg.agentic.rollout == "async":
+        return "agentic.rollout: async generates while the policy trains"
     if train.device_mapping is not None or infer.device_mapping is not None:
         return "it runs CPU workers only (actor_train and actor_infer without a device_mapping)"
     if train.num_workers != 1 or infer.num_workers != 1:

@@ -41,6 +41,7 @@ from abc import ABC, abstractmethod
 from roll_core.errors import RollError
 from roll_core.runtime import distributed
 from roll_core.runtime.executor import Executor, Hosted, WorkerGroup
+from roll_core.runtime.placement import colocated, hybrid_engine
 
 SHARED_MEMORY = "/dev/shm"
 
@@ -184,8 +185,6 @@ def choose(config, overlaps_training: bool) -> str:
     mode = config.runtime.weight_sync
     if mode != "auto":
         return mode
-    from roll_core.runtime.placement import hybrid_engine
-
     if config.executor != "ray" or overlaps_training:
         return "object_store"
     if hybrid_engine(config):
@@ -197,8 +196,6 @@ def choose(config, overlaps_training: bool) -> str:
 def connect(config, executor: Executor, trainer: WorkerGroup, infer: WorkerGroup, overlaps_training: bool,
             plugins) -> WeightSync:
     """The chosen backend between ``trainer`` (actor_train) and ``infer`` (actor_infer), set up."""
-    from roll_core.runtime.placement import colocated
-
     name = choose(config, overlaps_training)
     together = infer.role in colocated(config).get(trainer.role, set())
     sync = plugins.weight_syncs.get(name)(config, executor, trainer, infer, colocated=together)
