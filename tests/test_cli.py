@@ -4,6 +4,7 @@ registered, and where a component's name comes from."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -101,3 +102,22 @@ def test_piped_output_prints_a_line_every_twentieth_of_the_run_with_evaluations_
     steps = [int(line.split()[1].split("/")[0]) for line in lines[1:]]
     assert steps == sorted({*range(10, 201, 10), 55})  # every 10th, the evaluation, the last
     assert all(" eta " in line for line in lines[1:]) and lines[-1].startswith("[step 200/200] reward/mean=0.5")
+
+
+@pytest.mark.parametrize("verbose, cuda, exported, expected", [
+    (False, False, None, "cpu"),     # DeepSpeed would warn that it fell back to the CPU
+    (False, True, None, None),       # a GPU: DeepSpeed detects it
+    (False, False, "xpu", "xpu"),    # the user's choice stays
+    (True, False, None, None),       # roll run -v: every library's own messages
+])
+def test_quiet_runs_name_the_cpu_to_deepspeed(monkeypatch, verbose, cuda, exported, expected):
+    from roll_core import cli
+
+    for name in ("DS_ACCELERATOR", "ROLL_VERBOSE", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        monkeypatch.setenv(name, "")  # recorded, so whatever the call sets is undone afterwards
+        monkeypatch.delenv(name)
+    if exported:
+        monkeypatch.setenv("DS_ACCELERATOR", exported)
+    monkeypatch.setattr(cli, "_has_cuda", lambda: cuda)
+    cli._quiet_libraries(verbose)
+    assert os.environ.get("DS_ACCELERATOR") == expected

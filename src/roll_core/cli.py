@@ -121,15 +121,26 @@ def describe_run(config) -> str:
             f"{config.trainer.max_steps} steps -> {config.output_dir}")
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _quiet_libraries(verbose: bool) -> None:
     """Hide the progress bars transformers draws at every model load and save, here and in the
-    workers this run starts (they inherit ``HF_*`` variables), and Ray's start-up warnings;
-    ``roll run -v`` keeps both. A value the user exported wins."""
+    workers this run starts (they inherit ``HF_*`` variables), DeepSpeed's CPU fallback warning and
+    Ray's start-up warnings; ``roll run -v`` keeps them. A value the user exported wins."""
     if verbose:
         os.environ["ROLL_VERBOSE"] = "1"  # Ray's start-up warnings too (runtime.executor)
         return
     if not os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS"):
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    # transformers imports DeepSpeed wherever it is installed (roll-deepspeed), and DeepSpeed warns
+    # that it fell back to the CPU when it finds no GPU; naming the CPU up front says the same
+    # silently. Set before Ray starts, so this machine's workers inherit it; other nodes detect theirs.
+    if "DS_ACCELERATOR" not in os.environ and not _has_cuda():
+        os.environ["DS_ACCELERATOR"] = "cpu"
     if "transformers" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"].lower() not in ("0", "false"):
         from transformers.utils import logging
 
