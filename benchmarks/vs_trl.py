@@ -27,6 +27,7 @@ nothing else CPU-heavy beside it.
     python benchmarks/vs_trl.py --size tiny --seeds 42 1 2          # ~10 min on 2 cores
     python benchmarks/vs_trl.py --size large --seeds 42 1 2         # ~22 min
     python benchmarks/vs_trl.py --size tiny --executor local        # roll's in-process executor
+    python benchmarks/vs_trl.py --size tiny --load 1                # a core taken by another job
 """
 
 from __future__ import annotations
@@ -150,8 +151,25 @@ class PeakMemory:
         return self.peak
 
 
-def run_measured(cmd: list[str], log: Path) -> int:
-    with open(log, "w") as out:
+class BackgroundLoad:
+    """``n`` processes that each keep one core busy (a pure-Python loop at normal priority) while a
+    measured run goes on: another job sharing the machine, the same for both libraries."""
+
+    def __init__(self, n: int):
+        self.n, self.procs = n, []
+
+    def __enter__(self):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        return self
+
+    def __exit__(self, *exc):
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+def run_measured(cmd: list[str], log: Path, load: int = 0) -> int:
+    with open(log, "w") as out, BackgroundLoad(load):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         memory = PeakMemory(proc.pid)
         code = proc.wait()
@@ -272,6 +290,8 @@ def main() -> None:
     ap.add_argument("--large-prompts", type=int, default=8)
     ap.add_argument("--executor", default="ray", choices=["ray", "local"])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of each side")
+    ap.add_argument("--load", type=int, default=0,
+                    help="busy processes (one core each) running beside every measured run: a shared machine")
     ap.add_argument("--keep", type=Path, help="keep the runs' directories here")
     ap.add_argument("overrides", nargs="*", help="extra roll config overrides")
     args = ap.parse_args()
@@ -289,7 +309,8 @@ def main() -> None:
         samples = prompts * SAMPLES_PER_PROMPT
         print(f"\n== {size}: {parameters(model) / 1e6:.1f}M parameters, {prompts} prompts x {SAMPLES_PER_PROMPT} "
               f"samples, {tokens} new tokens, {steps} steps, roll on the {args.executor} executor, "
-              f"{args.threads} torch threads each ==", flush=True)
+              f"{args.threads} torch threads each"
+              f"{f', {args.load} busy process(es) beside each run' if args.load else ''} ==", flush=True)
         per_seed = []
         for seed in args.seeds:
             out_roll, out_trl = tmp / f"{size}-roll-{seed}", tmp / f"{size}-trl-{seed}"
@@ -303,10 +324,10 @@ def main() -> None:
                                               "eval_size": args.eval_size if eval_every else 8})
             t0 = time.perf_counter()
             mem_trl = run_measured([sys.executable, __file__, "--trl-worker", str(out_trl / "spec.json")],
-                                   tmp / f"{size}-trl-{seed}.log")
+                                   tmp / f"{size}-trl-{seed}.log", args.load)
             t1 = time.perf_counter()
             mem_roll = run_measured(roll_cmd(model, out_roll, seed, steps, roll_args, tokens, eval_every),
-                                    tmp / f"{size}-roll-{seed}.log")
+                                    tmp / f"{size}-roll-{seed}.log", args.load)
             t2 = time.perf_counter()
             r, t = roll_result(out_roll), trl_result(out_trl)
             rs, ts = (summarize(x, samples, inputs["prompt_tokens"]) for x in (r, t))

@@ -151,10 +151,12 @@ def _cmd_run(args) -> int:
     from roll_core.config import load_and_check
     from roll_core.plugins import get_plugins
     from roll_core.runtime import make_executor
+    from roll_core.runtime.cpu_share import warn_if_cores_busy
 
     _quiet_libraries(args.verbose)
     config = load_and_check(args.config, args.overrides)  # everything is checked before a worker starts
     print(describe_run(config), flush=True)
+    warn_if_cores_busy(config)  # measured before any worker adds its own load
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the driver tokenizes, then forks workers
     pipeline_cls = get_plugins().pipelines.get(config.pipeline)
     pipeline = None

@@ -1,0 +1,65 @@
+"""The busy-cores check `roll run` makes before any worker starts (roll_core.runtime.cpu_share)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from roll_core.config import load_and_check
+from roll_core.errors import RollError
+from roll_core.runtime import cpu_share
+
+
+@pytest.mark.parametrize("threads, busy, cores, fits", [
+    (2, 1.0, 2, 1),      # one of two cores taken: one thread fits
+    (2, 0.3, 2, None),   # a fraction of a core (an editor) does not count
+    (2, 0.6, 2, 1),      # more than half a core does
+    (2, 2.0, 2, 1),      # every core taken: still at least one thread
+    (1, 1.5, 2, None),   # one thread is as few as it gets
+    (4, 1.0, 8, None),   # room to spare
+    (8, 3.0, 8, 5),
+])
+def test_fitting_threads(threads, busy, cores, fits):
+    assert cpu_share.fitting_threads(threads, busy, cores) == fits
+
+
+def test_the_hint_names_the_busy_cores_and_the_largest_thread_count_of_any_role():
+    config = load_and_check(None, ["executor=ray", "torch_threads=1", "roles.actor_train.torch_threads=2"])
+    hint = cpu_share.cpu_share_hint(config, busy=1.0, cores=2)
+    assert "about 1.0 of this machine's 2 cores busy" in hint
+    assert "runs 2 torch threads" in hint and hint.endswith("torch_threads=1 fits beside them.")
+    assert cpu_share.cpu_share_hint(config, busy=0.2, cores=2) is None
+    assert cpu_share.cpu_share_hint(load_and_check(None, ["torch_threads=1"]), busy=1.0, cores=2) is None
+    assert cpu_share.cpu_share_hint(config, busy=None) is None  # not measurable: nothing to say
+
+
+@pytest.mark.skipif(not cpu_share.STAT.exists(), reason="/proc/stat is Linux's")
+def test_busy_cores_sees_a_process_that_keeps_a_core_busy():
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        busy = cpu_share.busy_cores(0.5)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert busy is not None and 0.7 <= busy <= cpu_share.os.cpu_count()
+
+
+def test_nothing_is_measured_without_proc_stat(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_share, "STAT", tmp_path / "missing")
+    assert cpu_share.busy_cores(0.01) is None
+
+
+def test_roll_run_warns_before_any_worker_starts(monkeypatch, capsys):
+    from roll_core import cli, runtime
+
+    monkeypatch.setattr(cpu_share, "busy_cores", lambda: 1.0)
+    monkeypatch.setattr(cpu_share.os, "cpu_count", lambda: 2)
+
+    def no_executor(config):
+        raise RollError("stopped before the executor")
+
+    monkeypatch.setattr(runtime, "make_executor", no_executor)
+    assert cli.main(["run", "torch_threads=2"]) == 2
+    out = capsys.readouterr()
+    assert "warning: other processes keep about 1.0 of this machine's 2 cores busy" in out.out
+    assert "stopped before the executor" in out.err
