@@ -137,6 +137,7 @@ def main() -> None:
                           "rollout.num_return_sequences=8", "rollout.max_new_tokens=64",
                           "roles.actor_train.micro_batch_size=64", "data.eval_size=8", *args.overrides]
     steps: dict[str, list[dict]] = {}
+    rounds: dict[str, list[float]] = {}  # each run's median step, by layout: the spread between rounds
     computed: list[float] = []
     with_local = args.executor in ("both", "all", "local")
     clock_marks = install_clock()[1] if with_local else []
@@ -150,12 +151,14 @@ def main() -> None:
                 raise SystemExit("the local run failed")
             computed += [b - a for a, b in zip(clock_marks, clock_marks[1:])]  # steps 2.. (as step_rows)
             steps.setdefault("local", []).extend(step_rows(out))
+            rounds.setdefault("local", []).append(phases(step_rows(out))["time/step_s"])
         for name, extra in RAY_LAYOUTS[args.executor]:
             out = root / f"{name}-{round_}"
             cmd = [sys.executable, "-m", "roll_core.cli", *run_args(out, "ray", args.steps, [*args.overrides, *extra])]
             if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
                 raise SystemExit(f"the Ray run failed: {' '.join(cmd)}")
             steps.setdefault(name, []).extend(step_rows(out))
+            rounds.setdefault(name, []).append(phases(step_rows(out))["time/step_s"])
     results = {name: phases(rows) for name, rows in steps.items()}
     compute = statistics.median(computed) if computed else None
     print(f"\nmedians over RL steps 2-{args.steps} of {args.rounds} run(s) each, seconds")
@@ -168,9 +171,9 @@ def main() -> None:
               f"overhead {step - compute:.4f} s ({1 - compute / step:.0%})")
     if "ray" in results and "local" in results:
         ray, local = results["ray"]["time/step_s"], results["local"]["time/step_s"]
-        print(f"ray / local step time: {ray / local:.2f}x")
-        if "ray-separate" in results:
-            print(f"ray-separate / local step time: {results['ray-separate']['time/step_s'] / local:.2f}x")
+        for name in [n for n in ("ray", "ray-separate") if n in results]:
+            each = " ".join(f"{a / b:.2f}x" for a, b in zip(rounds[name], rounds["local"]))
+            print(f"{name} / local step time: {results[name]['time/step_s'] / local:.2f}x (round by round: {each})")
         if compute is not None:
             print(f"ray: model compute (as local) {compute / ray:.0%} of the step; overhead {1 - compute / ray:.0%}")
     print(f"runs kept in {root}")

@@ -225,3 +225,22 @@ def test_a_pickled_batch_carries_tensors_as_numpy_buffers_and_comes_back_equal()
     tensor = _from_wire(frozen)
     tensor[0] = 7
     assert int(frozen[0]) == 0
+
+
+def test_a_group_shares_its_prompt_tokenization_exactly(tiny_model_path):
+    """expand_rows tokenizes each row once and repeats it: the same ids and masks as tokenizing
+    every sample's prompt, left padding included."""
+    from transformers import AutoTokenizer
+
+    from roll_core.rollout.sync import expand_rows, tokenize_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    rows = [{"prompt": p, "ground_truth": str(i), "domain": d}
+            for i, (p, d) in enumerate([("1+2=", "math"), ("123+456=", "default"), ("99+1=", "default")])]
+    batch = expand_rows(tokenizer, rows, 3)
+    ids, mask = tokenize_prompts(tokenizer, [r["prompt"] for r in rows for _ in range(3)])
+    assert torch.equal(batch["prompt_ids"], ids) and torch.equal(batch["prompt_mask"], mask)
+    assert batch["group_index"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert batch["ground_truth"] == ["0"] * 3 + ["1"] * 3 + ["2"] * 3
+    assert batch["domain"][:4] == ["math"] * 3 + ["default"]
+    assert batch["prompt_mask"][0].tolist() != batch["prompt_mask"][3].tolist()  # padding differs by row
