@@ -33,6 +33,12 @@ def test_the_hint_names_the_busy_cores_and_the_largest_thread_count_of_any_role(
     assert cpu_share.cpu_share_hint(config, busy=None) is None  # not measurable: nothing to say
 
 
+def test_the_hint_counts_one_core_where_the_machine_does_not_say(monkeypatch):
+    monkeypatch.setattr(cpu_share.os, "cpu_count", lambda: None)
+    hint = cpu_share.cpu_share_hint(load_and_check(None, ["torch_threads=2"]), busy=0.6)
+    assert "of this machine's 1 core busy" in hint
+
+
 @pytest.mark.skipif(not cpu_share.STAT.exists(), reason="/proc/stat is Linux's")
 def test_busy_cores_sees_a_process_that_keeps_a_core_busy():
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -41,12 +47,50 @@ def test_busy_cores_sees_a_process_that_keeps_a_core_busy():
     finally:
         spinner.kill()
         spinner.wait()
-    assert busy is not None and 0.7 <= busy <= cpu_share.os.cpu_count()
+    assert busy is not None and 0.7 <= busy <= 1.7  # the spinner's core, and a little of the rest
 
 
 def test_nothing_is_measured_without_proc_stat(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_share, "STAT", tmp_path / "missing")
     assert cpu_share.busy_cores(0.01) is None
+
+
+def _stat(user, nice, system, idle, iowait, irq, softirq, steal):
+    """A /proc/stat: the all-CPU line, then per-CPU lines that must not be read."""
+    return (f"cpu  {user} {nice} {system} {idle} {iowait} {irq} {softirq} {steal} 0 0\n"
+            "cpu0 1 2 3 4 5 6 7 8 0 0\ncpu1 9 9 9 9 9 9 9 9 0 0\nintr 12345\n")
+
+
+def _sampled(monkeypatch, tmp_path, before: str, after: str | None, cores):
+    """busy_cores over a /proc/stat that reads ``before`` and then ``after`` (None: gone)."""
+    stat = tmp_path / "stat"
+    stat.write_text(before)
+
+    def sleep(_):
+        if after is None:
+            stat.unlink()
+        else:
+            stat.write_text(after)
+
+    monkeypatch.setattr(cpu_share, "STAT", stat)
+    monkeypatch.setattr(cpu_share.time, "sleep", sleep)
+    monkeypatch.setattr(cpu_share.os, "cpu_count", lambda: cores)
+    return cpu_share.busy_cores()
+
+
+def test_busy_cores_counts_all_but_idle_and_iowait_time_from_the_all_cpu_line(monkeypatch, tmp_path):
+    before = _stat(100, 5, 50, 1000, 20, 3, 2, 1)
+    # +100 user, +50 system, +4 irq, +6 softirq, +10 steal busy; +100 idle, +30 iowait not
+    after = _stat(200, 5, 100, 1100, 50, 7, 8, 11)
+    busy = _sampled(monkeypatch, tmp_path, before, after, cores=2)
+    assert busy == pytest.approx(2 * 170 / 300)
+    assert _sampled(monkeypatch, tmp_path, before, after, cores=None) == pytest.approx(170 / 300)  # unknown: 1
+
+
+def test_busy_cores_is_none_when_nothing_was_counted_or_the_file_went_away(monkeypatch, tmp_path):
+    before = _stat(100, 5, 50, 1000, 20, 3, 2, 1)
+    assert _sampled(monkeypatch, tmp_path, before, before, cores=2) is None  # no tick in between
+    assert _sampled(monkeypatch, tmp_path, before, None, cores=2) is None
 
 
 def test_roll_run_warns_before_any_worker_starts(monkeypatch, capsys):

@@ -64,7 +64,8 @@ def cpu_share_hint(config, busy: float | None, cores: int | None = None) -> str 
     fits = fitting_threads(threads, busy, cores)
     if fits is None:
         return None
-    return (f"warning: other processes keep about {busy:.1f} of this machine's {cores} cores busy, and each worker "
+    return (f"warning: other processes keep about {busy:.1f} of this machine's {cores} core{'s' * (cores != 1)} "
+            f"busy, and each worker "
             f"runs {threads} torch threads, which then wait for each other at every parallel operation (measured "
             f"on 2 cores with one busy process: 3.9x slower steps). torch_threads={fits} fits beside them.")
 
