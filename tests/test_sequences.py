@@ -96,3 +96,37 @@ def test_sampling_a_repeated_prompt_draws_from_its_own_distribution_per_sample(t
     assert len({tuple(r.tolist()) for r in resp}) > 8  # the copies of the prompt's cache are sampled apart
     recomputed = response_log_probs(model, torch.cat([ids, resp], 1), torch.cat([mask, rmask], 1), resp.shape[1])
     torch.testing.assert_close(recomputed * rmask, logp, atol=1e-4, rtol=1e-4)
+
+
+def test_the_kv_cache_goes_by_the_name_the_installed_transformers_takes(tiny_model_path):
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns, and goes in
+    5.40): the sampler passes whichever the model's forward declares, and never the other."""
+    import functools
+    import inspect
+
+    from roll_core.strategies.sequences import cache_keyword
+
+    model, tok, ids, mask = _setup(tiny_model_path)
+    declared = inspect.signature(model.forward).parameters
+    expected = "cache" if "cache" in declared else "past_key_values"
+    assert cache_keyword(model) == expected
+    passed: list[set[str]] = []
+    forward = model.forward
+
+    @functools.wraps(forward)  # keeps the signature the sampler reads
+    def recording(*args, **kwargs):
+        passed.append(set(kwargs))
+        return forward(*args, **kwargs)
+
+    model.forward = recording
+    sample_responses(model, ids, mask, max_new_tokens=4, eos_token_id=tok.eos_token_id,
+                     pad_token_id=tok.pad_token_id, temperature=0)
+    decoding = passed[1:]  # after the prefill, every step passes the cache
+    assert decoding and all(expected in keys for keys in decoding)
+    assert not any({"cache", "past_key_values"} - {expected} & keys for keys in passed)
+
+    class OldModel(torch.nn.Module):  # transformers before 5.24
+        def forward(self, input_ids, past_key_values=None, use_cache=None):
+            return None
+
+    assert cache_keyword(OldModel()) == "past_key_values"

@@ -26,6 +26,14 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def cache_keyword(model) -> str:
+    """The keyword ``model.forward`` takes its KV cache by: ``cache`` from transformers 5.24 (which
+    warns on the old name and drops it in 5.40), ``past_key_values`` before. Outputs carry the cache
+    under the same name. A PEFT wrapper passes keywords through, so its base model's signature decides."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_tokens: int = 0):
     """The KV cache of left-padded prompts ``[B, P]`` and the logits of each one's next token ``[B, V]``.
 
@@ -45,7 +53,7 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_toke
         prompt_ids, prompt_mask = prompt_ids[first], prompt_mask[first]
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
                 use_cache=True, **keep)
-    past, logits = in_place_cache(out.past_key_values, new_tokens), out.logits[:, -1, :].float()
+    past, logits = in_place_cache(out[cache_keyword(model)], new_tokens), out.logits[:, -1, :].float()
     if shared:
         past.reorder_cache(inverse)
         logits = logits[inverse]
@@ -92,6 +100,7 @@ def sample_responses(
     batch = prompt_ids.shape[0]
     mask = prompt_mask.long()
     past, logits = prefill(model, prompt_ids, mask, max_new_tokens)
+    cache = cache_keyword(model)  # once: the signature does not change between decoding steps
     next_pos = mask.sum(-1, keepdim=True)
     device = prompt_ids.device
     # Finished rows leave the decoding batch (and its KV cache): ``rows`` maps the rows still decoding
@@ -120,9 +129,9 @@ def sample_responses(
             rows, token, mask, next_pos = rows[keep], token[keep], mask[keep], next_pos[keep]
             past.reorder_cache(keep)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=past,
-                    use_cache=True)
-        past = out.past_key_values
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, use_cache=True,
+                    **{cache: past})
+        past = out[cache]
         logits = out.logits[:, -1, :].float()
         next_pos = next_pos + 1
     response_mask = (torch.arange(steps, device=device)[None, :] < lengths[:, None]).long()
