@@ -162,13 +162,19 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         self.roles.use(*self._trained())
         pending_critic = start_update(self.critic, batch, *self.critic_update) if self.critic is not None else None
         pending_actor = start_update(self.actor, batch, *self.actor_update)
+        # Under the hybrid engine the weight hand-over is one more call on the trainer's workers:
+        # sent now, it runs right after the update instead of after the driver's next round trip.
+        early_push = self.weights.queues_behind_update and not self.overlapping
+        if early_push:
+            self.push_weights(policy_update=True)
         metrics.update(self.scheduler.wait(pending_actor[0]))  # a scheduler may generate meanwhile
         self.executor.get(pending_actor[1:])
         if pending_critic is not None:
             metrics.update(self.executor.get(pending_critic)[0])
         t_train = time.perf_counter() - t1
         t2 = time.perf_counter()
-        self.push_weights(policy_update=True)
+        if not early_push:
+            self.push_weights(policy_update=True)
         metrics.update({"data/epoch": self.stream.epoch, "time/rollout_s": t_rollout, "time/train_s": t_train,
                         "time/weight_sync_s": time.perf_counter() - t2, "time/step_s": time.perf_counter() - t0,
                         "weight_sync/bytes": float(self.weights.bytes_per_update),

@@ -57,6 +57,11 @@ class WeightSync(ABC):
         self.bytes_per_update = 0  # what the training ranks send each update (weight_sync/bytes), set by setup
         self._queued: list = []  # futures of the update left queued behind running requests
 
+    #: Whether :meth:`push` may be sent while the update still runs: its calls go to the training
+    #: workers alone (a worker runs its calls in order), nothing else must be made resident for it,
+    #: and so the weights it reads are the updated ones.
+    queues_behind_update = False
+
     def update(self, *, new_version: bool, wait: bool) -> None:
         """Push the trainer's weights; ``new_version`` counts them as the next policy version. Without
         ``wait`` the update stays queued behind the requests already sent (a scheduler that overlaps
@@ -123,6 +128,8 @@ class CollectiveSync(WeightSync):
 
 class InProcessSync(WeightSync):
     """The trainer's worker loads the buckets into the inference worker it hosts (the hybrid engine)."""
+
+    queues_behind_update = True  # one call on the trainer's own workers, which run it after the update
 
     def setup(self) -> None:
         hosts = [h.host if isinstance(h, Hosted) else None for h in self.infer.handles]
