@@ -160,16 +160,20 @@ def test_kill_after_checkpoint_then_resume_continues(tmp_path):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("layout", ["streaming", "hybrid"])
+@pytest.mark.parametrize("layout", ["streaming", "hybrid", "hybrid-evaluated"])
 def test_same_seed_same_metrics_local_and_ray(tmp_path, layout):
     """``streaming``: two inference workers, each running two requests whose rewards are scored
     while the next request generates on two reward workers: completion order differs between the
     executors, the numbers must not. Weights reach the engines through shared memory.
     ``hybrid``: the default layout, where Ray builds actor_infer's worker inside actor_train's
-    process (``ray.hybrid_engine``) and the weights are handed over in memory."""
+    process (``ray.hybrid_engine``) and the weights are handed over in memory; the next step's
+    requests are queued behind the update (``prefetch``). ``hybrid-evaluated`` evaluates after
+    every step, with those requests in flight, and checkpoints after step 2, before which none
+    may be drawn early."""
     results = {}
     overrides = {"streaming": ["rollout.request_size=4", "roles.actor_infer.num_workers=2",
-                               "roles.reward.num_workers=2"], "hybrid": []}[layout]
+                               "roles.reward.num_workers=2"], "hybrid": [],
+                 "hybrid-evaluated": ["trainer.max_steps=4", "trainer.eval_every=1", "trainer.save_every=2"]}[layout]
     for executor in ("local", "ray"):
         run_dir = tmp_path / executor
         out = subprocess.run(_run_cli(run_dir, "trainer.max_steps=3", *overrides, executor=executor),
@@ -178,9 +182,14 @@ def test_same_seed_same_metrics_local_and_ray(tmp_path, layout):
         results[executor] = metrics_of(run_dir)
     roles = json.loads((tmp_path / "ray" / "placement.json").read_text())["roles"]
     train_pids = {w["pid"] for w in roles["actor_train"]}
-    assert ({w["pid"] for w in roles["actor_infer"]} == train_pids) == (layout == "hybrid")
+    assert ({w["pid"] for w in roles["actor_infer"]} == train_pids) == layout.startswith("hybrid")
     local, ray = results["local"], results["ray"]
-    assert [r["step"] for r in local] == [r["step"] for r in ray] == [0, 1, 2, 3]
+    steps = [0, 1, 2, 3, 4] if layout == "hybrid-evaluated" else [0, 1, 2, 3]
+    assert [r["step"] for r in local] == [r["step"] for r in ray] == steps
+    if layout == "hybrid-evaluated":
+        assert all("eval/accuracy" in r for r in ray)
+        state = json.loads((tmp_path / "ray" / "checkpoints" / "step_000002" / "state.json").read_text())
+        assert state["data"] == {"epoch": 0, "index": 8}  # 2 steps x 4 prompts: step 3's not drawn yet
     for a, b in zip(local, ray):
         assert set(a) == set(b)
         for key in a:

@@ -164,9 +164,14 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         pending_actor = start_update(self.actor, batch, *self.actor_update)
         # Under the hybrid engine the weight hand-over is one more call on the trainer's workers:
         # sent now, it runs right after the update instead of after the driver's next round trip.
+        # The next step's generation can queue behind it too, unless a checkpoint comes first (its
+        # prompts and random draws belong after the checkpoint).
         early_push = self.weights.queues_behind_update and not self.overlapping
+        epoch = self.stream.epoch
         if early_push:
             self.push_weights(policy_update=True)
+            if self.ordered_infer and not self.saves_after(step):
+                self.scheduler.prefetch()
         metrics.update(self.scheduler.wait(pending_actor[0]))  # a scheduler may generate meanwhile
         self.executor.get(pending_actor[1:])
         if pending_critic is not None:
@@ -175,7 +180,7 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         t2 = time.perf_counter()
         if not early_push:
             self.push_weights(policy_update=True)
-        metrics.update({"data/epoch": self.stream.epoch, "time/rollout_s": t_rollout, "time/train_s": t_train,
+        metrics.update({"data/epoch": epoch, "time/rollout_s": t_rollout, "time/train_s": t_train,
                         "time/weight_sync_s": time.perf_counter() - t2, "time/step_s": time.perf_counter() - t0,
                         "weight_sync/bytes": float(self.weights.bytes_per_update),
                         **self.roles.residency.metrics()})

@@ -234,6 +234,11 @@ class TrainingLoop(Pipeline):
     def max_steps(self) -> int:
         return self.config.trainer.max_steps
 
+    def saves_after(self, step: int) -> bool:
+        """Whether a checkpoint is written after ``step`` (every ``trainer.save_every`` and the last)."""
+        every = self.config.trainer.save_every
+        return step == self.max_steps or bool(every and step % every == 0)
+
     def prepare(self) -> None:
         """Once per run, before any worker starts: tokenizer, data, checks that need them."""
 
@@ -356,7 +361,7 @@ class TrainingLoop(Pipeline):
                 metrics.update(last_eval)
             for t in trackers:
                 t.log(metrics, step)
-            if step == self.max_steps or (cfg.trainer.save_every and step % cfg.trainer.save_every == 0):
+            if self.saves_after(step):
                 self.save(step)
         self.after_steps()
         final_step = max(start, self.max_steps)

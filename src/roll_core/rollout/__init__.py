@@ -6,6 +6,7 @@ One interface for every scheduler, called by the pipeline in this order::
     next_batch()          -> (batch, metrics)   every step: the groups to train on
     wait(future)          -> result     while the trainer works (a scheduler may generate meanwhile)
     weights_pushed()                    after each weight update was queued on the inference workers
+    [prefetch()]                        maybe, after weights_pushed: send the next step's requests now
     stop()                              once, at the end: nothing stays in flight
 
 plus ``collect(rows, ...)`` for one-off generation (held-out evaluation). The built-in ``sync``
@@ -69,6 +70,14 @@ class RolloutScheduler(ABC):
     def weights_pushed(self) -> None:
         """A weight update has been queued on every inference worker (requests sent before it finish
         with the old weights)."""
+
+    def prefetch(self) -> None:
+        """Send the next step's first generation requests now, behind the weight update just queued
+        on every inference worker (each runs its calls in order, so they sample from the updated
+        policy). The pipeline calls it only where that order holds and a step follows that no
+        checkpoint precedes: the samples and every random draw are those the next
+        :meth:`next_batch` would have made, and generation overlaps the driver's work in between.
+        The default sends nothing."""
 
     def stop(self) -> None:
         """End of the run: abort or finish whatever is in flight, so no request outlives it."""

@@ -11,11 +11,17 @@ whatever the timing, and the ``local`` and ``ray`` executors agree). When a requ
 samples go straight to the reward workers of their domain, which score them while the next
 requests generate; the step ends when the last score is in. Training waits for the whole step:
 asynchronous training is a different scheduler under the same interface.
+
+:meth:`SyncRolloutScheduler.prefetch` sends the next step's first round right behind the weight
+update (the pipeline calls it under the hybrid engine, whose worker runs its calls in order): the
+same prompts, requests and random draws as without it, but the worker generates while the driver
+logs the step and prepares the next. Measured by ``benchmarks/ray_calls.py``.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -52,11 +58,21 @@ def expand_rows(tokenizer, rows: list[dict], num_return_sequences: int) -> Batch
     )
 
 
+@dataclass
+class _Requests:
+    """Generation requests in flight: ``(future, row-order index)`` each, and when they were sent
+    (None: prefetched, timed from when a step starts waiting for them)."""
+
+    pending: list[tuple[object, int]]
+    sent_at: float | None
+
+
 class SyncRolloutScheduler(RolloutScheduler):
     def __init__(self, config, executor, infer_group, reward_router, tokenizer):
         super().__init__(config, executor, infer_group, reward_router, tokenizer)
         self.last_metrics: dict[str, float] = {}  # timings of the latest collect
         self.sampling = DynamicSampling(config.algorithm.dynamic_sampling, config.rollout.prompts_per_step)
+        self._prefetched: _Requests | None = None  # the next step's first round, sent early (prefetch)
 
     def next_batch(self) -> tuple[Batch, dict[str, float]]:
         """Rounds of ``prompts_per_step`` prompts until the filter has passed that many groups or
@@ -68,8 +84,10 @@ class SyncRolloutScheduler(RolloutScheduler):
         timings: dict[str, float] = {}
         batch = None
         while ds.kept < want and ds.rounds_left():
-            batch = self.collect(self.stream.next(want), num_return_sequences=rollout.num_return_sequences,
-                                 temperature=rollout.temperature)
+            requests, self._prefetched = self._prefetched, None
+            if requests is None:
+                requests = self._send(self.stream.next(want), rollout.num_return_sequences, rollout.temperature)
+            batch = self._receive(requests)
             for k, v in self.last_metrics.items():
                 timings[k] = timings.get(k, 0.0) + v
             # Group ids unique across rounds, so groups from different rounds never mix.
@@ -107,18 +125,41 @@ class SyncRolloutScheduler(RolloutScheduler):
                    for p, t, g, d in zip(part["prompt"], texts, part["ground_truth"], part["domain"])]
         return part, samples
 
+    def prefetch(self) -> None:
+        """Send the next step's first round of requests now (see :meth:`RolloutScheduler.prefetch`)."""
+        if self._prefetched is None:
+            rollout = self.config.rollout
+            self._prefetched = self._send(self.stream.next(rollout.prompts_per_step),
+                                          rollout.num_return_sequences, rollout.temperature)
+            self._prefetched.sent_at = None  # the step that takes them waits from its own start
+
+    def stop(self) -> None:
+        if self._prefetched is not None:  # a run that ends early: the requests finish, unread
+            self.executor.get([future for future, _ in self._prefetched.pending])
+            self._prefetched = None
+
     def collect(self, rows, *, num_return_sequences, temperature):
+        return self._receive(self._send(rows, num_return_sequences, temperature))
+
+    def _send(self, rows: list[dict], num_return_sequences: int, temperature: float) -> _Requests:
+        """Queue the generation requests of ``rows`` on the inference workers."""
         rollout = self.config.rollout
         batch = expand_rows(self.tokenizer, rows, num_return_sequences)
         requests = []  # (worker, request) in submission order = row order
         for w, chunk in enumerate(batch.chunk(len(self.infer))):
             for part in chunk.split(rollout.request_size or max(len(chunk), 1)) if len(chunk) else []:
                 requests.append((w, part))
-        t0 = time.perf_counter()
+        sent_at = time.perf_counter()
         pending = [(self.executor.invoke(self.infer.handles[w], "generate", (part,), self._sampling(temperature)), i)
                    for i, (w, part) in enumerate(requests)]
-        done: list[Batch | None] = [None] * len(requests)
-        tickets: list = [None] * len(requests)
+        return _Requests(pending, sent_at)
+
+    def _receive(self, requests: _Requests) -> Batch:
+        """Score each request as it finishes; the scored batch in row order."""
+        t0 = requests.sent_at if requests.sent_at is not None else time.perf_counter()
+        pending = requests.pending
+        done: list[Batch | None] = [None] * len(pending)
+        tickets: list = [None] * len(pending)
         while pending:
             ready = set(self.executor.wait([f for f, _ in pending]))
             for future, i in [p for k, p in enumerate(pending) if k in ready]:

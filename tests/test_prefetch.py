@@ -1,0 +1,79 @@
+"""Sending a synchronous step's generation requests early (``RolloutScheduler.prefetch``).
+
+Under the hybrid engine the pipeline queues the next step's requests behind the weight update, so
+generation overlaps the driver's work between steps. The samples must be the ones the next step
+would have drawn anyway, and no checkpoint may fall between the early draw and its step.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from roll_core.config.loader import load_config
+from roll_core.data import PromptStream
+from roll_core.embedded.model import build_char_tokenizer
+from roll_core.pipelines.runtime import TrainingLoop
+from roll_core.rollout.sync import SyncRolloutScheduler
+from roll_core.runtime import LocalExecutor
+from roll_core.runtime.executor import WorkerGroup
+
+
+class Engine:
+    """Answers every sample with ``"1"`` then EOS, and records the prompts of each generate call."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.calls = tokenizer, []
+
+    def generate(self, part, **sampling):
+        self.calls.append(list(part["prompt"]))
+        one = self.tokenizer.convert_tokens_to_ids("1")
+        responses = torch.tensor([[one, self.tokenizer.eos_token_id]] * len(part))
+        return part.update(responses=responses, response_mask=torch.ones_like(responses),
+                           infer_log_probs=torch.zeros(responses.shape))
+
+
+class Rewards:
+    """Scores a sample 1 when its ground truth starts with its response."""
+
+    def submit(self, samples):
+        return [float(s.ground_truth.startswith(s.response)) for s in samples]
+
+    def gather(self, ticket):
+        return ticket, [{} for _ in ticket], 0.0
+
+
+def _scheduler(**overrides):
+    config = load_config(None, [f"{k}={v}" for k, v in {"rollout.prompts_per_step": 3,
+                                                          "rollout.num_return_sequences": 2, **overrides}.items()])
+    tokenizer = build_char_tokenizer()
+    engine, executor = Engine(tokenizer), LocalExecutor()
+    scheduler = SyncRolloutScheduler(config, executor, WorkerGroup("actor_infer", [engine], executor), Rewards(),
+                                     tokenizer)
+    rows = [{"prompt": f"{i}+{i}=", "ground_truth": f"{2 * i:03d}"} for i in range(10, 20)]
+    scheduler.start(PromptStream(rows, seed=5))
+    return scheduler, engine
+
+
+def test_a_prefetched_round_is_the_one_the_next_step_would_have_sent():
+    early, early_engine = _scheduler()
+    plain, plain_engine = _scheduler()
+    for _ in range(3):  # steps, each prefetched by the step before (the first is not)
+        got, want = early.next_batch()[0], plain.next_batch()[0]
+        assert got["prompt"] == want["prompt"] and torch.equal(got["scores"], want["scores"])
+        assert torch.equal(got["group_index"], want["group_index"])
+        early.prefetch()
+        early.prefetch()  # a second call sends nothing more
+    assert early_engine.calls[:3] == plain_engine.calls  # the same requests, in the same order
+    assert len(early_engine.calls) == 4  # the fourth step's, sent early
+    assert early.stream.state() != plain.stream.state()  # its prompts are drawn...
+    early.stop()  # ...and a run that ends here lets them finish unread
+    assert early._prefetched is None
+
+
+def test_a_checkpoint_follows_every_save_every_steps_and_the_last():
+    for save_every, saved in ((3, [3, 6, 7]), (0, [7])):
+        config = load_config(None, ["trainer.max_steps=7", f"trainer.save_every={save_every}"])
+        loop = types.SimpleNamespace(config=config, max_steps=7)
+        assert [s for s in range(1, 8) if TrainingLoop.saves_after(loop, s)] == saved
