@@ -14,7 +14,9 @@ steps, and whole
 workers are other processes; a Ray step does the same compute, so what it takes beyond the local
 step is the executor's cost (calls, serialisation, the weight broadcast). By default Ray builds
 actor_infer's worker inside actor_train's process (``ray.hybrid_engine``); ``--executor all`` also
-runs Ray with a process per role (``ray-separate``).
+runs Ray with a process per role (``ray-separate``). Ratios compare ``time/iteration_s``, a step's
+wall time as the run goes (the loop's logging included); ``time/step_s`` leaves out what the hybrid
+engine generates before a step starts.
 
     python benchmarks/step_profile.py [--steps 100] [--rounds 2] [--executor both|all|local|ray] [overrides ...]
     python benchmarks/step_profile.py --size large --steps 4 --rounds 2
@@ -42,7 +44,10 @@ from pathlib import Path
 # its own (ray.hybrid_engine=false), so the hybrid engine's effect is measured in the same invocation.
 RAY_LAYOUTS = {"local": [], "ray": [("ray", [])], "both": [("ray", [])],
                "all": [("ray", []), ("ray-separate", ["ray.hybrid_engine=false"])]}
-PHASES = ("time/step_s", "time/rollout_s", "time/generate_s", "time/train_s", "time/weight_sync_s")
+# time/iteration_s: from one step's end to the next one's, the loop's logging included (under the
+# hybrid engine part of a step's generation runs before its time/step_s starts): the headline number
+PHASES = ("time/iteration_s", "time/step_s", "time/rollout_s", "time/generate_s", "time/train_s",
+          "time/weight_sync_s")
 
 
 class ComputeClock:
@@ -151,14 +156,14 @@ def main() -> None:
                 raise SystemExit("the local run failed")
             computed += [b - a for a, b in zip(clock_marks, clock_marks[1:])]  # steps 2.. (as step_rows)
             steps.setdefault("local", []).extend(step_rows(out))
-            rounds.setdefault("local", []).append(phases(step_rows(out))["time/step_s"])
+            rounds.setdefault("local", []).append(phases(step_rows(out))["time/iteration_s"])
         for name, extra in RAY_LAYOUTS[args.executor]:
             out = root / f"{name}-{round_}"
             cmd = [sys.executable, "-m", "roll_core.cli", *run_args(out, "ray", args.steps, [*args.overrides, *extra])]
             if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
                 raise SystemExit(f"the Ray run failed: {' '.join(cmd)}")
             steps.setdefault(name, []).extend(step_rows(out))
-            rounds.setdefault(name, []).append(phases(step_rows(out))["time/step_s"])
+            rounds.setdefault(name, []).append(phases(step_rows(out))["time/iteration_s"])
     results = {name: phases(rows) for name, rows in steps.items()}
     compute = statistics.median(computed) if computed else None
     print(f"\nmedians over RL steps 2-{args.steps} of {args.rounds} run(s) each, seconds")
@@ -166,14 +171,16 @@ def main() -> None:
     for key in PHASES:
         print(f"{key:<20}" + "".join(f"{r.get(key, float('nan')):>14.4f}" for r in results.values()))
     if compute is not None:
-        step = results["local"]["time/step_s"]
-        print(f"local: model compute {compute:.4f} s of a {step:.4f} s step ({compute / step:.0%}); "
+        step = results["local"]["time/iteration_s"]
+        print(f"local: model compute {compute:.4f} s of a {step:.4f} s iteration ({compute / step:.0%}); "
               f"overhead {step - compute:.4f} s ({1 - compute / step:.0%})")
     if "ray" in results and "local" in results:
-        ray, local = results["ray"]["time/step_s"], results["local"]["time/step_s"]
+        ray, local = results["ray"]["time/iteration_s"], results["local"]["time/iteration_s"]
         for name in [n for n in ("ray", "ray-separate") if n in results]:
             each = " ".join(f"{a / b:.2f}x" for a, b in zip(rounds[name], rounds["local"]))
-            print(f"{name} / local step time: {results[name]['time/step_s'] / local:.2f}x (round by round: {each})")
+            step_ratio = results[name]["time/step_s"] / results["local"]["time/step_s"]
+            print(f"{name} / local iteration time: {results[name]['time/iteration_s'] / local:.2f}x "
+                  f"(round by round: {each}); step time {step_ratio:.2f}x")
         if compute is not None:
             print(f"ray: model compute (as local) {compute / ray:.0%} of the step; overhead {1 - compute / ray:.0%}")
     print(f"runs kept in {root}")

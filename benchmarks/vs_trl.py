@@ -193,7 +193,9 @@ def roll_cmd(model: str, out: Path, seed: int, steps: int, args, max_new_tokens:
 def roll_result(out: Path) -> dict:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time/step_s" in r]
-    return {"step_s": [r["time/step_s"] for r in steps],
+    # wall time from one step's end to the next one's, logging included and evaluation left out:
+    # what the TRL side's clock measures (between consecutive on_step_end calls, minus evaluation)
+    return {"step_s": [r["time/iteration_s"] for r in steps],
             "response_length": [r["response_length/mean"] for r in steps],
             "accuracy": {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}}
 

@@ -77,3 +77,41 @@ def test_a_checkpoint_follows_every_save_every_steps_and_the_last():
         config = load_config(None, ["trainer.max_steps=7", f"trainer.save_every={save_every}"])
         loop = types.SimpleNamespace(config=config, max_steps=7)
         assert [s for s in range(1, 8) if TrainingLoop.saves_after(loop, s)] == saved
+
+
+def test_an_iteration_counts_the_step_and_the_loops_logging_not_evaluation_or_checkpoints():
+    """``time/iteration_s``: a step's wall time as the run goes. The step (50 ms) and the trackers'
+    logging of the previous one (20 ms) count; evaluation (every step, 150 ms) and checkpoints
+    (every second step, 150 ms) do not."""
+    import time as clock
+
+    class Loop(TrainingLoop):
+        def build(self): pass
+        def begin(self): return {}
+        def save(self, step): clock.sleep(0.15)
+        def step(self, step):
+            clock.sleep(0.05)
+            return {}
+        def evaluate(self):
+            clock.sleep(0.15)
+            return {}
+        def write_checkpoint(self, tmp): return {}
+        def restore(self, path, state): pass
+
+    class Tracker:
+        def __init__(self): self.rows = []
+        def rewind(self, step): pass
+        def log(self, metrics, step):
+            self.rows.append(dict(metrics))
+            clock.sleep(0.02)
+
+    loop = Loop.__new__(Loop)
+    loop.config = load_config(None, ["trainer.max_steps=4", "trainer.eval_every=1", "trainer.save_every=2"])
+    loop.roles = types.SimpleNamespace(reset=lambda: None)
+    tracker = Tracker()
+    loop._attempt([tracker], resume=False)
+    iterations = [row["time/iteration_s"] for row in tracker.rows[1:]]  # row 0: step 0, before RL
+    assert len(iterations) == 4
+    assert 0.05 <= iterations[0] < 0.12  # the first step: nothing logged before it
+    for seconds in iterations[1:]:
+        assert 0.07 <= seconds < 0.14  # never the 0.15 s evaluation or checkpoint

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import zlib
 from abc import abstractmethod
 from pathlib import Path
@@ -353,16 +354,24 @@ class TrainingLoop(Pipeline):
             self.save(0)
         self.before_steps()
         last_eval, last_eval_step = {}, None
+        since = time.perf_counter()  # start of the current iteration (the loop's own work included)
         for step in range(start + 1, self.max_steps + 1):
             self.phase = f"{self.step_label} {step} of {self.max_steps}"
             metrics = self.step(step)
+            ended = time.perf_counter()
+            # wall seconds per step as a user sees them: the step and the loop's logging (which the
+            # step metrics cannot time: it comes after them), not evaluation or checkpoints
+            metrics["time/iteration_s"] = ended - since
             if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0:
                 last_eval, last_eval_step = self.evaluate(), step
                 metrics.update(last_eval)
+            evaluated = time.perf_counter()
             for t in trackers:
                 t.log(metrics, step)
+            logged = time.perf_counter()
             if self.saves_after(step):
                 self.save(step)
+            since = time.perf_counter() - (logged - evaluated)  # the next iteration starts with this logging
         self.after_steps()
         final_step = max(start, self.max_steps)
         return self.summary(final_step, last_eval if last_eval_step == final_step else self.evaluate())
