@@ -179,7 +179,7 @@ class SyncRolloutScheduler(RolloutScheduler):
             "time/reward_s": reward_seconds,  # summed over reward calls, overlapping generation
             "time/reward_wait_s": t_scored - t_generated,  # scoring left after the last generation
         }
-        batch = Batch.concat(done)
+        batch = Batch.concat([part for part in done if part is not None])  # every request has answered
         scores_t = torch.tensor(scores, dtype=torch.float32)
         return batch.update(
             scores=scores_t,
