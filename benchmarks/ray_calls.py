@@ -1,21 +1,25 @@
-"""What each Ray actor call of an RL step costs: submission, dispatch, the worker's run, the return.
+"""What each actor call of an RL step costs on Ray, beside the same calls on the local executor.
 
-Runs the quickstart (warm-up, then ``--steps`` RL steps, no evaluation) on the ``ray`` executor in
-this process. The driver's side is timed by wrapping the executor's ``invoke``, ``get`` and ``wait``
-and the pipeline's ``step``; the workers' side comes from Ray's own task timeline
-(``ray.timeline``), written just before the executor shuts down. Both clocks are the machine's wall
-clock, so the two line up. For every call on a step's critical path (generate, score, update) it
-prints medians over the RL steps after the first:
+Runs the quickstart (warm-up, then ``--steps`` RL steps, no evaluation) on the ``local`` and the
+``ray`` executor in this process, alternating for ``--rounds`` rounds so drift in the machine's
+speed falls on both. The driver's side is timed by wrapping the executor's ``invoke``, ``get`` and
+``wait`` and the pipeline's ``step``; on Ray the workers' side comes from Ray's own task timeline
+(``ray.timeline``, written just before the executor shuts down). Both clocks are the machine's
+wall clock, so the two line up. On the local executor a call runs inside ``invoke``, which is all
+there is to time. For each call on a step's critical path (generate, score, update) it prints
+medians over the RL steps after the first:
 
 - ``submit``: the driver inside ``.remote()`` (serialising the arguments, handing the task to Ray);
-- ``dispatch``: from the start of ``.remote()`` to the worker starting the method;
-- ``run``: the method on the worker;
+- ``dispatch``: from the start of ``.remote()`` to the worker starting the method (not counted for
+  a request the step before sent ahead, ``prefetch``: it waits off the step's path);
+- ``run``: the method on the worker (local: the whole call);
 - ``return``: from the method's end to the driver's ``get``/``wait`` returning.
 
-``dispatch + return`` is what the call costs beyond its own work; the local executor pays none of it.
-The weight hand-over is not on the critical path (it is queued behind the update) and is not counted.
+``dispatch + return`` is what a call costs beyond its own work, and ``run`` on Ray against ``run``
+locally is how much slower the same work runs in a worker process. The weight hand-over is queued
+behind the update and not counted.
 
-    python benchmarks/ray_calls.py [--steps 60] [overrides ...]
+    python benchmarks/ray_calls.py [--steps 60] [--rounds 2] [overrides ...]
 
 Run nothing else CPU-heavy beside it.
 """
@@ -33,66 +37,85 @@ from pathlib import Path
 CRITICAL = [("generate", "generate", "TrainWorker.call_hosted"),
             ("score", "score_detailed", "RewardWorker.score_detailed"),
             ("update", "update", "TrainWorker.update")]
+PHASES = ("submit", "dispatch", "run", "return")
 
 
-def instrument(out: Path) -> list[tuple]:
-    """Record driver events ``(kind, name, start, end)``; dump them and Ray's timeline at shutdown."""
-    from roll_core.pipelines.rlvr import RLVRPipeline
-    from roll_core.runtime.executor import RayExecutor
+class Recorder:
+    """Driver events ``(kind, name, start, end)`` of the current run; on Ray, the run's timeline
+    and events are written to its directory when the executor shuts down."""
 
-    events: list[tuple] = []
+    def __init__(self):
+        self.events: list[tuple] = []
+        self.out: Path | None = None
 
-    def timed(kind, original, name_of=lambda *a: ""):
-        def wrapper(self, *args):
-            start = time.time()
-            result = original(self, *args)
-            events.append((kind, name_of(*args), start, time.time()))
-            return result
-        return wrapper
+    def install(self) -> None:
+        from roll_core.pipelines.rlvr import RLVRPipeline
+        from roll_core.runtime.executor import LocalExecutor, RayExecutor
 
-    def method_name(handle, method, args, kwargs):
-        return args[1] if method == "call_hosted" else method  # a hosted worker's call: (role, method, ...)
+        def timed(kind, original, name_of=lambda *a: ""):
+            def wrapper(executor_or_pipeline, *args):
+                start = time.time()
+                result = original(executor_or_pipeline, *args)
+                self.events.append((kind, name_of(*args), start, time.time()))
+                return result
+            return wrapper
 
-    RayExecutor.invoke = timed("invoke", RayExecutor.invoke, method_name)
-    RayExecutor.get = timed("get", RayExecutor.get)
-    RayExecutor.wait = timed("wait", RayExecutor.wait)
-    RLVRPipeline.step = timed("step", RLVRPipeline.step, lambda step: str(step))
-    shutdown = RayExecutor.shutdown
+        def method(handle, name, args, kwargs):
+            return name
 
-    def dump_then_shutdown(self):
-        self.ray.timeline(str(out / "timeline.json"))
-        (out / "driver.json").write_text(json.dumps(events))
-        shutdown(self)
+        for cls in (LocalExecutor, RayExecutor):
+            cls.invoke = timed("invoke", cls.invoke, method)
+        RayExecutor.get = timed("get", RayExecutor.get)
+        RayExecutor.wait = timed("wait", RayExecutor.wait)
+        RLVRPipeline.step = timed("step", RLVRPipeline.step, lambda step: str(step))
+        shutdown = RayExecutor.shutdown
 
-    RayExecutor.shutdown = dump_then_shutdown
-    return events
+        def dump_then_shutdown(executor):
+            executor.ray.timeline(str(self.out / "timeline.json"))
+            shutdown(executor)
+
+        RayExecutor.shutdown = dump_then_shutdown
 
 
-def call_costs(out: Path) -> dict[str, list[float]]:
-    """Per RL step after the first: milliseconds of each phase of each critical-path call."""
-    timeline = json.loads((out / "timeline.json").read_text())
-    events = json.loads((out / "driver.json").read_text())
+def local_costs(events: list[tuple]) -> dict[str, list[float]]:
+    """Per RL step after the first: milliseconds of each critical call, run inside ``invoke``."""
+    costs: dict[str, list[float]] = {}
+    for _, _, start, end in [e for e in events if e[0] == "step"][1:]:
+        costs.setdefault("step", []).append((end - start) * 1e3)
+        for label, method, _ in CRITICAL:
+            runs = [e[3] - e[2] for e in events if e[0] == "invoke" and e[1] == method and start <= e[2] <= end]
+            if runs:
+                costs.setdefault(f"{label} run", []).append(sum(runs) * 1e3)
+    return costs
+
+
+def ray_costs(events: list[tuple], timeline: list[dict]) -> dict[str, list[float]]:
+    """Per RL step after the first: milliseconds of each phase of each critical call on Ray."""
     tasks = sorted((e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, e["cat"].split("::", 1)[1]) for e in timeline
                    if e.get("ph") == "X" and e.get("cat", "").startswith("task::"))
-    steps = [(start, end) for kind, _, start, end in events if kind == "step"][1:]
+    invokes = [e for e in events if e[0] == "invoke"]
+    returns = sorted(e[3] for e in events if e[0] in ("get", "wait"))
     costs: dict[str, list[float]] = {}
 
     def add(key: str, seconds: float) -> None:
         costs.setdefault(key, []).append(seconds * 1e3)
 
-    for start, end in steps:
+    for _, _, start, end in [e for e in events if e[0] == "step"][1:]:
         add("step", end - start)
-        invokes = [e for e in events if e[0] == "invoke" and start <= e[2] <= end]
-        returns = [e[3] for e in events if e[0] in ("get", "wait") and start <= e[2] <= end]
         for label, method, task in CRITICAL:
-            sent = next((e for e in invokes if e[1] == method), None)
-            ran = next((t for t in tasks if t[2] == task and sent is not None and t[0] >= sent[2]), None)
+            # the call whose run ends in this step, and the latest submission of it before that run
+            ran = next((t for t in tasks if t[2] == task and start <= t[1] <= end), None)
+            sent = max((e for e in invokes if e[1] == method and ran is not None and e[2] <= ran[0]),
+                       key=lambda e: e[2], default=None)
             if sent is None or ran is None:
                 continue
-            back = min((r for r in returns if r >= ran[1]), default=None)
             add(f"{label} submit", sent[3] - sent[2])
-            add(f"{label} dispatch", ran[0] - sent[2])
+            if sent[2] >= start:  # sent during the step; a prefetched request waited off the step's path
+                add(f"{label} dispatch", ran[0] - sent[2])
+            else:
+                costs.setdefault("prefetched", []).append(1.0)
             add(f"{label} run", ran[1] - ran[0])
+            back = next((r for r in returns if r >= ran[1]), None)
             if back is not None:
                 add(f"{label} return", back - ran[1])
     return costs
@@ -101,26 +124,42 @@ def call_costs(out: Path) -> dict[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("overrides", nargs="*", help="roll config overrides")
     args = parser.parse_args()
-    out = Path(tempfile.mkdtemp(prefix="roll-ray-calls-"))
-    instrument(out)
     from roll_core.cli import main as roll
 
-    if roll(["run", f"output_dir={out}", "executor=ray", f"trainer.max_steps={args.steps}", "trainer.eval_every=0",
-             "trainer.save_every=0", "trainer.resume=never", "trackers=[jsonl]", *args.overrides]) != 0:
-        raise SystemExit("the run failed")
-    costs = call_costs(out)
-    median = {k: statistics.median(v) for k, v in costs.items()}
-    print(f"\nmedians over RL steps 2-{args.steps}, milliseconds")
-    print(f"{'call':<10}{'submit':>9}{'dispatch':>10}{'run':>9}{'return':>9}")
+    root = Path(tempfile.mkdtemp(prefix="roll-ray-calls-"))
+    recorder = Recorder()
+    recorder.install()
+    costs: dict[str, dict[str, list[float]]] = {"local": {}, "ray": {}}
+    for round_ in range(args.rounds):
+        for executor in ("local", "ray"):
+            recorder.out, recorder.events = root / f"{executor}-{round_}", []
+            if roll(["run", f"output_dir={recorder.out}", f"executor={executor}", f"trainer.max_steps={args.steps}",
+                     "trainer.eval_every=0", "trainer.save_every=0", "trainer.resume=never", "trackers=[jsonl]",
+                     *args.overrides]) != 0:
+                raise SystemExit(f"the {executor} run failed")
+            if executor == "ray":
+                run = ray_costs(recorder.events, json.loads((recorder.out / "timeline.json").read_text()))
+            else:
+                run = local_costs(recorder.events)
+            for key, values in run.items():
+                costs[executor].setdefault(key, []).extend(values)
+    local = {k: statistics.median(v) for k, v in costs["local"].items()}
+    ray = {k: statistics.median(v) for k, v in costs["ray"].items()}
+    print(f"\nmedians over RL steps 2-{args.steps} of {args.rounds} run(s) each, milliseconds")
+    print(f"{'call':<10}{'local run':>10}" + "".join(f"{'ray ' + p:>14}" for p in PHASES))
     for label, _, _ in CRITICAL:
-        print(f"{label:<10}" + "".join(f"{median.get(f'{label} {p}', float('nan')):>{w}.2f}"
-                                       for p, w in (("submit", 9), ("dispatch", 10), ("run", 9), ("return", 9))))
-    overhead = sum(median.get(f"{label} {p}", 0.0) for label, _, _ in CRITICAL for p in ("dispatch", "return"))
-    print(f"step {median['step']:.2f} ms; dispatch + return of these calls {overhead:.2f} ms "
-          f"({overhead / median['step']:.0%} of the step)")
-    print(f"run kept in {out}")
+        print(f"{label:<10}{local.get(f'{label} run', float('nan')):>10.2f}"
+              + "".join(f"{ray.get(f'{label} {p}', float('nan')):>14.2f}" for p in PHASES))
+    calls = sum(ray.get(f"{label} {p}", 0.0) for label, _, _ in CRITICAL for p in ("dispatch", "return"))
+    slower = sum(ray.get(f"{label} run", 0.0) - local.get(f"{label} run", 0.0) for label, _, _ in CRITICAL)
+    print(f"step: local {local['step']:.2f}, ray {ray['step']:.2f} (+{ray['step'] - local['step']:.2f}); "
+          f"on Ray, dispatch + return {calls:.2f}, the same calls' runs {slower:+.2f}; "
+          f"generate sent ahead by the step before on {len(costs['ray'].get('prefetched', []))} of "
+          f"{len(costs['ray']['step'])} Ray steps")
+    print(f"runs kept in {root}")
 
 
 if __name__ == "__main__":
