@@ -21,13 +21,14 @@ from roll_core.runtime.executor import WorkerGroup
 
 
 class Engine:
-    """Answers every sample with ``"1"`` then EOS, and records the prompts of each generate call."""
+    """Answers every sample with ``"1"`` then EOS, and records each generate call's prompts and
+    sampling settings."""
 
     def __init__(self, tokenizer):
         self.tokenizer, self.calls = tokenizer, []
 
     def generate(self, part, **sampling):
-        self.calls.append(list(part["prompt"]))
+        self.calls.append((list(part["prompt"]), sampling))
         one = self.tokenizer.convert_tokens_to_ids("1")
         responses = torch.tensor([[one, self.tokenizer.eos_token_id]] * len(part))
         return part.update(responses=responses, response_mask=torch.ones_like(responses),
@@ -45,13 +46,15 @@ class Rewards:
 
 
 def _scheduler(**overrides):
-    config = load_config(None, [f"{k}={v}" for k, v in {"rollout.prompts_per_step": 3,
-                                                          "rollout.num_return_sequences": 2, **overrides}.items()])
+    settings = {"rollout.prompts_per_step": 3, "rollout.num_return_sequences": 2, "rollout.request_size": 4,
+                "rollout.temperature": 0.7, **overrides}  # 6 samples a round: requests of 4 and 2
+    config = load_config(None, [f"{k}={v}" for k, v in settings.items()])
     tokenizer = build_char_tokenizer()
     engine, executor = Engine(tokenizer), LocalExecutor()
     scheduler = SyncRolloutScheduler(config, executor, WorkerGroup("actor_infer", [engine], executor), Rewards(),
                                      tokenizer)
-    rows = [{"prompt": f"{i}+{i}=", "ground_truth": f"{2 * i:03d}"} for i in range(10, 20)]
+    # every third ground truth starts with "1", the engine's answer: scores of 1 and 0
+    rows = [{"prompt": f"{i}+{i}=", "ground_truth": f"{i % 3}{2 * i}"} for i in range(10, 20)]
     scheduler.start(PromptStream(rows, seed=5))
     return scheduler, engine
 
@@ -63,10 +66,13 @@ def test_a_prefetched_round_is_the_one_the_next_step_would_have_sent():
         got, want = early.next_batch()[0], plain.next_batch()[0]
         assert got["prompt"] == want["prompt"] and torch.equal(got["scores"], want["scores"])
         assert torch.equal(got["group_index"], want["group_index"])
+        assert got["scores"].tolist() == [float(t.startswith("1")) for t in got["ground_truth"]]
+        assert 0 < got["scores"].sum() < len(got)
         early.prefetch()
         early.prefetch()  # a second call sends nothing more
-    assert early_engine.calls[:3] == plain_engine.calls  # the same requests, in the same order
-    assert len(early_engine.calls) == 4  # the fourth step's, sent early
+    assert early_engine.calls[:6] == plain_engine.calls  # the same requests, in the same order
+    assert len(early_engine.calls) == 8  # the fourth step's two, sent early
+    assert {s["temperature"] for _, s in early_engine.calls} == {0.7}
     assert early.stream.state() != plain.stream.state()  # its prompts are drawn...
     early.stop()  # ...and a run that ends here lets them finish unread
     assert early._prefetched is None
