@@ -26,12 +26,18 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def forward_parameters(model) -> Collection[str]:
+    """The keyword names the model's forward declares. A PEFT wrapper passes keywords through to its
+    base model, so the base model's signature decides."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inspect.signature(base.forward).parameters
+
+
 def cache_keyword(model) -> str:
     """The keyword ``model.forward`` takes its KV cache by: ``cache`` from transformers 5.24 (which
     warns on the old name and drops it in 5.40), ``past_key_values`` before. Outputs carry the cache
-    under the same name. A PEFT wrapper passes keywords through, so its base model's signature decides."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    under the same name."""
+    return "cache" if "cache" in forward_parameters(model) else "past_key_values"
 
 
 def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_tokens: int = 0):
@@ -43,7 +49,7 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_toke
     copied to every sample: the same values, ``num_return_sequences`` times less prompt compute. Only
     the last position's logits are computed where the model takes ``logits_to_keep`` (a full
     vocabulary at every prompt position is most of the memory of a long prompt)."""
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}
     distinct, inverse = torch.unique(torch.where(prompt_mask.bool(), prompt_ids, -1), dim=0, return_inverse=True)
     shared = len(distinct) < len(prompt_ids)
     if shared:  # the first sample of each distinct prompt stands for all of them
