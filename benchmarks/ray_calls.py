@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from step_profile import run_args  # the same quickstart run: no evaluation, no checkpoints
+
 # (label, the driver's method name, Ray's task name on the worker)
 CRITICAL = [("generate", "generate", "TrainWorker.call_hosted"),
             ("score", "score_detailed", "RewardWorker.score_detailed"),
@@ -136,9 +138,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         for executor in ("local", "ray"):
             recorder.out, recorder.events = root / f"{executor}-{round_}", []
-            if roll(["run", f"output_dir={recorder.out}", f"executor={executor}", f"trainer.max_steps={args.steps}",
-                     "trainer.eval_every=0", "trainer.save_every=0", "trainer.resume=never", "trackers=[jsonl]",
-                     *args.overrides]) != 0:
+            if roll(run_args(recorder.out, executor, args.steps, args.overrides)) != 0:
                 raise SystemExit(f"the {executor} run failed")
             if executor == "ray":
                 run = ray_costs(recorder.events, json.loads((recorder.out / "timeline.json").read_text()))
