@@ -55,7 +55,7 @@ def test_router_sends_each_domain_to_its_workers_with_weights(roll_plugins):
     default = ex.spawn("reward", RewardWorker, [([("const", {"value": 1.0}, 1.0)], None)])
     code = ex.spawn("reward/code", RewardWorker,
                     [([("const", {"value": 2.0}, 0.5), ("exact_match", {}, 3.0)], None) for _ in range(2)])
-    router = RewardRouter(ex, default, {"code": code})
+    router = RewardRouter(default, {"code": code})
     samples = [RewardInput("p", "x", "x", "code"), RewardInput("p", "x", "y", "math"),
                RewardInput("p", "x", "y", "code"), RewardInput("p", "x", "x", "default")]
     scores, components, seconds = router.gather(router.submit(samples))
@@ -67,8 +67,8 @@ def test_router_sends_each_domain_to_its_workers_with_weights(roll_plugins):
 
 @pytest.mark.ray
 def test_two_domain_run_reports_per_domain_metrics(tiny_config):
-    """Must-show: arithmetic (exact match) and python_expr (programs run in the sandbox), each domain
-    on its own Ray reward workers, half of every step from each, metrics per domain."""
+    """Must-show: arithmetic (exact match, scored in the driver) and python_expr (programs run in
+    the sandbox, on two Ray reward workers), half of every step from each, metrics per domain."""
     pytest.importorskip("roll_rewards")
     from roll_core.pipelines.rlvr import RLVRPipeline
     from roll_core.runtime import make_executor
@@ -86,6 +86,9 @@ def test_two_domain_run_reports_per_domain_metrics(tiny_config):
         summary = pipeline.run()
         assert [g.role for g in pipeline.reward.groups()] == ["reward", "reward/code"]
         assert len(pipeline.reward.by_domain["code"]) == 2
+        # exact_match scores in the driver, the sandboxed code reward on its Ray workers: one router
+        assert pipeline.reward.default.executor.name == "local"
+        assert pipeline.reward.by_domain["code"].executor is executor
     finally:
         executor.shutdown()
     rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]

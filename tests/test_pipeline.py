@@ -166,7 +166,8 @@ def test_same_seed_same_metrics_local_and_ray(tmp_path, layout):
     while the next request generates on two reward workers: completion order differs between the
     executors, the numbers must not. Weights reach the engines through shared memory.
     ``hybrid``: the default layout, where Ray builds actor_infer's worker inside actor_train's
-    process (``ray.hybrid_engine``) and the weights are handed over in memory; the next step's
+    process (``ray.hybrid_engine``), the reward scores in the driver (``placement: auto``) and the
+    weights are handed over in memory; the next step's
     requests are queued behind the update (``prefetch``). ``hybrid-evaluated`` evaluates after
     every step, with those requests in flight, and checkpoints after step 2, before which none
     may be drawn early."""
@@ -180,9 +181,14 @@ def test_same_seed_same_metrics_local_and_ray(tmp_path, layout):
                              capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
         results[executor] = metrics_of(run_dir)
-    roles = json.loads((tmp_path / "ray" / "placement.json").read_text())["roles"]
+    placement = json.loads((tmp_path / "ray" / "placement.json").read_text())
+    roles = placement["roles"]
     train_pids = {w["pid"] for w in roles["actor_train"]}
     assert ({w["pid"] for w in roles["actor_infer"]} == train_pids) == layout.startswith("hybrid")
+    # exact_match is lightweight: one reward worker scores in the driver, two are processes of their own
+    reward_pids = [w["pid"] for w in roles["reward"]]
+    assert (reward_pids == [placement["driver_pid"]]) == layout.startswith("hybrid")
+    assert len(set(reward_pids) | train_pids | {placement["driver_pid"]}) == (2 if layout.startswith("hybrid") else 4)
     local, ray = results["local"], results["ray"]
     steps = [0, 1, 2, 3, 4] if layout == "hybrid-evaluated" else [0, 1, 2, 3]
     assert [r["step"] for r in local] == [r["step"] for r in ray] == steps

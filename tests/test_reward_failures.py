@@ -104,7 +104,7 @@ def test_a_hanging_reward_times_out_per_call_and_asks_for_a_new_worker(rewards):
 def test_the_router_replaces_a_worker_whose_call_hung_and_counts_it(rewards):
     executor = LocalExecutor()
     group = executor.spawn("reward", RewardWorker, [([("hanging", {}, 1.0)], None, "roles.reward", {"timeout_s": 0.05})])
-    router = RewardRouter(executor, group)
+    router = RewardRouter(group)
     first = group.handles[0]
     scores, _, _ = router.gather(router.submit(SAMPLES))
     assert scores == [0.0, 0.0] and group.handles[0] is not first  # a fresh worker took its place
@@ -115,7 +115,7 @@ def test_the_router_replaces_a_worker_whose_call_hung_and_counts_it(rewards):
 def test_a_rewards_own_counters_are_step_metrics_summed_over_its_workers(rewards):
     executor = LocalExecutor()
     group = executor.spawn("reward", RewardWorker, [([("counting", {}, 1.0)], None)] * 2)
-    router = RewardRouter(executor, group)
+    router = RewardRouter(group)
     router.gather(router.submit(SAMPLES * 3))  # 6 samples over 2 workers
     assert router.pop_failures()["reward/counting/calls"] == 6.0
     router.gather(router.submit(SAMPLES))
@@ -127,7 +127,7 @@ def test_a_replaced_worker_is_stopped_only_after_the_calls_queued_on_it(rewards)
     stopped = []
     executor.stop = stopped.append
     group = executor.spawn("reward", RewardWorker, [([("hanging", {}, 1.0)], None, "roles.reward", {"timeout_s": 0.05})])
-    router = RewardRouter(executor, group)
+    router = RewardRouter(group)
     old = group.handles[0]
     first, second = router.submit(SAMPLES), router.submit(SAMPLES)  # both on the one worker
     router.gather(first)

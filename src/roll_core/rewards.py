@@ -2,7 +2,9 @@
 
 A reward scores one finished sample. Rewards are registered by name through
 ``roll_register_rewards`` and run inside reward workers, so a slow reward never blocks generation
-once rollout is asynchronous. Richer rewards (math-verify, code sandboxes, judges) live in the
+once rollout is asynchronous; a reward that declares itself :attr:`Reward.lightweight` scores in
+the driver instead (``roles.reward.placement: auto``), as a string comparison costs far less than
+a round trip to another process. Richer rewards (math-verify, code sandboxes, judges) live in the
 ``roll_rewards`` plugin.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass
@@ -35,6 +37,13 @@ class RewardInput:
 
 class Reward(ABC):
     """Constructed with the ``roles.reward.options`` of the config as keyword arguments."""
+
+    #: True for a quick, pure function of its inputs (string or regular-expression checks): no model,
+    #: no sandbox, no service, nothing that can hang. With ``placement: auto`` (the default) a reward
+    #: role whose rewards all say so scores in the driver process, which saves every generation
+    #: request a round trip to a reward worker. Anything else keeps the default, False: a reward
+    #: worker contains its hangs and crashes (:class:`~roll_core.runtime.workers.RewardWorker`).
+    lightweight: ClassVar[bool] = False
 
     def __init__(self, **options: Any):
         if options:
@@ -62,6 +71,8 @@ class ExactMatch(Reward):
 
     Options: ``strip`` (default True), ``case_sensitive`` (default True).
     """
+
+    lightweight = True
 
     def __init__(self, strip: bool = True, case_sensitive: bool = True):
         self.strip, self.case_sensitive = strip, case_sensitive

@@ -98,6 +98,8 @@ from roll_core.rewards import Reward, RewardInput
 class $cls(Reward):
     """Options come from `roles.reward.options` as keyword arguments."""
 
+    # lightweight = True  # for a quick, pure check like this one: it then scores in the driver process
+
     def __init__(self, case_sensitive: bool = True):
         self.case_sensitive = case_sensitive
 

@@ -553,7 +553,25 @@ class RewardFailures(Placed):
         return {"timeout_s": self.timeout_s, "on_timeout": self.on_timeout, "on_nonfinite": self.on_nonfinite}
 
 
-class RewardRoleConfig(RewardFailures):
+class _RewardRole(RewardFailures):
+    """Where a reward role scores: its own workers, or the driver process."""
+
+    placement: Literal["auto", "driver", "workers"] = Field(
+        "auto", description="where the role's rewards score: workers (processes of their own on the ray executor, "
+        "which contain a reward that hangs or crashes), driver (in the driver process: no round trip per generation "
+        "request), or auto: the driver when every reward of the role is lightweight (exact_match, multiple_choice; "
+        "Reward.lightweight) and the role has one CPU worker, workers otherwise")
+
+    @model_validator(mode="after")
+    def _driver_is_one_process(self):
+        if self.placement == "driver" and (self.num_workers > 1 or self.device_mapping is not None):
+            raise ValueError("placement 'driver' scores in the driver process, one CPU worker: it takes neither "
+                             f"num_workers above 1 (got {self.num_workers}) nor a device_mapping; use placement: "
+                             "workers")
+        return self
+
+
+class RewardRoleConfig(_RewardRole):
     """The reward of every sample whose domain has no entry in ``roles.domain_rewards`` (an LLM judge
     that loads a model is a reward too: its workers get their own ``device_mapping``)."""
 
@@ -572,7 +590,7 @@ class WeightedRewardConfig(Strict):
     weight: float = Field(1.0, description="its weight in the domain's score, sum(weight * reward)")
 
 
-class DomainRewardConfig(RewardFailures):
+class DomainRewardConfig(_RewardRole):
     """The reward workers of one domain. The score is ``sum(weight * reward)`` over ``rewards``."""
 
     kind: Literal["reward"] = Field("reward", description=_KIND)

@@ -24,6 +24,7 @@ and switches thread counts between phases. ``rlvr`` (RL with verifiable rewards)
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 import zlib
@@ -41,7 +42,7 @@ from roll_core.pipelines import Pipeline
 from roll_core.pipelines.checkpoint import CheckpointManager
 from roll_core.pipelines.rollout_dump import write_dump
 from roll_core.plugins import get_plugins
-from roll_core.runtime.executor import WorkerGroup
+from roll_core.runtime.executor import LocalExecutor, WorkerGroup
 from roll_core.runtime.placement import (Residency, check_cluster, colocated, hybrid_engine, nodes_needed,
                                          worker_slots)
 from roll_core.rollout.rewards import RewardRouter
@@ -144,17 +145,21 @@ class RoleGroups:
         return self.model_role("reference", cfg.model_path or policy_path, cfg)
 
     def rewards(self) -> RewardRouter:
-        """Spawn the default reward role (``roles.reward``) and one per domain (``roles.domain_rewards``);
-        raises at once if a reward rejects its options (before any model loads)."""
+        """Spawn the default reward role (``roles.reward``) and one per domain (``roles.domain_rewards``),
+        each on its own workers or in the driver (:meth:`scores_in_driver`); raises at once if a
+        reward rejects its options (before any model loads)."""
         roles = self.config.roles
 
         def spawn(name, spec, rewards, key):
-            return self.spawn(name, RewardWorker, [(rewards, self.config, key, spec.failure_policy())] * spec.num_workers,
-                              spec)
+            args = [(rewards, self.config, key, spec.failure_policy())] * spec.num_workers
+            if scores_in_driver(spec, [r[0] for r in rewards], self.plugins.rewards):
+                group = self.groups[name] = LocalExecutor().spawn(name, RewardWorker, [(*a, None) for a in args])
+                return group
+            return self.spawn(name, RewardWorker, args, spec)
         default = spawn("reward", roles.reward, [(roles.reward.name, roles.reward.options, 1.0)], "roles.reward")
         by_domain = {d: spawn(f"reward/{d}", spec, [(r.name, r.options, r.weight) for r in spec.rewards],
                               f"roles.domain_rewards.{d}") for d, spec in roles.domain_rewards.items()}
-        router = RewardRouter(self.executor, default, by_domain)
+        router = RewardRouter(default, by_domain)
         router.ready()
         return router
 
@@ -185,9 +190,22 @@ class RoleGroups:
         self.executor.get([self.executor.invoke(h, "set_rng_state", (s,), {}) for h, s in zip(group.handles, states)])
 
     def record(self, path: Path) -> None:
-        """``placement.json``: the reserved nodes and where every worker landed (pid, node, devices)."""
-        where = {name: self.executor.get(group.call("placement")) for name, group in self.groups.items()}
-        path.write_text(json.dumps({"nodes": self.node_ids, "roles": where}, indent=2))
+        """``placement.json``: the reserved nodes, the driver's pid and where every worker landed (pid, node,
+        devices; a reward role that scores in the driver has the driver's pid)."""
+        where = {name: group.executor.get(group.call("placement")) for name, group in self.groups.items()}
+        path.write_text(json.dumps({"nodes": self.node_ids, "driver_pid": os.getpid(), "roles": where}, indent=2))
+
+
+def scores_in_driver(spec, reward_names: list[str], registry) -> bool:
+    """Whether a reward role (``spec``, with these rewards from ``registry``) scores in the driver
+    process: by its ``placement``, or under ``auto`` when it is one CPU worker of lightweight rewards
+    only (:attr:`~roll_core.rewards.Reward.lightweight`). A string comparison then costs no round
+    trip to another process: on the quickstart a reward worker's call took 3-4 ms of a 0.08 s step
+    against 0.4 ms inline. (On the local executor every worker is in the driver anyway.)"""
+    if spec.placement != "auto":
+        return spec.placement == "driver"
+    return (spec.num_workers == 1 and spec.device_mapping is None
+            and all(getattr(registry.get(name), "lightweight", False) for name in reward_names))
 
 
 def log_probs(executor, group: WorkerGroup, batch: Batch, temperature: float,

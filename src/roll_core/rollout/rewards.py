@@ -4,7 +4,8 @@ Multi-domain RLVR (math, code, instructions, ... in one run) gives each domain i
 worker group (``roles.domain_rewards``); every other sample goes to the default group
 (``roles.reward``). Schedulers :meth:`RewardRouter.submit` samples as soon as their generation
 request finishes and :meth:`RewardRouter.gather` the scores at the end, so scoring runs on its own
-workers while generation goes on.
+workers while generation goes on. A group of lightweight rewards may live in the driver instead
+(``placement``): every call goes through the group's own executor, so the two kinds mix.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 from roll_core.data import even_slices
 from roll_core.rewards import RewardInput
-from roll_core.runtime.executor import Executor, WorkerGroup
+from roll_core.runtime.executor import WorkerGroup
 
 
 @dataclass
@@ -29,15 +30,15 @@ class RewardTicket:
 
 
 class RewardRouter:
-    def __init__(self, executor: Executor, default: WorkerGroup, by_domain: dict[str, WorkerGroup] | None = None):
-        self.executor, self.default = executor, default
+    def __init__(self, default: WorkerGroup, by_domain: dict[str, WorkerGroup] | None = None):
+        self.default = default
         self.by_domain = dict(by_domain or {})
         self._cursor: dict[str, int] = {}
         self.failures = {"reward/timeouts": 0.0, "reward/nonfinite": 0.0, "reward/replaced_workers": 0.0}
         # A worker replaced after a hung call keeps serving the calls already queued on it, and is
         # stopped once the last of them is gathered (killing it at once would fail them all).
         self._pending: dict[int, int] = {}  # id(handle) -> calls submitted and not yet gathered
-        self._retiring: dict[int, object] = {}  # id(handle) -> a replaced worker's handle
+        self._retiring: dict[int, tuple] = {}  # id(handle) -> (its executor, a replaced worker's handle)
 
     def group_of(self, domain: str) -> WorkerGroup:
         return self.by_domain.get(domain, self.default)
@@ -58,14 +59,15 @@ class RewardRouter:
                 w = self._cursor.get(role, 0)
                 self._cursor[role] = (w + 1) % len(group)
                 handle = group.handles[w]
-                future = self.executor.invoke(handle, "score_detailed", ([samples[i] for i in part],), {})
+                future = group.executor.invoke(handle, "score_detailed", ([samples[i] for i in part],), {})
                 ticket.parts.append((future, group, w, handle, part))
                 self._pending[id(handle)] = self._pending.get(id(handle), 0) + 1
         return ticket
 
     def ready(self) -> None:
         """Raises a reward constructor's error (one line naming the reward and its plugin), if any."""
-        self.executor.get([f for group in self.groups() for f in group.call("ready")])
+        for group in self.groups():
+            group.executor.get(group.call("ready"))
 
     def pop_failures(self) -> dict[str, float]:
         """Timeouts, non-finite scores, replaced workers and the rewards' own counters
@@ -79,8 +81,8 @@ class RewardRouter:
         scores: list[float] = [0.0] * ticket.size
         components: list[dict[str, float]] = [{} for _ in range(ticket.size)]
         seconds = 0.0
-        results = self.executor.get(ticket.futures())
-        for (_, group, worker, handle, rows), result in zip(ticket.parts, results):
+        for future, group, worker, handle, rows in ticket.parts:
+            result = group.executor.get(future)
             self._pending[id(handle)] -= 1
             seconds += result["seconds"]
             self.failures["reward/timeouts"] += result.get("timeouts", 0)
@@ -88,13 +90,14 @@ class RewardRouter:
             for key, n in result.get("counters", {}).items():
                 self.failures[f"reward/{key}"] = self.failures.get(f"reward/{key}", 0.0) + n
             if result.get("replace") and group.handles[worker] is handle:  # a call hung on it: a fresh worker
-                self._retiring[id(handle)] = self.executor.replace(group, worker)
-                self.executor.get(self.executor.invoke(group.handles[worker], "ready", (), {}))
+                self._retiring[id(handle)] = (group.executor, group.executor.replace(group, worker))
+                group.executor.get(group.executor.invoke(group.handles[worker], "ready", (), {}))
                 self.failures["reward/replaced_workers"] += 1
             for j, i in enumerate(rows):
                 scores[i] = result["scores"][j]
                 components[i] = {name: values[j] for name, values in result["components"].items()}
         for key in [k for k in self._retiring if not self._pending.get(k)]:
-            self.executor.stop(self._retiring.pop(key))
+            executor, retired = self._retiring.pop(key)
+            executor.stop(retired)
             self._pending.pop(key, None)
         return scores, components, seconds

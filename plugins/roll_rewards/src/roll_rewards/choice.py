@@ -27,6 +27,8 @@ def extract_choice(response: str) -> str | None:
 class MultipleChoiceReward(Reward):
     """1.0 when the extracted letter equals ``ground_truth`` (a letter, or ``"(B)"``), else 0.0."""
 
+    lightweight = True  # two regular expressions without nested repetition: scored in the driver
+
     @classmethod
     def contract_examples(cls):
         return [({}, RewardInput("Q? (A) x (B) y", "The answer is (B).", "B"), 1.0),
