@@ -15,6 +15,9 @@ medians over the RL steps after the first:
 - ``run``: the method on the worker (local: the whole call);
 - ``return``: from the method's end to the driver's ``get``/``wait`` returning.
 
+A reward role that scores in the driver (``placement``; the quickstart's ``exact_match`` does) has
+no Ray call: its row shows the inline run only.
+
 ``dispatch + return`` is what a call costs beyond its own work, and ``run`` on Ray against ``run``
 locally is how much slower the same work runs in a worker process. The weight hand-over is queued
 behind the update and not counted.
@@ -65,8 +68,10 @@ class Recorder:
         def method(handle, name, args, kwargs):
             return name
 
-        for cls in (LocalExecutor, RayExecutor):
-            cls.invoke = timed("invoke", cls.invoke, method)
+        # a call the local executor runs (every call of a local run; on Ray, a reward role that
+        # scores in the driver) is timed whole, inside invoke
+        LocalExecutor.invoke = timed("run", LocalExecutor.invoke, method)
+        RayExecutor.invoke = timed("invoke", RayExecutor.invoke, method)
         RayExecutor.get = timed("get", RayExecutor.get)
         RayExecutor.wait = timed("wait", RayExecutor.wait)
         RLVRPipeline.step = timed("step", RLVRPipeline.step, lambda step: str(step))
@@ -79,15 +84,21 @@ class Recorder:
         RayExecutor.shutdown = dump_then_shutdown
 
 
+def in_process_runs(events: list[tuple], method: str, start: float, end: float) -> float | None:
+    """Seconds of the calls of ``method`` the local executor ran between ``start`` and ``end``."""
+    runs = [e[3] - e[2] for e in events if e[0] == "run" and e[1] == method and start <= e[2] <= end]
+    return sum(runs) if runs else None
+
+
 def local_costs(events: list[tuple]) -> dict[str, list[float]]:
     """Per RL step after the first: milliseconds of each critical call, run inside ``invoke``."""
     costs: dict[str, list[float]] = {}
     for _, _, start, end in [e for e in events if e[0] == "step"][1:]:
         costs.setdefault("step", []).append((end - start) * 1e3)
         for label, method, _ in CRITICAL:
-            runs = [e[3] - e[2] for e in events if e[0] == "invoke" and e[1] == method and start <= e[2] <= end]
-            if runs:
-                costs.setdefault(f"{label} run", []).append(sum(runs) * 1e3)
+            run = in_process_runs(events, method, start, end)
+            if run is not None:
+                costs.setdefault(f"{label} run", []).append(run * 1e3)
     return costs
 
 
@@ -110,6 +121,10 @@ def ray_costs(events: list[tuple], timeline: list[dict]) -> dict[str, list[float
             sent = max((e for e in invokes if e[1] == method and ran is not None and e[2] <= ran[0]),
                        key=lambda e: e[2], default=None)
             if sent is None or ran is None:
+                inline = in_process_runs(events, method, start, end)
+                if inline is not None:  # in the driver (a lightweight reward): no Ray call to split
+                    add(f"{label} run", inline)
+                    costs.setdefault(f"{label} in the driver", []).append(1.0)
                 continue
             add(f"{label} submit", sent[3] - sent[2])
             if sent[2] >= start:  # sent during the step; a prefetched request waited off the step's path
@@ -152,7 +167,8 @@ def main() -> None:
     print(f"{'call':<10}{'local run':>10}" + "".join(f"{'ray ' + p:>14}" for p in PHASES))
     for label, _, _ in CRITICAL:
         print(f"{label:<10}{local.get(f'{label} run', float('nan')):>10.2f}"
-              + "".join(f"{ray.get(f'{label} {p}', float('nan')):>14.2f}" for p in PHASES))
+              + "".join(f"{ray.get(f'{label} {p}', float('nan')):>14.2f}" for p in PHASES)
+              + ("   (in the driver: run inline)" if f"{label} in the driver" in ray else ""))
     calls = sum(ray.get(f"{label} {p}", 0.0) for label, _, _ in CRITICAL for p in ("dispatch", "return"))
     slower = sum(ray.get(f"{label} run", 0.0) - local.get(f"{label} run", 0.0) for label, _, _ in CRITICAL)
     print(f"step: local {local['step']:.2f}, ray {ray['step']:.2f} (+{ray['step'] - local['step']:.2f}); "
