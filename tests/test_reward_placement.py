@@ -90,6 +90,11 @@ def test_one_router_mixes_driver_groups_and_worker_groups_each_through_its_own_e
     router.ready()
     samples = [RewardInput("p", "x", "x", "code"), RewardInput("p", "x", "x"), RewardInput("p", "x", "y", "code"),
                RewardInput("p", "y", "y", "code")]
-    scores, components, _ = router.gather(router.submit(samples))
+    scores, components, seconds = router.gather(router.submit(samples))
     assert scores == [2.0, 1.0, 0.0, 2.0]
     assert components[1] == {"exact_match": 1.0} and components[3] == {"exact_match": 1.0}
+    assert 0.0 <= seconds < 1.0  # the workers' own scoring time, summed: microseconds here
+    # a domain's single samples take its workers in turn
+    tickets = [router.submit([RewardInput("p", "x", "x", "code")]) for _ in range(3)]
+    assert [t.parts[0][2] for t in tickets] == [0, 1, 0]  # the three above took both, in turn
+    assert [router.gather(t)[0] for t in tickets] == [[2.0]] * 3
