@@ -174,9 +174,59 @@ def test_a_local_ray_cluster_starts_its_workers_at_the_configured_niceness(monke
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: started.update(kwargs))
     make_executor(load_config(None, ["executor=ray"]))
-    assert started["_system_config"] == {"worker_niceness": 0}
+    assert started["_system_config"] == {"worker_niceness": 0, "prestart_worker_first_driver": False}
     make_executor(load_config(None, ["executor=ray", "ray.worker_niceness=10"]))
-    assert started["_system_config"] == {"worker_niceness": 10}
+    assert started["_system_config"]["worker_niceness"] == 10
     started.clear()
     make_executor(load_config(None, ["executor=ray", "ray.address=auto"]))
     assert "_system_config" not in started  # a joined cluster keeps its own setting
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process below ``pid``, read from /proc."""
+    from pathlib import Path
+
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            try:
+                found.append((child, (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+            except OSError:
+                continue
+            todo.append(child)
+    return found
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="reads /proc")
+def test_a_local_ray_cluster_holds_no_idle_task_workers():
+    """roll's workers are actors: the task workers Ray would prestart (one per CPU) stay unstarted,
+    so no idle process wakes beside the workers on a small machine."""
+    import os
+    import time
+
+    import ray
+
+    from roll_core.runtime.executor import RayExecutor
+
+    class _Echo:  # defined here so that Ray ships it by value
+        def pid(self):
+            return os.getpid()
+
+    executor = RayExecutor(num_cpus=2, timeout_s=60)
+    try:
+        group = executor.spawn("echo", _Echo, [()])
+        actor_pid = executor.get(executor.invoke(group.handles[0], "pid", (), {}))
+        time.sleep(3)  # prestarted workers would be up by now
+        workers = [(pid, cmd) for pid, cmd in _descendants(os.getpid()) if cmd.startswith("ray::")]
+        assert [pid for pid, _ in workers if pid != actor_pid and "IDLE" in _] == [], workers
+        assert actor_pid in [pid for pid, _ in workers]  # the scan sees Ray's workers at all
+    finally:
+        executor.shutdown()
+        ray.shutdown()

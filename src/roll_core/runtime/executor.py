@@ -230,8 +230,11 @@ class RayExecutor(Executor):
             if address:
                 kwargs["address"] = address
             else:  # "local": a new cluster even when another one runs on this machine
+                # roll runs actors only; the idle task workers Ray prestarts for the first driver (one per
+                # CPU) would sit beside them, each waking ~140 times a second and holding ~100 MB
                 kwargs.update(address="local", num_cpus=num_cpus or os.cpu_count(),
-                              _system_config={"worker_niceness": worker_niceness})
+                              _system_config={"worker_niceness": worker_niceness,
+                                              "prestart_worker_first_driver": False})
                 self._owns_cluster = True
             # Workers must find the same packages and plugins as the driver, and keep its OpenMP and
             # Hugging Face settings (HF_HUB_DISABLE_PROGRESS_BARS: roll run hides the load/save bars).
