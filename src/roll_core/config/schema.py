@@ -722,6 +722,10 @@ class RuntimeConfig(Strict):
     max_restarts: int = Field(1, ge=0, description="restarts of the workers from the last checkpoint after "
                               "a worker process dies or stops answering; 0 = stop at the first failure")
     worker_timeout_s: float = Field(1800, gt=0, description="a worker call that takes longer counts as a dead worker")
+    cpu_matmul: Literal["auto", "onednn", "torch"] = Field(
+        "auto", description="the kernel of the linear layers of models on CPU (hf strategies): onednn, torch's "
+        "oneDNN fp32 kernel (on the AMD EPYC benchmark machine 2-3x the speed of MKL's sgemm, torch's default); "
+        "torch, torch's default; auto: onednn where this torch build offers it. The same fp32 arithmetic either way")
 
 
 class RollConfig(Strict):

@@ -21,7 +21,7 @@ from roll_core.plugins import get_plugins
 from roll_core.rewards import RewardInput
 from roll_core.runtime import distributed
 from roll_core.runtime.deadline import Hung, call_with_deadline
-from roll_core.strategies import lora
+from roll_core.strategies import cpu_matmul, lora
 
 
 def _bind_devices(devices) -> None:
@@ -87,6 +87,7 @@ class _StrategyWorker(_Worker):
     def __init__(self, role: str, model_path: str, role_config, run_config, seed: int, devices=None):
         _bind_devices(devices)
         torch.set_num_threads(run_config.torch_threads)  # a role's own count applies during RL steps only
+        cpu_matmul.configure(run_config.runtime.cpu_matmul)
         self.role = role
         self._args = (model_path, role_config, run_config, seed)
         self.strategy: Any = None  # built by setup()

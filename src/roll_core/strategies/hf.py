@@ -18,7 +18,7 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, rank_world, sum_gradients
-from roll_core.strategies import lora
+from roll_core.strategies import cpu_matmul, lora
 from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
 from roll_core.strategies.packing import packed_forward, packed_inputs
 from roll_core.strategies.sequences import (causal_lm_outputs, position_ids_from_mask, response_outputs,
@@ -61,6 +61,7 @@ class _Sampling(TorchOffloading):
         self.model_path, self.role_config = model_path, role_config
         self.device = default_device()
         self.model = load_causal_lm(model_path, self.device)
+        cpu_matmul.adopt(self.model)  # runtime.cpu_matmul
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def _to(self, t: torch.Tensor) -> torch.Tensor:
@@ -273,6 +274,7 @@ class HFCriticStrategy(TorchPrimitives, TorchOffloading, CriticStrategy):
         self.role_config = role_config
         self.device = default_device()
         self.model = load_value_model(model_path, self.device, seed)
+        cpu_matmul.adopt(self.model)  # runtime.cpu_matmul
         self._build_optimizers()
 
     def _outputs(self, batch: Batch, wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:

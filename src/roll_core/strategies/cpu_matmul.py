@@ -1,0 +1,133 @@
+"""The matrix products of roll's torch models on CPU: torch's default GEMM or oneDNN's.
+
+torch computes an fp32 ``nn.Linear`` on CPU with the BLAS its wheel was built with (MKL). On the
+AMD EPYC machine roll's benchmarks run on, MKL's sgemm reached 180-210 GFLOP/s on two threads,
+where oneDNN's fp32 kernels, which ship inside the same torch, reached 350-430 GFLOP/s on the 95M
+model's training shapes and 350 against 115 GFLOP/s on a decoding step's ``[64, 768] x [768, 3072]``
+(``python benchmarks/bench_cpu_matmul.py``). Both are IEEE fp32 with fp32 accumulation: only the
+order of the sums differs (about 1e-6 relative), so this is the same arithmetic done faster, not
+a lower precision.
+
+``runtime.cpu_matmul`` picks, for every worker process:
+
+* ``auto`` (default): oneDNN where this torch build offers its kernel and it passes a check against
+  torch's own product at start-up, torch's default otherwise;
+* ``onednn``: oneDNN, an error where it is not offered;
+* ``torch``: torch's default everywhere.
+
+How: :func:`adopt` gives every plain ``nn.Linear`` of a model on CPU the class :class:`OneDNNLinear`,
+a subclass whose forward (and backward, :class:`_OneDNNLinearFunction`) calls
+``torch.ops.mkldnn._linear_pointwise``, the kernel torch's own compiler emits for CPU linear layers.
+Parameters, their names, tied weights, hooks and state dicts stay as they were: only each module's
+class changes, so checkpoints, weight sync and adapters (``peft`` wraps the layer as before) do not
+notice. The choice is made once per process (:func:`configure`, called by every worker with the run's
+config, as it sets torch's threads), so the ``local`` and ``ray`` executors compute alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+
+from roll_core.errors import RollError
+
+Mode = Literal["auto", "onednn", "torch"]
+
+_mode: Mode = "auto"
+_available: bool | None = None  # whether oneDNN's kernel is offered and agrees with torch's (checked once)
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T + bias`` for a 2-D ``x [N, in]`` and ``weight [out, in]`` (either may be a
+    transposed view), on oneDNN."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def onednn_available() -> bool:
+    """Whether this torch build offers oneDNN's linear kernel and it computes what ``F.linear`` does
+    (checked once per process on a small product)."""
+    global _available
+    if _available is None:
+        _available = False
+        try:
+            if torch.backends.mkldnn.is_available():
+                gen = torch.Generator().manual_seed(0)
+                x, w, b = (torch.randn(*shape, generator=gen) for shape in ((5, 16), (12, 16), (12,)))
+                _available = bool(torch.allclose(_onednn_linear(x, w, b), F.linear(x, w, b), rtol=1e-4, atol=1e-5))
+        except (AttributeError, RuntimeError, NotImplementedError):  # op not built in, or refused on this CPU
+            _available = False
+    return _available
+
+
+def configure(mode: Mode) -> None:
+    """This process's choice for every model :func:`adopt` is given from now on."""
+    global _mode
+    if mode not in ("auto", "onednn", "torch"):
+        raise RollError(f"runtime.cpu_matmul: '{mode}' is not one of auto, onednn, torch")
+    if mode == "onednn" and not onednn_available():
+        raise RollError("runtime.cpu_matmul: onednn, but this torch build offers no working oneDNN linear kernel "
+                        "(torch.ops.mkldnn._linear_pointwise); use auto or torch")
+    _mode = mode
+
+
+def uses_onednn() -> bool:
+    """Whether :func:`adopt` switches models to oneDNN in this process."""
+    return _mode != "torch" and onednn_available()
+
+
+class _OneDNNLinearFunction(torch.autograd.Function):
+    """``y = x W^T + b`` with both passes on oneDNN: ``dx = dy W`` and ``dW = dy^T x`` are the same
+    kernel on transposed views (no copies), ``db`` the sum of ``dy`` over rows.
+    Shapes: ``x [..., in]``, ``W [out, in]``, ``b [out]``, ``y [..., out]``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        ctx.save_for_backward(rows, weight)
+        ctx.in_shape, ctx.has_bias = x.shape, bias is not None
+        return _onednn_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor):
+        rows, weight = ctx.saved_tensors
+        grad_rows = grad.reshape(-1, grad.shape[-1])
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _onednn_linear(grad_rows, weight.t(), None).view(ctx.in_shape)
+        if ctx.needs_input_grad[1]:
+            grad_w = _onednn_linear(grad_rows.t(), rows.t(), None)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad_rows.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+class OneDNNLinear(torch.nn.Linear):
+    """An ``nn.Linear`` computed by oneDNN on CPU in fp32 (anything else: ``F.linear``)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.weight, self.bias
+        if input.device.type != "cpu" or input.dtype != torch.float32 or weight.dtype != torch.float32 \
+                or input.numel() == 0:
+            return F.linear(input, weight, bias)
+        if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad)):
+            return _OneDNNLinearFunction.apply(input, weight, bias)
+        rows = input.reshape(-1, input.shape[-1])
+        return _onednn_linear(rows, weight, bias).view(*input.shape[:-1], weight.shape[0])
+
+
+def adopt(model: torch.nn.Module) -> int:
+    """Compute ``model``'s plain ``nn.Linear`` layers on oneDNN when this process uses it and the
+    model is on CPU; returns how many layers changed. Subclasses of ``nn.Linear`` (adapters,
+    quantized layers) keep their own forward."""
+    if not uses_onednn() or any(p.device.type != "cpu" for p in model.parameters()):
+        return 0
+    changed = 0
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:
+            module.__class__ = OneDNNLinear
+            changed += 1
+    return changed

@@ -1,0 +1,118 @@
+"""``runtime.cpu_matmul``: linear layers on oneDNN compute what ``nn.Linear`` computes, in both passes,
+and swapping the kernel changes nothing a checkpoint, the weight sync or an adapter sees."""
+
+import copy
+
+import pytest
+import torch
+
+from roll_core.config import load_config
+from roll_core.errors import RollError
+from roll_core.strategies import cpu_matmul
+from roll_core.strategies.cpu_matmul import OneDNNLinear
+
+needs_onednn = pytest.mark.skipif(not cpu_matmul.onednn_available(), reason="this torch build has no oneDNN kernel")
+
+
+@pytest.fixture(autouse=True)
+def _restore_mode():
+    mode, available = cpu_matmul._mode, cpu_matmul._available
+    yield
+    cpu_matmul._mode, cpu_matmul._available = mode, available
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_both_passes_match_nn_linear(bias):
+    """Forward on a 3-D input, and the gradients of the input, the weight and the bias."""
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(24, 40, bias=bias), torch.nn.Tanh(), torch.nn.Linear(40, 7, bias=bias))
+    fast = copy.deepcopy(plain)
+    cpu_matmul.configure("onednn")
+    assert cpu_matmul.adopt(fast) == 2 and all(type(m) is OneDNNLinear for m in (fast[0], fast[2]))
+    x = torch.randn(3, 5, 24)
+    x_plain, x_fast = x.clone().requires_grad_(), x.clone().requires_grad_()
+    weights = torch.randn(3, 5, 7)  # a loss whose gradient differs per output
+    (plain(x_plain) * weights).sum().backward()
+    (fast(x_fast) * weights).sum().backward()
+    torch.testing.assert_close(fast(x), plain(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x_fast.grad, x_plain.grad, rtol=1e-5, atol=1e-5)
+    for mine, theirs in zip(fast.parameters(), plain.parameters()):
+        assert mine.grad.shape == theirs.grad.shape
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_a_frozen_weight_gets_no_gradient_and_no_grad_mode_computes_the_same():
+    torch.manual_seed(1)
+    layer = torch.nn.Linear(8, 4)
+    reference = copy.deepcopy(layer)
+    cpu_matmul.configure("onednn")
+    cpu_matmul.adopt(layer)
+    layer.weight.requires_grad_(False)
+    x = torch.randn(6, 8, requires_grad=True)
+    layer(x).sum().backward()
+    assert layer.weight.grad is None and layer.bias.grad is not None and x.grad is not None
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), reference(x), rtol=1e-5, atol=1e-5)
+    assert layer(torch.zeros(0, 8)).shape == (0, 4)  # no rows: torch's own kernel
+
+
+@needs_onednn
+def test_adopting_keeps_names_tied_weights_and_subclasses(tiny_model_path):
+    from roll_core.strategies.models import load_causal_lm
+
+    model = load_causal_lm(str(tiny_model_path))
+    before = {name: param for name, param in model.named_parameters()}
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+
+    class Adapter(torch.nn.Linear):  # a subclass keeps its own forward
+        pass
+
+    model.extra = Adapter(2, 2)
+    cpu_matmul.configure("auto")
+    assert cpu_matmul.adopt(model) == linears > 0
+    assert type(model.extra) is Adapter
+    del model.extra
+    assert {name: param for name, param in model.named_parameters()} == before  # the same Parameter objects
+    if model.config.tie_word_embeddings:
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert set(model.state_dict()) == set(load_causal_lm(str(tiny_model_path)).state_dict())
+
+
+def test_torch_mode_leaves_models_alone():
+    cpu_matmul.configure("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    assert cpu_matmul.adopt(model) == 0 and type(model[0]) is torch.nn.Linear
+    assert not cpu_matmul.uses_onednn()
+
+
+def test_a_missing_kernel_is_an_error_for_onednn_and_falls_back_for_auto():
+    cpu_matmul._available = False  # as on a torch build without oneDNN
+    with pytest.raises(RollError, match="runtime.cpu_matmul: onednn.*use auto or torch"):
+        cpu_matmul.configure("onednn")
+    cpu_matmul.configure("auto")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    assert cpu_matmul.adopt(model) == 0 and type(model[0]) is torch.nn.Linear
+    with pytest.raises(RollError, match="'fast' is not one of auto, onednn, torch"):
+        cpu_matmul.configure("fast")
+
+
+def test_the_config_key_is_checked_before_anything_starts():
+    assert load_config(None, []).runtime.cpu_matmul == "auto"
+    with pytest.raises(Exception, match="cpu_matmul"):
+        load_config(None, ["runtime.cpu_matmul=mkl"])
+
+
+@needs_onednn
+@pytest.mark.parametrize("mode, expected", [("auto", OneDNNLinear), ("torch", torch.nn.Linear)])
+def test_workers_take_the_kernel_from_the_run_config(tiny_model_path, mode, expected):
+    """Every worker process configures itself from ``runtime.cpu_matmul`` (as it sets its threads),
+    and the hf strategies' models follow."""
+    from roll_core.runtime.workers import InferWorker
+
+    cfg = load_config(None, ["executor=local", f"runtime.cpu_matmul={mode}"])
+    worker = InferWorker("actor_infer", str(tiny_model_path), cfg.roles.actor_infer, cfg, seed=0)
+    worker.setup()
+    kinds = {type(m) for m in worker.strategy.model.modules() if isinstance(m, torch.nn.Linear)}
+    assert kinds == {expected}
