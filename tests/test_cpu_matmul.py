@@ -53,9 +53,32 @@ def test_a_frozen_weight_gets_no_gradient_and_no_grad_mode_computes_the_same():
     x = torch.randn(6, 8, requires_grad=True)
     layer(x).sum().backward()
     assert layer.weight.grad is None and layer.bias.grad is not None and x.grad is not None
+    x3 = torch.randn(2, 3, 8)
     with torch.no_grad():
-        torch.testing.assert_close(layer(x), reference(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layer(x3), reference(x3), rtol=1e-5, atol=1e-5)
     assert layer(torch.zeros(0, 8)).shape == (0, 4)  # no rows: torch's own kernel
+
+
+@needs_onednn
+def test_other_dtypes_fall_back_to_torch_with_their_bias():
+    torch.manual_seed(2)
+    layer = torch.nn.Linear(8, 4).double()
+    reference = copy.deepcopy(layer)
+    cpu_matmul.configure("onednn")
+    cpu_matmul.adopt(layer)
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), reference(x))
+
+
+def test_the_kernel_is_offered_only_when_it_agrees_with_torch(monkeypatch):
+    if cpu_matmul.onednn_available():
+        cpu_matmul._available = None
+        assert cpu_matmul.onednn_available() is True  # checked again, from scratch
+    for wrong in (lambda x, w, b: torch.zeros(x.shape[0], w.shape[0]),  # a kernel that computes something else
+                  lambda x, w, b: (_ for _ in ()).throw(RuntimeError("unsupported ISA"))):
+        monkeypatch.setattr(cpu_matmul, "_onednn_linear", wrong)
+        cpu_matmul._available = None
+        assert cpu_matmul.onednn_available() is False
 
 
 @needs_onednn
@@ -89,12 +112,12 @@ def test_torch_mode_leaves_models_alone():
 
 def test_a_missing_kernel_is_an_error_for_onednn_and_falls_back_for_auto():
     cpu_matmul._available = False  # as on a torch build without oneDNN
-    with pytest.raises(RollError, match="runtime.cpu_matmul: onednn.*use auto or torch"):
+    with pytest.raises(RollError, match="^runtime.cpu_matmul: onednn, but .*; use auto or torch$"):
         cpu_matmul.configure("onednn")
     cpu_matmul.configure("auto")
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     assert cpu_matmul.adopt(model) == 0 and type(model[0]) is torch.nn.Linear
-    with pytest.raises(RollError, match="'fast' is not one of auto, onednn, torch"):
+    with pytest.raises(RollError, match="^runtime.cpu_matmul: 'fast' is not one of auto, onednn, torch$"):
         cpu_matmul.configure("fast")
 
 
@@ -116,3 +139,26 @@ def test_workers_take_the_kernel_from_the_run_config(tiny_model_path, mode, expe
     worker.setup()
     kinds = {type(m) for m in worker.strategy.model.modules() if isinstance(m, torch.nn.Linear)}
     assert kinds == {expected}
+
+
+@needs_onednn
+def test_oneDNN_runs_for_fp32_rows_only_and_gradients_reach_whatever_trains(monkeypatch):
+    calls = []
+    kernel = cpu_matmul._onednn_linear
+    monkeypatch.setattr(cpu_matmul, "_onednn_linear", lambda *a: calls.append(a[0].shape) or kernel(*a))
+    cpu_matmul.configure("onednn")
+    layer = torch.nn.Linear(8, 4)
+    cpu_matmul.adopt(layer)
+    layer(torch.randn(3, 8))
+    assert calls == [(3, 8)]
+    layer.double()(torch.randn(3, 8, dtype=torch.float64))  # not fp32: torch's kernel
+    layer.float()(torch.zeros(0, 8))  # no rows: torch's kernel
+    assert len(calls) == 1
+    layer.weight.requires_grad_(False)  # only the bias trains
+    layer(torch.randn(3, 8)).sum().backward()
+    assert layer.bias.grad is not None and layer.weight.grad is None
+    frozen = torch.nn.Linear(8, 4, bias=False).requires_grad_(False)  # only the input needs a gradient
+    cpu_matmul.adopt(frozen)
+    x = torch.randn(3, 8, requires_grad=True)
+    frozen(x).sum().backward()
+    torch.testing.assert_close(x.grad, frozen.weight.sum(0).expand(3, 8))
