@@ -70,8 +70,8 @@ def main() -> None:
         flops = 2 * rows * d_in * d_out
         reps = max(3, int(2e10 / flops))
         for name, passes in (("forward", 1), ("fwd+bwd", 3)):
-            def run(layer, grad=(passes == 3)):
-                if grad:
+            def run(layer):
+                if passes == 3:  # forward, then the input's and the weight's gradients
                     layer(x.requires_grad_()).sum().backward()
                 else:
                     with torch.no_grad():

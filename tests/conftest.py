@@ -31,6 +31,14 @@ def run_roll(*args: str, env_extra: dict | None = None, cwd=None, timeout: int =
                           env=env, cwd=cwd, timeout=timeout)
 
 
+def proc_cmdline(pid: int) -> str | None:
+    """Process ``pid``'s command line from /proc, arguments joined by spaces (None once it has exited)."""
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+
+
 @pytest.fixture
 def fake_dist(tmp_path):
     def make(dist, module_name, source, version="0.0.1"):

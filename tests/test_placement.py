@@ -1,7 +1,11 @@
 """Device mappings are checked before anything starts, and colocated roles time-share devices."""
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
+from conftest import proc_cmdline
 
 from roll_core.config import load_config
 from roll_core.data import Batch, dp_shards
@@ -176,39 +180,36 @@ def test_a_local_ray_cluster_starts_its_workers_at_the_configured_niceness(monke
     make_executor(load_config(None, ["executor=ray"]))
     assert started["_system_config"] == {"worker_niceness": 0, "prestart_worker_first_driver": False}
     make_executor(load_config(None, ["executor=ray", "ray.worker_niceness=10"]))
-    assert started["_system_config"]["worker_niceness"] == 10
+    assert started["_system_config"] == {"worker_niceness": 10, "prestart_worker_first_driver": False}
     started.clear()
     make_executor(load_config(None, ["executor=ray", "ray.address=auto"]))
     assert "_system_config" not in started  # a joined cluster keeps its own setting
 
 
 def _descendants(pid: int) -> list[tuple[int, str]]:
-    """(pid, command line) of every process below ``pid``, read from /proc."""
-    from pathlib import Path
-
+    """(pid, command line) of every process below ``pid`` (parents read from /proc)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
         except OSError:  # gone meanwhile
             continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        children.setdefault(parent, []).append(int(stat.parent.name))
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
-            try:
-                found.append((child, (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
-            except OSError:
-                continue
-            todo.append(child)
+            cmdline = proc_cmdline(child)
+            if cmdline is not None:
+                found.append((child, cmdline))
+                todo.append(child)
     return found
 
 
-@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="reads /proc")
+@pytest.mark.ray
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_a_local_ray_cluster_holds_no_idle_task_workers():
     """roll's workers are actors: the task workers Ray would prestart (one per CPU) stay unstarted,
     so no idle process wakes beside the workers on a small machine."""
-    import os
     import time
 
     import ray
@@ -225,7 +226,7 @@ def test_a_local_ray_cluster_holds_no_idle_task_workers():
         actor_pid = executor.get(executor.invoke(group.handles[0], "pid", (), {}))
         time.sleep(3)  # prestarted workers would be up by now
         workers = [(pid, cmd) for pid, cmd in _descendants(os.getpid()) if cmd.startswith("ray::")]
-        assert [pid for pid, _ in workers if pid != actor_pid and "IDLE" in _] == [], workers
+        assert [pid for pid, cmd in workers if pid != actor_pid and "IDLE" in cmd] == [], workers
         assert actor_pid in [pid for pid, _ in workers]  # the scan sees Ray's workers at all
     finally:
         executor.shutdown()

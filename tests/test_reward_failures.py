@@ -17,6 +17,7 @@ import types
 import uuid
 
 import pytest
+from conftest import proc_cmdline
 
 from roll_core import hookimpl
 from roll_core.config.resume import check_resume, meaningful_changes
@@ -227,10 +228,7 @@ def _metrics(run_dir):
 
 
 def _cmdline(pid: int) -> str:
-    try:
-        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:200]
-    except OSError:
-        return "(exited)"
+    return (proc_cmdline(pid) or "(exited)")[:200]
 
 
 def _processes_tagged(tag: str) -> list[int]:

@@ -26,7 +26,7 @@ config, as it sets torch's threads), so the ``local`` and ``ray`` executors comp
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +43,12 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     """``x @ weight.T + bias`` for a 2-D ``x [N, in]`` and ``weight [out, in]`` (either may be a
     transposed view), on oneDNN."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _onednn_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """``x [..., in]`` as rows ``[N, in]``, and :func:`_onednn_linear` of them shaped ``[..., out]``."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows, _onednn_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 def onednn_available() -> bool:
@@ -64,8 +70,8 @@ def onednn_available() -> bool:
 def configure(mode: Mode) -> None:
     """This process's choice for every model :func:`adopt` is given from now on."""
     global _mode
-    if mode not in ("auto", "onednn", "torch"):
-        raise RollError(f"runtime.cpu_matmul: '{mode}' is not one of auto, onednn, torch")
+    if mode not in get_args(Mode):
+        raise RollError(f"runtime.cpu_matmul: '{mode}' is not one of {', '.join(get_args(Mode))}")
     if mode == "onednn" and not onednn_available():
         raise RollError("runtime.cpu_matmul: onednn, but this torch build offers no working oneDNN linear kernel "
                         "(torch.ops.mkldnn._linear_pointwise); use auto or torch")
@@ -84,10 +90,10 @@ class _OneDNNLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
+        rows, out = _onednn_rows(x, weight, bias)
         ctx.save_for_backward(rows, weight)
         ctx.in_shape, ctx.has_bias = x.shape, bias is not None
-        return _onednn_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -115,8 +121,7 @@ class OneDNNLinear(torch.nn.Linear):
         if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
                                         or (bias is not None and bias.requires_grad)):
             return _OneDNNLinearFunction.apply(input, weight, bias)
-        rows = input.reshape(-1, input.shape[-1])
-        return _onednn_linear(rows, weight, bias).view(*input.shape[:-1], weight.shape[0])
+        return _onednn_rows(input, weight, bias)[1]
 
 
 def adopt(model: torch.nn.Module) -> int:
