@@ -2,25 +2,22 @@
 
 Runs the quickstart (warm-up, then ``--steps`` RL steps, no evaluation) on the ``local`` and the
 ``ray`` executor in this process, alternating for ``--rounds`` rounds so drift in the machine's
-speed falls on both. The driver's side is timed by wrapping the executor's ``invoke``, ``get`` and
-``wait`` and the pipeline's ``step``; on Ray the workers' side comes from Ray's own task timeline
-(``ray.timeline``, written just before the executor shuts down). Both clocks are the machine's
-wall clock, so the two line up. On the local executor a call runs inside ``invoke``, which is all
-there is to time. For each call on a step's critical path (generate, score, update) it prints
-medians over the RL steps after the first:
+speed falls on both. On the local executor a call runs inside ``invoke``, which is all there is to
+time. On Ray, under the hybrid engine, a step sends the update, the weight hand-over and the next
+step's generation to the trainer's worker as one task (``Executor.one_task_per_worker``), so:
 
-- ``submit``: the driver inside ``.remote()`` (serialising the arguments, handing the task to Ray);
-- ``dispatch``: from the start of ``.remote()`` to the worker starting the method (not counted for
-  a request the step before sent ahead, ``prefetch``: it waits off the step's path);
-- ``run``: the method on the worker (local: the whole call);
-- ``return``: from the method's end to the driver's ``get``/``wait`` returning.
+- each call's ``run`` is the worker's own seconds (the step's ``time/train_s`` and
+  ``time/generate_s``, which the worker times inside the task); the reward, which the quickstart
+  scores in the driver, is timed inside ``invoke`` as on the local executor;
+- the task's ``submit`` is the driver inside the block that sends it (building the calls,
+  serialising the arguments, handing the task to Ray), ``dispatch`` runs from the block's start to
+  the worker starting the task, and ``return`` from the task's end to the driver's ``get``
+  returning. The worker's side comes from Ray's task timeline (``ray.timeline``, written just
+  before the executor shuts down); both clocks are the machine's wall clock.
 
-A reward role that scores in the driver (``placement``; the quickstart's ``exact_match`` does) has
-no Ray call: its row shows the inline run only.
-
-``dispatch + return`` is what a call costs beyond its own work, and ``run`` on Ray against ``run``
-locally is how much slower the same work runs in a worker process. The weight hand-over is queued
-behind the update and not counted.
+``dispatch + return`` is what the step's one task costs beyond its work, and ``run`` on Ray
+against ``run`` locally is how much slower the same work runs in a worker process. It prints
+medians over the RL steps after the first.
 
     python benchmarks/ray_calls.py [--steps 60] [--rounds 2] [overrides ...]
 
@@ -30,6 +27,7 @@ Run nothing else CPU-heavy beside it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -38,11 +36,12 @@ from pathlib import Path
 
 from step_profile import run_args  # the same quickstart run: no evaluation, no checkpoints
 
-# (label, the driver's method name, Ray's task name on the worker)
-CRITICAL = [("generate", "generate", "TrainWorker.call_hosted"),
-            ("score", "score_detailed", "RewardWorker.score_detailed"),
-            ("update", "update", "TrainWorker.update")]
-PHASES = ("submit", "dispatch", "run", "return")
+# (label, the driver's method name, the step metric that holds the worker's seconds on Ray)
+CRITICAL = [("generate", "generate", "time/generate_s"),
+            ("score", "score_detailed", None),
+            ("update", "update", "time/train_s")]
+TASK = "TrainWorker.run_calls"  # a step's calls to the trainer's worker, as one Ray task
+PHASES = ("submit", "dispatch", "return")
 
 
 class Recorder:
@@ -71,10 +70,18 @@ class Recorder:
         # a call the local executor runs (every call of a local run; on Ray, a reward role that
         # scores in the driver) is timed whole, inside invoke
         LocalExecutor.invoke = timed("run", LocalExecutor.invoke, method)
-        RayExecutor.invoke = timed("invoke", RayExecutor.invoke, method)
         RayExecutor.get = timed("get", RayExecutor.get)
-        RayExecutor.wait = timed("wait", RayExecutor.wait)
         RLVRPipeline.step = timed("step", RLVRPipeline.step, lambda step: str(step))
+        block = RayExecutor.one_task_per_worker
+
+        @contextlib.contextmanager
+        def timed_block(executor):
+            start = time.time()
+            with block(executor):
+                yield
+            self.events.append(("block", "", start, time.time()))
+
+        RayExecutor.one_task_per_worker = timed_block
         shutdown = RayExecutor.shutdown
 
         def dump_then_shutdown(executor):
@@ -102,39 +109,38 @@ def local_costs(events: list[tuple]) -> dict[str, list[float]]:
     return costs
 
 
-def ray_costs(events: list[tuple], timeline: list[dict]) -> dict[str, list[float]]:
-    """Per RL step after the first: milliseconds of each phase of each critical call on Ray."""
-    tasks = sorted((e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, e["cat"].split("::", 1)[1]) for e in timeline
-                   if e.get("ph") == "X" and e.get("cat", "").startswith("task::"))
-    invokes = [e for e in events if e[0] == "invoke"]
-    returns = sorted(e[3] for e in events if e[0] in ("get", "wait"))
+def ray_costs(events: list[tuple], timeline: list[dict], rows: list[dict]) -> dict[str, list[float]]:
+    """Per RL step after the first: milliseconds of the step's one task to the trainer's worker and
+    of each critical call's run on Ray (``rows``: the run's step metrics)."""
+    tasks = sorted((e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in timeline
+                   if e.get("ph") == "X" and e.get("cat", "") == f"task::{TASK}")
+    blocks = [e for e in events if e[0] == "block"]
+    returns = sorted(e[3] for e in events if e[0] == "get")
+    metrics = {r["step"]: r for r in rows}
     costs: dict[str, list[float]] = {}
 
     def add(key: str, seconds: float) -> None:
         costs.setdefault(key, []).append(seconds * 1e3)
 
-    for _, _, start, end in [e for e in events if e[0] == "step"][1:]:
+    for _, step, start, end in [e for e in events if e[0] == "step"][1:]:
         add("step", end - start)
-        for label, method, task in CRITICAL:
-            # the call whose run ends in this step, and the latest submission of it before that run
-            ran = next((t for t in tasks if t[2] == task and start <= t[1] <= end), None)
-            sent = max((e for e in invokes if e[1] == method and ran is not None and e[2] <= ran[0]),
-                       key=lambda e: e[2], default=None)
-            if sent is None or ran is None:
+        for label, method, metric in CRITICAL:
+            if metric is not None:
+                add(f"{label} run", metrics[int(step)][metric])
+            else:  # in the driver (a lightweight reward): no Ray call
                 inline = in_process_runs(events, method, start, end)
-                if inline is not None:  # in the driver (a lightweight reward): no Ray call to split
+                if inline is not None:
                     add(f"{label} run", inline)
-                    costs.setdefault(f"{label} in the driver", []).append(1.0)
-                continue
-            add(f"{label} submit", sent[3] - sent[2])
-            if sent[2] >= start:  # sent during the step; a prefetched request waited off the step's path
-                add(f"{label} dispatch", ran[0] - sent[2])
-            else:
-                costs.setdefault("prefetched", []).append(1.0)
-            add(f"{label} run", ran[1] - ran[0])
-            back = next((r for r in returns if r >= ran[1]), None)
-            if back is not None:
-                add(f"{label} return", back - ran[1])
+        # the block this step sent, the task it started and the get that returned its results
+        sent = next((b for b in blocks if start <= b[2] <= end), None)
+        ran = next((t for t in tasks if sent is not None and t[0] >= sent[2]), None)
+        if sent is None or ran is None:
+            continue
+        add("task submit", sent[3] - sent[2])
+        add("task dispatch", ran[0] - sent[2])
+        back = next((r for r in returns if r >= ran[1]), None)
+        if back is not None:
+            add("task return", back - ran[1])
     return costs
 
 
@@ -156,7 +162,9 @@ def main() -> None:
             if roll(run_args(recorder.out, executor, args.steps, args.overrides)) != 0:
                 raise SystemExit(f"the {executor} run failed")
             if executor == "ray":
-                run = ray_costs(recorder.events, json.loads((recorder.out / "timeline.json").read_text()))
+                rows = [json.loads(line) for line in (recorder.out / "metrics.jsonl").read_text().splitlines()]
+                run = ray_costs(recorder.events, json.loads((recorder.out / "timeline.json").read_text()),
+                                [r for r in rows if "time/step_s" in r])
             else:
                 run = local_costs(recorder.events)
             for key, values in run.items():
@@ -164,17 +172,17 @@ def main() -> None:
     local = {k: statistics.median(v) for k, v in costs["local"].items()}
     ray = {k: statistics.median(v) for k, v in costs["ray"].items()}
     print(f"\nmedians over RL steps 2-{args.steps} of {args.rounds} run(s) each, milliseconds")
-    print(f"{'call':<10}{'local run':>10}" + "".join(f"{'ray ' + p:>14}" for p in PHASES))
+    print(f"{'call':<10}{'local run':>10}{'ray run':>10}")
     for label, _, _ in CRITICAL:
-        print(f"{label:<10}{local.get(f'{label} run', float('nan')):>10.2f}"
-              + "".join(f"{ray.get(f'{label} {p}', float('nan')):>14.2f}" for p in PHASES)
-              + ("   (in the driver: run inline)" if f"{label} in the driver" in ray else ""))
-    calls = sum(ray.get(f"{label} {p}", 0.0) for label, _, _ in CRITICAL for p in ("dispatch", "return"))
+        print(f"{label:<10}{local.get(f'{label} run', float('nan')):>10.2f}{ray.get(f'{label} run', float('nan')):>10.2f}")
+    print("the step's one task on Ray (update, weight hand-over, next generation): "
+          + ", ".join(f"{p} {ray.get(f'task {p}', float('nan')):.2f}" for p in PHASES))
+    calls = ray.get("task dispatch", 0.0) + ray.get("task return", 0.0)
     slower = sum(ray.get(f"{label} run", 0.0) - local.get(f"{label} run", 0.0) for label, _, _ in CRITICAL)
     print(f"step: local {local['step']:.2f}, ray {ray['step']:.2f} (+{ray['step'] - local['step']:.2f}); "
-          f"on Ray, dispatch + return {calls:.2f}, the same calls' runs {slower:+.2f}; "
-          f"generate sent ahead by the step before on {len(costs['ray'].get('prefetched', []))} of "
-          f"{len(costs['ray']['step'])} Ray steps")
+          f"on Ray, dispatch + return {calls:.2f}, the same calls' runs {slower:+.2f}, "
+          f"the rest {ray['step'] - local['step'] - calls - slower:+.2f}; "
+          f"a task on {len(costs['ray'].get('task dispatch', []))} of {len(costs['ray']['step'])} Ray steps")
     print(f"runs kept in {root}")
 
 

@@ -2,13 +2,15 @@
 
 Under the hybrid engine the pipeline queues the next step's requests behind the weight update, so
 generation overlaps the driver's work between steps. The samples must be the ones the next step
-would have drawn anyway, and no checkpoint may fall between the early draw and its step.
+would have drawn anyway, and no checkpoint may fall between the early draw and its step. On Ray
+the update, the weight hand-over and those requests go to the trainer's worker as one task.
 """
 
 from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
 from roll_core.config.loader import load_config
@@ -45,12 +47,12 @@ class Rewards:
         return ticket, [{} for _ in ticket], 0.0
 
 
-def _scheduler(**overrides):
+def _scheduler(executor=None, **overrides):
     settings = {"rollout.prompts_per_step": 3, "rollout.num_return_sequences": 2, "rollout.request_size": 4,
                 "rollout.temperature": 0.7, **overrides}  # 6 samples a round: requests of 4 and 2
     config = load_config(None, [f"{k}={v}" for k, v in settings.items()])
     tokenizer = build_char_tokenizer()
-    engine, executor = Engine(tokenizer), LocalExecutor()
+    engine, executor = Engine(tokenizer), executor or LocalExecutor()
     scheduler = SyncRolloutScheduler(config, executor, WorkerGroup("actor_infer", [engine], executor), Rewards(),
                                      tokenizer)
     # every third ground truth starts with "1", the engine's answer: scores of 1 and 0
@@ -76,6 +78,71 @@ def test_a_prefetched_round_is_the_one_the_next_step_would_have_sent():
     assert early.stream.state() != plain.stream.state()  # its prompts are drawn...
     early.stop()  # ...and a run that ends here lets them finish unread
     assert early._prefetched is None
+
+
+def test_a_prefetched_round_sent_with_other_calls_reports_the_workers_generation_seconds():
+    """Requests sent in one task with other calls return only with the task's last call, so the
+    driver cannot time them: the round's generation time is the seconds its worker spent on them
+    (requests of 4 and 2 samples on one worker, run in turn). Requests sent on their own keep the
+    driver's wall time."""
+
+    class Chained(LocalExecutor):
+        def call_seconds(self, future):
+            return 0.25 * len(future)  # as if the worker took 0.25 s a sample
+
+    scheduler, _ = _scheduler(Chained())
+    scheduler.prefetch()
+    assert scheduler.next_batch()[1]["time/generate_s"] == pytest.approx(1.5)
+    plain, _ = _scheduler()
+    plain.prefetch()
+    assert plain.next_batch()[1]["time/generate_s"] < 0.5
+
+
+@pytest.mark.ray
+def test_on_ray_a_steps_update_weight_hand_over_and_next_generation_are_one_task(tiny_config):
+    """Under the hybrid engine each RL step sends the update, the hand-over and (unless a checkpoint
+    comes next) the next step's requests to actor_train's worker in one block, so one task; the
+    step's phases are then the worker's own seconds."""
+    import json
+    from pathlib import Path
+
+    from roll_core.pipelines.rlvr import RLVRPipeline
+    from roll_core.runtime.executor import RayExecutor, make_executor
+
+    blocks: list[list[str]] = []
+    invoke, block, seconds = RayExecutor.invoke, RayExecutor.one_task_per_worker, RayExecutor.call_seconds
+
+    def recording_invoke(executor, handle, method, args, kwargs):
+        if executor._batches is not None:
+            blocks[-1].append(method)
+        return invoke(executor, handle, method, args, kwargs)
+
+    def recording_block(executor):
+        blocks.append([])
+        return block(executor)
+
+    def marked_seconds(executor, future):  # the worker's seconds, marked to be told from the driver's
+        return None if seconds(executor, future) is None else 0.001234
+
+    cfg = tiny_config("executor=ray", "trainer.max_steps=3", "trainer.save_every=2", "trainer.eval_every=0",
+                      "trackers=[jsonl]")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(RayExecutor, "invoke", recording_invoke)
+    mp.setattr(RayExecutor, "one_task_per_worker", recording_block)
+    mp.setattr(RayExecutor, "call_seconds", marked_seconds)
+    executor = make_executor(cfg)
+    try:
+        RLVRPipeline(cfg, executor).run()
+    finally:
+        executor.shutdown()
+        mp.undo()
+    # step 2 is followed by a checkpoint, step 3 by none: no requests sent early
+    assert blocks == [["update", "pass_weights", "generate"], ["update", "pass_weights"], ["update", "pass_weights"]]
+    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert [row["time/train_s"] for row in rows[1:]] == [0.001234] * 3
+    generated = [row["time/generate_s"] for row in rows[1:]]
+    assert generated[1] == 0.001234  # step 2's requests, sent by step 1
+    assert generated[0] != 0.001234 and generated[2] != 0.001234  # sent on their own: the driver's time
 
 
 def test_a_checkpoint_follows_every_save_every_steps_and_the_last():

@@ -160,23 +160,30 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         t1 = time.perf_counter()
         self.dump_rollouts(step, batch)
         self.roles.use(*self._trained())
-        pending_critic = start_update(self.critic, batch, *self.critic_update) if self.critic is not None else None
-        pending_actor = start_update(self.actor, batch, *self.actor_update)
         # Under the hybrid engine the weight hand-over is one more call on the trainer's workers:
         # sent now, it runs right after the update instead of after the driver's next round trip.
         # The next step's generation can queue behind it too, unless a checkpoint comes first (its
-        # prompts and random draws belong after the checkpoint).
+        # prompts and random draws belong after the checkpoint). Each worker gets its calls as one
+        # task, so the driver sleeps until the generation is done, instead of waking for the update's
+        # metrics on the cores that generate.
         early_push = self.weights.queues_behind_update and not self.overlapping
         epoch = self.stream.epoch
-        if early_push:
-            self.push_weights(policy_update=True)
-            if self.ordered_infer and not self.saves_after(step):
-                self.scheduler.prefetch()
+        with self.executor.one_task_per_worker():
+            pending_critic = start_update(self.critic, batch, *self.critic_update) if self.critic is not None else None
+            pending_actor = start_update(self.actor, batch, *self.actor_update)
+            if early_push:
+                self.push_weights(policy_update=True)
+                if self.ordered_infer and not self.saves_after(step):
+                    self.scheduler.prefetch()
         metrics.update(self.scheduler.wait(pending_actor[0]))  # a scheduler may generate meanwhile
         self.executor.get(pending_actor[1:])
         if pending_critic is not None:
             metrics.update(self.executor.get(pending_critic)[0])
         t_train = time.perf_counter() - t1
+        # an update sent with the calls behind it returned with them: its own seconds, as timed by its workers
+        chained = [s for s in map(self.executor.call_seconds, [*pending_actor, *(pending_critic or [])]) if s is not None]
+        if chained:
+            t_train = max(chained)
         t2 = time.perf_counter()
         if not early_push:
             self.push_weights(policy_update=True)

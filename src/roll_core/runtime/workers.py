@@ -65,6 +65,19 @@ class _Worker:
     def call_hosted(self, role: str, method: str, args: tuple, kwargs: dict) -> Any:
         return getattr(self.hosted[role], method)(*args, **kwargs)
 
+    def run_calls(self, calls: list[tuple[str | None, str, tuple, dict]]) -> list:
+        """Several calls sent as one task (:meth:`~roll_core.runtime.executor.Executor.one_task_per_worker`),
+        run in order: ``(role, method, args, kwargs)`` each, ``role`` naming a hosted worker or None
+        for this one. Returns their results and, last, the seconds each took. The first that raises
+        ends the task: its error is every call's result."""
+        results, seconds = [], []
+        for role, method, args, kwargs in calls:
+            start = time.perf_counter()
+            results.append(self.call_hosted(role, method, args, kwargs) if role is not None
+                           else getattr(self, method)(*args, **kwargs))
+            seconds.append(time.perf_counter() - start)
+        return [*results, seconds]
+
 
 class RewardError(RollError):
     """A reward implementation raised on a sample, returned a non-finite score or hung (policy ``error``)."""

@@ -1,0 +1,160 @@
+"""The executors' call API beyond spawn/invoke/get: calls sent as one task per worker
+(``one_task_per_worker``), the seconds workers report for them (``call_seconds``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from roll_core.errors import RollError
+from roll_core.runtime.executor import LocalExecutor
+
+
+def _recorder_class():
+    """A worker that logs its calls; defined in a function so that Ray ships it by value (workers
+    cannot import tests)."""
+    import time
+
+    from roll_core.runtime.workers import _Worker
+
+    class Recorder(_Worker):
+        def __init__(self):
+            self.log: list = []
+
+        def add(self, x, seconds=0.0):
+            import ray
+
+            time.sleep(seconds)
+            self.log.append(x)
+            return x, ray.get_runtime_context().get_task_id() if ray.is_initialized() else None
+
+        def fail(self, message):
+            raise RollError(message)
+
+        def seen(self):
+            return self.log
+
+    return Recorder
+
+
+@pytest.fixture(scope="module")
+def ray_executor():
+    from roll_core.runtime.executor import RayExecutor
+
+    executor = RayExecutor(num_cpus=2, timeout_s=60)
+    yield executor
+    executor.shutdown()
+
+
+@pytest.fixture
+def recorders(ray_executor):
+    """Two Ray workers, the second hosting a worker of role ``guest`` in its process."""
+    cls = _recorder_class()
+    group = ray_executor.spawn("recorder", cls, [(), ()])
+    guest = ray_executor.spawn_hosted("guest", cls, [()], ray_executor.spawn("host", cls, [()]))
+    yield group.handles[0], group.handles[1], guest.handles[0]
+    for handle in [*group.handles, guest.handles[0].host]:
+        ray_executor.stop(handle)
+
+
+@pytest.mark.ray
+def test_calls_in_one_block_reach_each_worker_as_one_task_and_run_in_order(ray_executor, recorders):
+    ex = ray_executor
+    first, second, guest = recorders
+    with ex.one_task_per_worker():
+        a = ex.invoke(first, "add", (1,), {})
+        b = ex.invoke(second, "add", (2,), {})
+        c = ex.invoke(first, "add", (3,), {})
+        d = ex.invoke(guest, "add", (4,), {})
+        e = ex.invoke(guest.host, "add", (5,), {})  # the host's own call, after its guest's
+    (x1, t1), (x2, t2), (x3, t3), (x4, t4), (x5, t5) = ex.get([a, b, c, d, e])
+    assert (x1, x2, x3, x4, x5) == (1, 2, 3, 4, 5)
+    assert t1 == t3 and t4 == t5  # one task per worker process, the hosted worker's included
+    assert len({t1, t2, t4}) == 3
+    assert ex.get(ex.invoke(first, "seen", (), {})) == [1, 3]
+    assert ex.get(ex.invoke(guest.host, "seen", (), {})) == [5]
+    assert ex.get(ex.invoke(guest, "seen", (), {})) == [4]
+    # wait and cancel take the block's futures like any other
+    assert ex.wait([b, d]) in ([0], [1], [0, 1])  # both done: at least one reported
+    ex.cancel([a])  # finished: nothing to cancel, and no error
+
+
+@pytest.mark.ray
+def test_a_lone_call_in_a_block_is_an_ordinary_call(ray_executor, recorders):
+    ex = ray_executor
+    first, *_ = recorders
+    with ex.one_task_per_worker():
+        lone = ex.invoke(first, "add", (1,), {})
+    outside = ex.invoke(first, "add", (2,), {})
+    assert ex.get(lone)[1] != ex.get(outside)[1]
+    assert ex.call_seconds(lone) is None  # sent alone, the driver times it itself
+    assert ex.call_seconds(outside) is None
+
+
+@pytest.mark.ray
+def test_the_worker_times_each_call_of_a_task(ray_executor, recorders):
+    ex = ray_executor
+    first, *_ = recorders
+    with ex.one_task_per_worker():
+        slow = ex.invoke(first, "add", ("slow", 0.3), {})
+        fast = ex.invoke(first, "add", ("fast",), {})
+    ex.get([slow, fast])
+    assert 0.3 <= ex.call_seconds(slow) < 1.5
+    assert 0 <= ex.call_seconds(fast) < 0.1
+
+
+@pytest.mark.ray
+def test_a_failing_call_ends_its_task_and_is_every_calls_result(ray_executor, recorders):
+    ex = ray_executor
+    first, second, _ = recorders
+    with ex.one_task_per_worker():
+        before = ex.invoke(first, "add", (1,), {})
+        failing = ex.invoke(first, "fail", ("update diverged",), {})
+        after = ex.invoke(first, "add", (2,), {})
+        elsewhere = ex.invoke(second, "add", (3,), {})
+    for future in (before, failing, after):
+        with pytest.raises(RollError, match="update diverged"):
+            ex.get(future)
+    assert ex.get(ex.invoke(first, "seen", (), {})) == [1]  # the call after the failing one never ran
+    assert ex.get(elsewhere)[0] == 3  # another worker's task is its own
+
+
+@pytest.mark.ray
+def test_results_are_read_after_the_block_and_a_block_that_raises_sends_nothing(ray_executor, recorders):
+    ex = ray_executor
+    first, *_ = recorders
+    with ex.one_task_per_worker():
+        early = ex.invoke(first, "add", (1,), {})
+        with pytest.raises(RollError, match="before the one_task_per_worker block"):
+            ex.get(early)
+        with ex.one_task_per_worker():  # nested: the outer block sends
+            inner = ex.invoke(first, "add", (2,), {})
+        with pytest.raises(RollError, match="before the one_task_per_worker block"):
+            ex.wait([inner])
+    assert ex.get(early)[1] == ex.get(inner)[1]
+
+    with pytest.raises(ValueError, match="the driver failed"):
+        with ex.one_task_per_worker():
+            lost = ex.invoke(first, "add", (3,), {})
+            raise ValueError("the driver failed")
+    with pytest.raises(RollError, match="never sent"):
+        ex.get(lost)
+    assert ex.get(ex.invoke(first, "seen", (), {})) == [1, 2]
+
+
+def test_local_calls_run_at_once_inside_a_block():
+    ex = LocalExecutor()
+    worker = _recorder_class()()
+    with ex.one_task_per_worker():
+        assert ex.get(ex.invoke(worker, "add", (1,), {}))[0] == 1
+        assert worker.seen() == [1]
+    assert ex.call_seconds(ex.invoke(worker, "add", (2,), {})) is None
+
+
+def test_run_calls_runs_in_order_and_reports_seconds_last():
+    worker = _recorder_class()()
+    worker.host("guest", _recorder_class(), ())
+    *results, seconds = worker.run_calls([(None, "add", (1,), {}), ("guest", "add", (2,), {"seconds": 0.05}),
+                                          (None, "seen", (), {})])
+    assert [r[0] for r in results[:2]] == [1, 2] and results[2] == [1]
+    assert worker.hosted["guest"].seen() == [2]
+    assert len(seconds) == 3 and seconds[1] >= 0.05 > seconds[0]
