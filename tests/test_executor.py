@@ -153,8 +153,8 @@ def test_local_calls_run_at_once_inside_a_block():
 def test_run_calls_runs_in_order_and_reports_seconds_last():
     worker = _recorder_class()()
     worker.host("guest", _recorder_class(), ())
-    *results, seconds = worker.run_calls([(None, "add", (1,), {}), ("guest", "add", (2,), {"seconds": 0.05}),
-                                          (None, "seen", (), {})])
+    *results, seconds = worker.run_calls((None, "add", (1,), {}), ("guest", "add", (2,), {"seconds": 0.05}),
+                                         (None, "seen", (), {}))
     assert [r[0] for r in results[:2]] == [1, 2] and results[2] == [1]
     assert worker.hosted["guest"].seen() == [2]
     assert len(seconds) == 3 and seconds[1] >= 0.05 > seconds[0]

@@ -332,8 +332,9 @@ class RayExecutor(Executor):
             calls, futures = zip(*queued)
             if len(calls) == 1:
                 refs = [self._submit(actor, *calls[0])]
-            else:  # one return per call, and the seconds each took
-                *refs, seconds = actor.run_calls.options(num_returns=len(calls) + 1).remote(list(calls))
+            else:  # one return per call, and the seconds each took. Each call is an argument of its own:
+                # Ray carries arguments up to 100 KB in the task itself, larger ones through its object store
+                *refs, seconds = actor.run_calls.options(num_returns=len(calls) + 1).remote(*calls)
                 for i, future in enumerate(futures):
                     future.seconds = (seconds, i)
             for future, ref in zip(futures, refs):

@@ -65,7 +65,7 @@ class _Worker:
     def call_hosted(self, role: str, method: str, args: tuple, kwargs: dict) -> Any:
         return getattr(self.hosted[role], method)(*args, **kwargs)
 
-    def run_calls(self, calls: list[tuple[str | None, str, tuple, dict]]) -> list:
+    def run_calls(self, *calls: tuple[str | None, str, tuple, dict]) -> list:
         """Several calls sent as one task (:meth:`~roll_core.runtime.executor.Executor.one_task_per_worker`),
         run in order: ``(role, method, args, kwargs)`` each, ``role`` naming a hosted worker or None
         for this one. Returns their results and, last, the seconds each took. The first that raises
