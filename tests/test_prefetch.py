@@ -47,14 +47,14 @@ class Rewards:
         return ticket, [{} for _ in ticket], 0.0
 
 
-def _scheduler(executor=None, **overrides):
+def _scheduler(executor=None, workers=1, **overrides):
     settings = {"rollout.prompts_per_step": 3, "rollout.num_return_sequences": 2, "rollout.request_size": 4,
                 "rollout.temperature": 0.7, **overrides}  # 6 samples a round: requests of 4 and 2
     config = load_config(None, [f"{k}={v}" for k, v in settings.items()])
     tokenizer = build_char_tokenizer()
     engine, executor = Engine(tokenizer), executor or LocalExecutor()
-    scheduler = SyncRolloutScheduler(config, executor, WorkerGroup("actor_infer", [engine], executor), Rewards(),
-                                     tokenizer)
+    scheduler = SyncRolloutScheduler(config, executor, WorkerGroup("actor_infer", [engine] * workers, executor),
+                                     Rewards(), tokenizer)
     # every third ground truth starts with "1", the engine's answer: scores of 1 and 0
     rows = [{"prompt": f"{i}+{i}=", "ground_truth": f"{i % 3}{2 * i}"} for i in range(10, 20)]
     scheduler.start(PromptStream(rows, seed=5))
@@ -82,9 +82,9 @@ def test_a_prefetched_round_is_the_one_the_next_step_would_have_sent():
 
 def test_a_prefetched_round_sent_with_other_calls_reports_the_workers_generation_seconds():
     """Requests sent in one task with other calls return only with the task's last call, so the
-    driver cannot time them: the round's generation time is the seconds its worker spent on them
-    (requests of 4 and 2 samples on one worker, run in turn). Requests sent on their own keep the
-    driver's wall time."""
+    driver cannot time them: the round's generation time is the seconds its workers spent on them
+    (requests of 4 and 2 samples on one worker, run in turn; on two workers, the slower one).
+    Requests sent on their own keep the driver's wall time."""
 
     class Chained(LocalExecutor):
         def call_seconds(self, future):
@@ -93,6 +93,9 @@ def test_a_prefetched_round_sent_with_other_calls_reports_the_workers_generation
     scheduler, _ = _scheduler(Chained())
     scheduler.prefetch()
     assert scheduler.next_batch()[1]["time/generate_s"] == pytest.approx(1.5)
+    two, _ = _scheduler(Chained(), workers=2)  # 3 samples on each worker, generated side by side
+    two.prefetch()
+    assert two.next_batch()[1]["time/generate_s"] == pytest.approx(0.75)
     plain, _ = _scheduler()
     plain.prefetch()
     assert plain.next_batch()[1]["time/generate_s"] < 0.5
