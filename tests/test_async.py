@@ -277,17 +277,44 @@ def test_oversubscribed_cpu_cores_are_warned_about(capsys, monkeypatch):
     assert capsys.readouterr().out == ""
 
 
-def test_async_workers_wait_passively_unless_the_user_chose_a_policy(monkeypatch):
+def test_workers_wait_for_openmp_work_as_the_scheduler_needs_unless_the_user_chose(monkeypatch):
     from roll_core.runtime.executor import _worker_env
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     assert _worker_env(load_and_check(None, ["rollout.scheduler=async"])) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert _worker_env(load_and_check(None, [])) == {}  # sync: spinning is faster there
+    # sync: spinning inside a call, but not through the driver's turn after it
+    assert _worker_env(load_and_check(None, [])) == {"GOMP_SPINCOUNT": "30000"}
     one_each = [f"roles.{r}.torch_threads=1" for r in ("actor_train", "actor_infer", "reference")]
     assert _worker_env(load_and_check(None, ["rollout.scheduler=async", *one_each])) == {}  # no thread teams in RL
     assert _worker_env(load_and_check(None, ["rollout.scheduler=async", *one_each[:2]])) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert _worker_env(load_and_check(None, ["rollout.scheduler=async"])) == {}
+    for variable, value in (("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "300000")):
+        monkeypatch.setenv(variable, value)
+        assert _worker_env(load_and_check(None, ["rollout.scheduler=async"])) == {}
+        assert _worker_env(load_and_check(None, [])) == {}
+        monkeypatch.delenv(variable)
+
+
+@pytest.mark.ray
+def test_ray_workers_start_with_the_openmp_setting(monkeypatch):
+    """The setting must be in the worker's environment when it starts: OpenMP reads it once."""
+    from roll_core.runtime.workers import _Worker
+
+    class EnvProbe(_Worker):
+        def env(self, name):
+            import os
+
+            return os.environ.get(name)
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    executor = make_executor(load_and_check(None, ["executor=ray", "ray.num_cpus=2"]))
+    try:
+        group = executor.spawn("probe", EnvProbe, [()])
+        assert executor.get(group.call("env", "GOMP_SPINCOUNT")) == ["30000"]
+        assert executor.get(group.call("env", "OMP_WAIT_POLICY")) == [None]
+    finally:
+        executor.shutdown()
 
 
 def test_a_stalled_scheduler_raises_instead_of_spinning():

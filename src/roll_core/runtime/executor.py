@@ -437,18 +437,31 @@ def make_executor(config) -> Executor:
 
 
 def _worker_env(config) -> dict[str, str]:
-    """With a scheduler that overlaps training (``async``), training and generation run at the same time. On
-    CPU, OpenMP's default of spinning while it waits for work then burns the cores the other role
-    needs: measured on 2 cores, an async step took 2.99 s with spinning threads and 0.77 s with
-    ``OMP_WAIT_POLICY=PASSIVE``, which the workers get unless the user set a policy. Not when every
-    model role runs RL steps on one thread (``roles.<role>.torch_threads: 1``): a single thread
-    never waits for a team, and spinning makes the phases where one role has every core (warm-up,
-    evaluation) faster, as it does for synchronous runs (0.59 s against 1.01 s per step)."""
+    """How the workers' OpenMP teams wait between parallel regions, unless the user chose
+    (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` set).
+
+    * With a scheduler that overlaps training (``async``), training and generation run at the same
+      time. On CPU, OpenMP's default of spinning while it waits for work then burns the cores the
+      other role needs: measured on 2 cores, an async step took 2.99 s with spinning threads and
+      0.77 s with ``OMP_WAIT_POLICY=PASSIVE``, which the workers get. Not when every model role
+      runs RL steps on one thread (``roles.<role>.torch_threads: 1``): a single thread never waits
+      for a team, and spinning makes the phases where one role has every core (warm-up,
+      evaluation) faster.
+    * Otherwise (``sync``) the roles take turns, and spinning inside a call is what keeps a small
+      model's many short operations fast (``PASSIVE``: 1.01 s a step against 0.59 s). But GNU
+      OpenMP's default spin (300,000 rounds, about 10 ms on the 2-core machine of
+      docs/benchmarks.md) outlasts the call: after every call a worker's idle team spins on the
+      cores while the driver decodes, scores and sends the next call. ``GOMP_SPINCOUNT=30000``
+      (about 1.7 ms there) ends the spin sooner: in alternating quickstart runs on Ray the time a
+      step spends outside the worker's calls fell by 0.7-1.0 ms (6 of 6 pairs), the time per step
+      by 2% (median), and the worker's CPU time by about 10 ms a step."""
     from roll_core.plugins import get_plugins
     from roll_core.rollout import overlaps_training
 
-    if not overlaps_training(config.rollout.scheduler, get_plugins()) or "OMP_WAIT_POLICY" in os.environ:
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
         return {}
+    if not overlaps_training(config.rollout.scheduler, get_plugins()):
+        return {"GOMP_SPINCOUNT": "30000"}
     if all(config.rl_threads(name) == 1 for name in config.model_roles()):
         return {}
     return {"OMP_WAIT_POLICY": "PASSIVE"}
