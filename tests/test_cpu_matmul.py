@@ -93,7 +93,7 @@ def test_adopting_keeps_names_tied_weights_and_subclasses(tiny_model_path):
         pass
 
     model.extra = Adapter(2, 2)
-    cpu_matmul.configure("auto")
+    cpu_matmul.configure("onednn")
     assert cpu_matmul.adopt(model) == linears > 0
     assert type(model.extra) is Adapter
     del model.extra
@@ -121,6 +121,36 @@ def test_a_missing_kernel_is_an_error_for_onednn_and_falls_back_for_auto():
         cpu_matmul.configure("fast")
 
 
+@pytest.mark.parametrize("vendor, onednn", [("AuthenticAMD", True), ("GenuineIntel", False), ("", False)])
+def test_auto_takes_onednn_on_the_cpus_where_it_was_faster(monkeypatch, vendor, onednn):
+    """oneDNN beat MKL's sgemm 2-3x on an AMD EPYC; on an Intel Xeon MKL was level or faster, and
+    elsewhere nobody measured. ``onednn`` and ``torch`` ignore the CPU."""
+    monkeypatch.setattr(cpu_matmul, "cpu_vendor", lambda: vendor)
+    cpu_matmul._available = True
+    cpu_matmul.configure("auto")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    assert cpu_matmul.uses_onednn() is onednn
+    assert cpu_matmul.adopt(model) == int(onednn)
+    assert type(model[0]) is (OneDNNLinear if onednn else torch.nn.Linear)
+    cpu_matmul.configure("onednn")
+    assert cpu_matmul.uses_onednn()
+    cpu_matmul.configure("torch")
+    assert not cpu_matmul.uses_onednn()
+
+
+def test_the_vendor_is_read_from_proc_cpuinfo(monkeypatch, tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
+                    "processor\t: 1\nvendor_id\t: AuthenticAMD\n")
+    real_open = open
+    monkeypatch.setattr(cpu_matmul, "open", lambda path, *a, **k: real_open(info, *a, **k), raising=False)
+    assert cpu_matmul.cpu_vendor() == "AuthenticAMD"
+    info.write_text("processor\t: 0\nBogoMIPS\t: 48.00\n")  # an Arm CPU: no vendor_id line
+    assert cpu_matmul.cpu_vendor() == ""
+    info.unlink()  # no /proc (macOS, Windows)
+    assert cpu_matmul.cpu_vendor() == ""
+
+
 def test_the_config_key_is_checked_before_anything_starts():
     assert load_config(None, []).runtime.cpu_matmul == "auto"
     with pytest.raises(Exception, match="cpu_matmul"):
@@ -128,7 +158,7 @@ def test_the_config_key_is_checked_before_anything_starts():
 
 
 @needs_onednn
-@pytest.mark.parametrize("mode, expected", [("auto", OneDNNLinear), ("torch", torch.nn.Linear)])
+@pytest.mark.parametrize("mode, expected", [("onednn", OneDNNLinear), ("torch", torch.nn.Linear)])
 def test_workers_take_the_kernel_from_the_run_config(tiny_model_path, mode, expected):
     """Every worker process configures itself from ``runtime.cpu_matmul`` (as it sets its threads),
     and the hf strategies' models follow."""

@@ -724,8 +724,9 @@ class RuntimeConfig(Strict):
     worker_timeout_s: float = Field(1800, gt=0, description="a worker call that takes longer counts as a dead worker")
     cpu_matmul: Literal["auto", "onednn", "torch"] = Field(
         "auto", description="the kernel of the linear layers of models on CPU (hf strategies): onednn, torch's "
-        "oneDNN fp32 kernel (on the AMD EPYC benchmark machine 2-3x the speed of MKL's sgemm, torch's default); "
-        "torch, torch's default; auto: onednn where this torch build offers it. The same fp32 arithmetic either way")
+        "oneDNN fp32 kernel (on an AMD EPYC 2-3x the speed of MKL's sgemm, torch's default; on an Intel Xeon level "
+        "or slower); torch, torch's default; auto: onednn on AMD CPUs where this torch build offers it, torch "
+        "elsewhere. The same fp32 arithmetic either way")
 
 
 class RollConfig(Strict):

@@ -1,17 +1,22 @@
 """The matrix products of roll's torch models on CPU: torch's default GEMM or oneDNN's.
 
-torch computes an fp32 ``nn.Linear`` on CPU with the BLAS its wheel was built with (MKL). On the
-AMD EPYC machine roll's benchmarks run on, MKL's sgemm reached 180-210 GFLOP/s on two threads,
-where oneDNN's fp32 kernels, which ship inside the same torch, reached 350-430 GFLOP/s on the 95M
-model's training shapes and 350 against 115 GFLOP/s on a decoding step's ``[64, 768] x [768, 3072]``
-(``python benchmarks/bench_cpu_matmul.py``). Both are IEEE fp32 with fp32 accumulation: only the
-order of the sums differs (about 1e-6 relative), so this is the same arithmetic done faster, not
-a lower precision.
+torch computes an fp32 ``nn.Linear`` on CPU with the BLAS its wheel was built with (MKL). MKL is
+Intel's library and takes slower code paths on other vendors' CPUs. On an AMD EPYC machine (2 cores)
+MKL's sgemm reached 180-210 GFLOP/s on two threads, where oneDNN's fp32 kernels, which ship inside
+the same torch, reached 350-430 GFLOP/s on the 95M model's training shapes and 350 against 115
+GFLOP/s on a decoding step's ``[64, 768] x [768, 3072]``. On an Intel Xeon with AVX-512 (2 cores)
+the two were level on most shapes and oneDNN was slower on some (0.50x on a training pass's
+``[3240, 3072] x [3072, 768]`` forward and backward; the quickstart's step 1.25x slower on oneDNN).
+``python benchmarks/bench_cpu_matmul.py`` shows it on the machine it runs on. Both are IEEE fp32
+with fp32 accumulation: only the order of the sums differs (about 1e-6 relative), so this is the
+same arithmetic done faster, not a lower precision.
 
 ``runtime.cpu_matmul`` picks, for every worker process:
 
-* ``auto`` (default): oneDNN where this torch build offers its kernel and it passes a check against
-  torch's own product at start-up, torch's default otherwise;
+* ``auto`` (default): oneDNN on AMD CPUs (:func:`onednn_preferred`), where this torch build offers
+  its kernel and it passes a check against torch's own product at start-up; torch's default
+  otherwise. The choice follows the CPU, not a timing at start-up, so two runs of one config on one
+  machine always compute alike;
 * ``onednn``: oneDNN, an error where it is not offered;
 * ``torch``: torch's default everywhere.
 
@@ -67,6 +72,25 @@ def onednn_available() -> bool:
     return _available
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux reports it (``AuthenticAMD``, ``GenuineIntel``), or "" where
+    ``/proc/cpuinfo`` does not say (other systems, other architectures)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def onednn_preferred() -> bool:
+    """Whether ``auto`` takes oneDNN on this CPU: on AMD's, where MKL's sgemm ran at a third to a half
+    of oneDNN's speed. Elsewhere MKL matched or beat it (Intel), or nobody has measured (the rest)."""
+    return cpu_vendor() == "AuthenticAMD"
+
+
 def configure(mode: Mode) -> None:
     """This process's choice for every model :func:`adopt` is given from now on."""
     global _mode
@@ -80,7 +104,9 @@ def configure(mode: Mode) -> None:
 
 def uses_onednn() -> bool:
     """Whether :func:`adopt` switches models to oneDNN in this process."""
-    return _mode != "torch" and onednn_available()
+    if _mode == "auto":
+        return onednn_preferred() and onednn_available()
+    return _mode == "onednn" and onednn_available()
 
 
 class _OneDNNLinearFunction(torch.autograd.Function):
