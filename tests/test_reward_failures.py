@@ -310,8 +310,11 @@ def test_ray_ctrl_c_on_a_run_blocked_on_a_hung_reward_prints_one_line_and_leaves
     env = {**roll.env, "ROLL_TEST_MARKER": str(marker)}
     cmd = [sys.executable, "-m", "roll_core.cli", "run", f"output_dir={tmp_path / 'run'}", *FAST,
            "roles.reward.name=hanging", "roles.reward.timeout_s=600"]
-    # A child of this process, which does not ignore SIGINT (as a background job of a shell would).
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # The run as a terminal's foreground job gets Ctrl-C. Where pytest itself runs as a background
+    # job of a shell without job control, it inherits SIGINT ignored and so would the child, which
+    # then never sees the signal; the child starts with the default disposition instead.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
