@@ -323,7 +323,11 @@ def test_ray_ctrl_c_on_a_run_blocked_on_a_hung_reward_prints_one_line_and_leaves
         pytest.fail(f"the reward was never called:\n{proc.communicate()[1][-3000:]}")
     time.sleep(1.0)  # the driver is now blocked waiting for the reward worker
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=60)
+    try:
+        stdout, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # no hung run left behind for the rest of the suite
+        pytest.fail(f"the run did not stop within 60 s of SIGINT:\n{proc.communicate()[1][-3000:]}")
     assert proc.returncode == 130, stderr[-3000:]
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
