@@ -31,6 +31,7 @@ config, as it sets torch's threads), so the ``local`` and ``ray`` executors comp
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 import torch
@@ -42,6 +43,7 @@ Mode = Literal["auto", "onednn", "torch"]
 
 _mode: Mode = "auto"
 _available: bool | None = None  # whether oneDNN's kernel is offered and agrees with torch's (checked once)
+CPUINFO = Path("/proc/cpuinfo")  # where Linux names the CPU's vendor
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -76,7 +78,7 @@ def cpu_vendor() -> str:
     """The CPU's vendor as Linux reports it (``AuthenticAMD``, ``GenuineIntel``), or "" where
     ``/proc/cpuinfo`` does not say (other systems, other architectures)."""
     try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+        with CPUINFO.open(encoding="ascii", errors="replace") as info:
             for line in info:
                 if line.startswith("vendor_id"):
                     return line.partition(":")[2].strip()
