@@ -28,6 +28,11 @@ nothing else CPU-heavy beside it.
     python benchmarks/vs_trl.py --size large --seeds 42 1 2         # ~22 min
     python benchmarks/vs_trl.py --size tiny --executor local        # roll's in-process executor
     python benchmarks/vs_trl.py --size tiny --load 1                # a core taken by another job
+    python benchmarks/vs_trl.py --size large --compile              # torch.compile on both sides
+
+``--compile`` compiles on both sides, each the way its library offers: roll's decoder layers
+(``roles.actor_train.compile``), TRL's whole model (``torch_compile``, through the Trainer). The
+first step, which compiles, is left out of seconds per step as always.
 """
 
 from __future__ import annotations
@@ -95,7 +100,7 @@ def trl_worker(spec_path: str) -> None:
         lr_scheduler_type="constant", warmup_steps=0, beta=0.0, epsilon=0.2, loss_type="dapo",
         scale_rewards="group", temperature=1.0, top_p=1.0, max_grad_norm=1.0, optim="adamw_torch",
         gradient_checkpointing=False, report_to="none", save_strategy="no", logging_steps=1,
-        dataloader_num_workers=0, disable_tqdm=True)
+        dataloader_num_workers=0, disable_tqdm=True, torch_compile=spec["compile"])
     records: list[dict] = []
 
     class Clock(TrainerCallback):
@@ -187,7 +192,7 @@ def roll_cmd(model: str, out: Path, seed: int, steps: int, args, max_new_tokens:
             f"data.eval_size={args.eval_size}", f"executor={args.executor}", "trackers=[jsonl]",
             # one forward-backward pass over the step's samples, as trl_worker sets TRL's per_device_train_batch_size
             f"roles.actor_train.micro_batch_size={args.prompts * SAMPLES_PER_PROMPT}",
-            f"torch_threads={args.threads}", *args.overrides]
+            f"torch_threads={args.threads}", f"roles.actor_train.compile={str(args.compile).lower()}", *args.overrides]
 
 
 def roll_result(out: Path) -> dict:
@@ -294,6 +299,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of each side")
     ap.add_argument("--load", type=int, default=0,
                     help="busy processes (one core each) running beside every measured run: a shared machine")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile on both sides: roll's roles.actor_train.compile, TRL's torch_compile")
     ap.add_argument("--keep", type=Path, help="keep the runs' directories here")
     ap.add_argument("overrides", nargs="*", help="extra roll config overrides")
     args = ap.parse_args()
@@ -311,14 +318,14 @@ def main() -> None:
         samples = prompts * SAMPLES_PER_PROMPT
         print(f"\n== {size}: {parameters(model) / 1e6:.1f}M parameters, {prompts} prompts x {SAMPLES_PER_PROMPT} "
               f"samples, {tokens} new tokens, {steps} steps, roll on the {args.executor} executor, "
-              f"{args.threads} torch threads each"
+              f"{args.threads} torch threads each{', compiled' if args.compile else ''}"
               f"{f', {args.load} busy process(es) beside each run' if args.load else ''} ==", flush=True)
         per_seed = []
         for seed in args.seeds:
             out_roll, out_trl = tmp / f"{size}-roll-{seed}", tmp / f"{size}-trl-{seed}"
             out_trl.mkdir(parents=True, exist_ok=True)
             spec = {"model": model, "out": str(out_trl), "seed": seed, "steps": steps, "prompts": prompts,
-                    "max_new_tokens": tokens, "eval_every": eval_every, "threads": args.threads,
+                    "max_new_tokens": tokens, "eval_every": eval_every, "threads": args.threads, "compile": args.compile,
                     "train_rows": inputs["train"], "eval_rows": inputs["eval"] if eval_every else []}
             (out_trl / "spec.json").write_text(json.dumps(spec))
             # roll evaluates once before RL whatever eval_every says: keep that short where nothing is compared

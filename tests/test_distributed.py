@@ -24,9 +24,12 @@ DP = ["executor=ray", "rollout.prompts_per_step=2", "rollout.num_return_sequence
       "roles.actor_train.micro_batch_size=1"]
 
 
-@pytest.mark.parametrize("strategy", ["hf", "fsdp2"])
+@pytest.mark.parametrize("strategy", ["hf", "fsdp2", "fsdp2 compiled"])
 def test_two_data_parallel_workers_match_one_worker_on_the_whole_batch(tiny_model_path, strategy):
-    cfg = load_config(None, DP + [f"roles.actor_train.strategy={strategy}", "roles.actor_train.num_workers=2"])
+    """``fsdp2 compiled``: FSDP2's gathers run around decoder layers compiled by ``compile: true``."""
+    name, _, compiled = strategy.partition(" ")
+    cfg = load_config(None, DP + [f"roles.actor_train.strategy={name}", "roles.actor_train.num_workers=2",
+                                  f"roles.actor_train.compile={bool(compiled)}"])
     one_cfg = load_config(None, DP)
     single = HFTrainStrategy(str(tiny_model_path), one_cfg.roles.actor_train, seed=0)
     batch = training_batch(single.model.config.vocab_size)
@@ -38,8 +41,8 @@ def test_two_data_parallel_workers_match_one_worker_on_the_whole_batch(tiny_mode
     metrics, ranks, log_probs = data_parallel_update(str(tiny_model_path), cfg, batch, world=2)
     params, replica = ranks  # rank 0 sends every weight (full tensors), the replica nothing
     assert replica == {} and params.keys() == expected.keys()
-    for name, value in params.items():
-        torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    for name, value in params.items():  # compiled kernels sum in another order: ~2e-6 apart, against Adam's ~lr moves
+        torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-5 if compiled else 1e-6, msg=name)
     torch.testing.assert_close(log_probs[0], log_probs[1])  # every rank ends with the same weights
     moved = max(float((expected[n] - before[n]).abs().max()) for n in expected)
     assert moved > 1e-4  # the step really changed the weights

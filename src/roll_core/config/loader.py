@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +206,26 @@ def _packing_requirements(cfg: RollConfig, plugins) -> list[str]:
         if role.strategy not in able:
             problems.append(f"key '{key}': {role.kind} strategy '{role.strategy}' does not take packed sequences; "
                             f"{role.kind} strategies that do: {', '.join(able) or '(none)'}")
+    return problems
+
+
+def _compile_requirements(cfg: RollConfig, plugins) -> list[str]:
+    """A role's ``compile: true`` needs a strategy of its kind registered with ``compiles=True``, and
+    a C++ compiler, with which TorchInductor builds its kernels (on GPUs too, for its launchers)."""
+    problems = []
+    asked = {name: role for name, role in cfg.model_roles().items() if getattr(role, "compile", False)}
+    for name, role in asked.items():
+        registry = f"{role.kind}_strategies"
+        if role.strategy not in plugins.registry(registry):
+            continue  # an unknown strategy is reported as such
+        able = _registered_with(plugins, registry, "compiles")
+        if role.strategy not in able:
+            problems.append(f"key 'roles.{name}.compile': {role.kind} strategy '{role.strategy}' does not compile its "
+                            f"model; {role.kind} strategies that do: {', '.join(able) or '(none)'}")
+    if asked and not any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if c):
+        first = next(iter(asked))
+        problems.append(f"key 'roles.{first}.compile': torch.compile needs a C++ compiler and none was found "
+                        "(g++, c++, clang++ or $CXX); install one (apt-get install g++) or set compile: false")
     return problems
 
 
@@ -416,6 +438,7 @@ def check_registry_names(cfg: RollConfig, plugins=None, where: str = "the config
     problems += _role_requirements(cfg, plugins)
     problems += _lora_requirements(cfg, plugins)
     problems += _packing_requirements(cfg, plugins)
+    problems += _compile_requirements(cfg, plugins)
     problems += _reward_options(cfg, plugins)
     problems += _component_options(cfg, plugins)
     problems += _strategy_options(cfg, plugins)

@@ -141,6 +141,7 @@ class _OneDNNLinearFunction(torch.autograd.Function):
 class OneDNNLinear(torch.nn.Linear):
     """An ``nn.Linear`` computed by oneDNN on CPU in fp32 (anything else: ``F.linear``)."""
 
+    @torch.compiler.disable  # TorchInductor cannot lower the private op: compiled layers call out to it
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
         if input.device.type != "cpu" or input.dtype != torch.float32 or weight.dtype != torch.float32 \

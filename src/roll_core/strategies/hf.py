@@ -19,6 +19,7 @@ import torch
 from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, rank_world, sum_gradients
 from roll_core.strategies import cpu_matmul, lora
+from roll_core.strategies.compiled import compile_layers
 from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
 from roll_core.strategies.packing import packed_forward, packed_inputs
 from roll_core.strategies.sequences import (causal_lm_outputs, position_ids_from_mask, response_outputs,
@@ -200,6 +201,8 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
         if self.lora is not None:
             self.model = lora.wrap(self.model, self.lora, model_path)
         self.prepare_model()
+        if getattr(role_config, "compile", False):
+            compile_layers(self.model)
         self._build_optimizers()
 
     def prepare_model(self) -> None:
@@ -275,6 +278,8 @@ class HFCriticStrategy(TorchPrimitives, TorchOffloading, CriticStrategy):
         self.device = default_device()
         self.model = load_value_model(model_path, self.device, seed)
         cpu_matmul.adopt(self.model)  # runtime.cpu_matmul
+        if getattr(role_config, "compile", False):
+            compile_layers(self.model)
         self._build_optimizers()
 
     def _outputs(self, batch: Batch, wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:

@@ -1,0 +1,50 @@
+"""A trained role's decoder layers compiled with ``torch.compile`` (a role's ``compile: true``).
+
+Why: in the forward and backward passes of a transformer on CPU, the matrix products run near the
+kernel's speed, but a quarter of a training pass goes to elementwise operations (RMSNorm, rotary
+embeddings, the gated MLP and their gradients), each a separate pass over tensors of tens of MB.
+``torch.compile`` (TorchInductor) fuses them into a few loops. At 95M parameters (hidden 768, 10
+layers) a training pass on 2 CPU cores went from 8.6-12.1 s to 7.1-9.6 s after a first pass of 23 s
+(``docs/benchmarks.md``); on the 0.5M-parameter tiny model nothing is worth fusing and the first
+pass only costs.
+
+How: the ``forward`` of each decoder layer (the classes the model names in ``_no_split_modules``,
+the same units FSDP2 shards) is replaced by its compiled version. Parameter names, ``state_dict``,
+checkpoints and weight sync are unchanged, and module hooks (FSDP2's gathers) run outside the
+compiled code, as they would around the eager forward. The
+layers share their code, so one compilation serves all of them. Shapes are dynamic from the first
+call: packed rows and micro-batches change width and count every step, and a graph specialised to
+one shape would recompile on the next. The embeddings, the output head and the loss stay eager.
+
+Compilation happens on the first pass, in the worker (tens of seconds on CPU; TorchInductor caches
+the result under ``/tmp/torchinductor_<user>``, so a later run of the same model starts faster),
+and needs a C++ compiler on CPU (TorchInductor builds its kernels with it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of ``model`` whose class (or a base of it) the model names as a layer that must
+    not be split (``_no_split_modules``, found on the model or on a wrapped one such as peft's)."""
+    names: set[str] = set()
+    for module in model.modules():
+        names |= set(getattr(module, "_no_split_modules", None) or ())
+    # by the class's ancestry too: FSDP2 swaps a sharded layer's class for a subclass (FSDPLlamaDecoderLayer)
+    return [module for module in model.modules() if any(c.__name__ in names for c in type(module).__mro__)]
+
+
+def compile_layers(model: torch.nn.Module) -> int:
+    """Compile each decoder layer of ``model`` in place (dynamic shapes); returns how many.
+
+    Raises ``ValueError`` when the model names no such layer: compiling the whole model instead
+    would also compile what the strategy does around it, and is not what ``compile: true`` says."""
+    layers = decoder_layers(model)
+    if not layers:
+        raise ValueError(f"compile: true, but {type(model).__name__} names no decoder layer (_no_split_modules) "
+                         "to compile; set compile: false")
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, dynamic=True)
+    return len(layers)

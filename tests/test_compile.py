@@ -1,0 +1,116 @@
+"""A role's ``compile: true`` (:mod:`roll_core.strategies.compiled`): the decoder layers run
+compiled, with the eager model's outputs, gradients and update, on batches whose shapes change
+without recompiling; the config asks for a strategy that compiles and a C++ compiler."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from roll_core import hookimpl
+from roll_core.algorithms.objective import ActorObjective
+from roll_core.config import load_and_check
+from roll_core.config.schema import AlgorithmConfig, CriticRoleConfig, TrainRoleConfig
+from roll_core.errors import ConfigError
+from roll_core.strategies import cpu_matmul
+from roll_core.strategies.compiled import compile_layers, decoder_layers
+from roll_core.strategies.cpu_matmul import OneDNNLinear
+from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
+from roll_core.testing import full_weights, training_batch
+from roll_core.training import UpdateSpec, update
+
+
+def _compiled(layer) -> bool:
+    return hasattr(layer.forward, "_torchdynamo_orig_callable")
+
+
+def test_each_decoder_layer_is_compiled_and_nothing_else(tiny_model_path):
+    trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(compile=True), seed=0)
+    layers = decoder_layers(trainer.model)
+    assert [type(m).__name__ for m in layers] == ["LlamaDecoderLayer"] * trainer.model.config.num_hidden_layers
+    assert all(_compiled(m) for m in layers)
+    assert not any(_compiled(m) for m in trainer.model.modules() if m not in layers)
+    eager = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(), seed=0)
+    assert not any(_compiled(m) for m in eager.model.modules())
+    # names are untouched: checkpoints and weight sync see the same parameters
+    assert [n for n, _ in trainer.full_parameters()] == [n for n, _ in eager.full_parameters()]
+
+
+def test_a_model_without_decoder_layers_is_refused():
+    with pytest.raises(ValueError, match="Linear names no decoder layer .* set compile: false"):
+        compile_layers(torch.nn.Linear(2, 2))
+
+
+@pytest.fixture
+def matmul_mode():
+    """Sets this process's ``runtime.cpu_matmul`` for a test and restores it after."""
+    saved = cpu_matmul._mode
+    yield cpu_matmul.configure
+    cpu_matmul._mode = saved
+
+
+@pytest.mark.parametrize("pack, kernel", [(True, "torch"), (False, "torch"), (True, "onednn")])
+def test_compiled_updates_are_the_eager_updates_at_changing_shapes(tiny_model_path, matmul_mode, pack, kernel):
+    """Two updates on batches of other sizes and widths: the same metrics and weights as eager, and
+    no recompilation after the first (shapes are dynamic). On oneDNN's kernel (``runtime.cpu_matmul``)
+    the compiled code calls out to it at each linear layer."""
+    if kernel == "onednn" and not cpu_matmul.onednn_available():
+        pytest.skip("this torch build has no oneDNN kernel")
+    matmul_mode(kernel)
+    first = training_batch(vocab=90)
+    second = first.select(torch.arange(5))  # fewer samples,
+    second.tensors["responses"] = second["responses"][:, :3]  # narrower responses
+    for key in ("response_mask", "loss_mask", "old_log_probs", "ref_log_probs", "infer_log_probs", "advantages"):
+        second.tensors[key] = second[key][:, :3]
+    objective = ActorObjective.from_config(AlgorithmConfig())
+    spec = UpdateSpec(max_grad_norm=1.0, micro_batch_size=8)
+    results = []
+    for compiled in (False, True):
+        trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(pack_sequences=pack, compile=compiled), seed=0)
+        assert any(isinstance(m, OneDNNLinear) for m in trainer.model.modules()) == (kernel == "onednn")
+        metrics = [update(trainer, first, objective, spec)]
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            metrics.append(update(trainer, second, objective, spec))
+        results.append((metrics, full_weights(trainer)))
+    (eager, eager_weights), (compiled, compiled_weights) = results
+    for one, other in zip(eager, compiled):
+        for key in ("train/pg_loss", "train/grad_norm", "train/entropy"):
+            assert other[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+    for name, value in eager_weights.items():
+        torch.testing.assert_close(compiled_weights[name], value, atol=5e-5, rtol=1e-4, msg=name)
+    assert eager[0]["train/grad_norm"] > 1e-3  # the updates moved something
+
+
+def test_compiled_critic_values_are_the_eager_values(tiny_model_path):
+    batch = training_batch(vocab=90)
+    critics = [HFCriticStrategy(str(tiny_model_path), CriticRoleConfig(compile=c), seed=0) for c in (False, True)]
+    assert any(_compiled(m) for m in critics[1].model.modules())
+    values = [critic.forward(batch, ("values",), 1.0)["values"] for critic in critics]
+    torch.testing.assert_close(values[1], values[0], atol=1e-5, rtol=1e-5)
+    assert float(values[0].abs().sum()) > 0.01
+
+
+def test_compile_needs_a_strategy_that_compiles(roll_plugins):
+    def roll_register_strategies(register):
+        register("plain", "roll_core.strategies.hf:HFTrainStrategy", kind="train")
+
+    plugins = roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies))))
+    with pytest.raises(ConfigError, match="'roles.actor_train.compile': train strategy 'plain' does not compile its "
+                                          "model; train strategies that do: .*fsdp2.*hf"):
+        load_and_check(None, ["roles.actor_train.strategy=plain", "roles.actor_train.compile=true"], plugins)
+    load_and_check(None, ["roles.actor_train.strategy=plain"], plugins)  # off by default
+    load_and_check(None, ["roles.actor_train.compile=true"], plugins)  # hf does
+
+
+def test_compile_needs_a_cpp_compiler(monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr("roll_core.config.loader.shutil.which", lambda name: None)
+    with pytest.raises(ConfigError, match="'roles.actor_train.compile': torch.compile needs a C\\+\\+ compiler and "
+                                          "none was found .*apt-get install g\\+\\+"):
+        load_and_check(None, ["roles.actor_train.compile=true"])
+    load_and_check(None, [])  # not asked for, not needed
+    monkeypatch.setenv("CXX", "my-c++")
+    monkeypatch.setattr("roll_core.config.loader.shutil.which", lambda name: name if name == "my-c++" else None)
+    load_and_check(None, ["roles.actor_train.compile=true"])  # $CXX counts
