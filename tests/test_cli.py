@@ -85,6 +85,10 @@ def test_run_starts_by_saying_what_it_runs():
                                                    "exact_match, executor ray, 200 steps -> runs/quickstart")
     agentic = load_config(None, ["pipeline=agentic", "agentic.envs=[{env: frozen_lake, name: lake}, {env: sokoban}]"])
     assert "environments lake (frozen_lake), sokoban (sokoban)" in describe_run(agentic)
+    compiled = load_config(None, ["roles.actor_train.compile=true", "roles.critic.compile=true",
+                                  "algorithm.advantage_estimator=gae"])
+    assert describe_run(compiled).endswith("200 steps, compiling actor_train and critic in the first pass "
+                                           "-> runs/quickstart")
 
 
 def test_piped_output_prints_a_line_every_twentieth_of_the_run_with_evaluations_and_an_eta(capsys, tmp_path):

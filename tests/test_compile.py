@@ -102,6 +102,8 @@ def test_compile_needs_a_strategy_that_compiles(roll_plugins):
         load_and_check(None, ["roles.actor_train.strategy=plain", "roles.actor_train.compile=true"], plugins)
     load_and_check(None, ["roles.actor_train.strategy=plain"], plugins)  # off by default
     load_and_check(None, ["roles.actor_train.compile=true"], plugins)  # hf does
+    with pytest.raises(ConfigError, match="'roles.actor_train.compile': not with roles.actor_train.lora yet"):
+        load_and_check(None, ["roles.actor_train.compile=true", "roles.actor_train.lora={rank: 4}"], plugins)
 
 
 def test_compile_needs_a_cpp_compiler(monkeypatch):

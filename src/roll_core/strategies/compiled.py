@@ -4,17 +4,18 @@ Why: in the forward and backward passes of a transformer on CPU, the matrix prod
 kernel's speed, but a quarter of a training pass goes to elementwise operations (RMSNorm, rotary
 embeddings, the gated MLP and their gradients), each a separate pass over tensors of tens of MB.
 ``torch.compile`` (TorchInductor) fuses them into a few loops. At 95M parameters (hidden 768, 10
-layers) a training pass on 2 CPU cores went from 8.6-12.1 s to 7.1-9.6 s after a first pass of 23 s
-(``docs/benchmarks.md``); on the 0.5M-parameter tiny model nothing is worth fusing and the first
-pass only costs.
+layers, 2 CPU cores) the RL update went 1.23x faster and the whole step 1.15x (generation is not
+compiled), after a first pass that compiles; on the 0.5M-parameter tiny model nothing is worth
+fusing and the first pass only costs (``docs/benchmarks.md``).
 
 How: the ``forward`` of each decoder layer (the classes the model names in ``_no_split_modules``,
 the same units FSDP2 shards) is replaced by its compiled version. Parameter names, ``state_dict``,
 checkpoints and weight sync are unchanged, and module hooks (FSDP2's gathers) run outside the
-compiled code, as they would around the eager forward. The
-layers share their code, so one compilation serves all of them. Shapes are dynamic from the first
-call: packed rows and micro-batches change width and count every step, and a graph specialised to
-one shape would recompile on the next. The embeddings, the output head and the loss stay eager.
+compiled code, as they would around the eager forward. The layers share their code, so one
+compilation serves all of them. Shapes are dynamic from the first call: packed rows and
+micro-batches change width and count every step, and a graph specialised to one shape would
+recompile on the next. The embeddings, the output head and the loss stay eager. Linear layers on
+oneDNN (``runtime.cpu_matmul``) are called out of the compiled code, which fuses what lies between.
 
 Compilation happens on the first pass, in the worker (tens of seconds on CPU; TorchInductor caches
 the result under ``/tmp/torchinductor_<user>``, so a later run of the same model starts faster),

@@ -202,6 +202,8 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
             self.model = lora.wrap(self.model, self.lora, model_path)
         self.prepare_model()
         if getattr(role_config, "compile", False):
+            if self.lora is not None:
+                raise ValueError("compile: true is not supported with lora (roll validate says why)")
             compile_layers(self.model)
         self._build_optimizers()
 
