@@ -83,6 +83,21 @@ def test_compiled_updates_are_the_eager_updates_at_changing_shapes(tiny_model_pa
     assert eager[0]["train/grad_norm"] > 1e-3  # the updates moved something
 
 
+def test_compiled_gradients_are_the_eager_gradients(tiny_model_path):
+    """Every parameter's gradient, not only the update's norm: Adam's sign-like first step would
+    hide a gradient that is wrong in scale (what compiled peft adapters gave, hence refused)."""
+    batch = training_batch(vocab=90)
+    grads = []
+    for compiled in (False, True):
+        trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(compile=compiled), seed=0)
+        out = trainer._outputs(batch, ("log_probs",), temperature=1.0)
+        (out["log_probs"] * batch["response_mask"]).sum().backward()
+        grads.append({n: p.grad for n, p in trainer.model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert max(float(g.abs().max()) for g in grads[0].values()) > 0.1
+
+
 def test_compiled_critic_values_are_the_eager_values(tiny_model_path):
     batch = training_batch(vocab=90)
     critics = [HFCriticStrategy(str(tiny_model_path), CriticRoleConfig(compile=c), seed=0) for c in (False, True)]
