@@ -141,8 +141,17 @@ class _OneDNNLinearFunction(torch.autograd.Function):
 class OneDNNLinear(torch.nn.Linear):
     """An ``nn.Linear`` computed by oneDNN on CPU in fp32 (anything else: ``F.linear``)."""
 
-    @torch.compiler.disable  # TorchInductor cannot lower the private op: compiled layers call out to it
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # TorchInductor cannot lower the private op: call out of the graph
+            return self._outside_compiled_code(input)
+        return self._onednn_forward(input)
+
+    @torch.compiler.disable
+    def _outside_compiled_code(self, input: torch.Tensor) -> torch.Tensor:
+        # only while compiling: the wrapper costs a few microseconds per call in eager code
+        return self._onednn_forward(input)
+
+    def _onednn_forward(self, input: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
         if input.device.type != "cpu" or input.dtype != torch.float32 or weight.dtype != torch.float32 \
                 or input.numel() == 0:
