@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
+
+from roll_core import hookimpl
 
 
 def make_fake_distribution(root: Path, dist: str, module_name: str, source: str, version: str = "0.0.1") -> Path:
@@ -45,3 +48,14 @@ def fake_dist(tmp_path):
         return make_fake_distribution(tmp_path / "site", dist, module_name, source, version)
 
     return make
+
+
+@pytest.fixture
+def plain_train_strategy(roll_plugins):
+    """Plugins with one more train strategy, ``plain`` (the ``hf`` trainer registered without any
+    capability flag: no packed sequences, no compiling, no LoRA), for the checks that refuse a
+    config asking a strategy for what it did not register."""
+    def roll_register_strategies(register):
+        register("plain", "roll_core.strategies.hf:HFTrainStrategy", kind="train")
+
+    return roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies))))

@@ -4,12 +4,10 @@ without recompiling; the config asks for a strategy that compiles and a C++ comp
 
 from __future__ import annotations
 
-import types
 
 import pytest
 import torch
 
-from roll_core import hookimpl
 from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_and_check
 from roll_core.config.schema import AlgorithmConfig, CriticRoleConfig, TrainRoleConfig
@@ -107,11 +105,8 @@ def test_compiled_critic_values_are_the_eager_values(tiny_model_path):
     assert float(values[0].abs().sum()) > 0.01
 
 
-def test_compile_needs_a_strategy_that_compiles(roll_plugins):
-    def roll_register_strategies(register):
-        register("plain", "roll_core.strategies.hf:HFTrainStrategy", kind="train")
-
-    plugins = roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies))))
+def test_compile_needs_a_strategy_that_compiles(plain_train_strategy):
+    plugins = plain_train_strategy
     with pytest.raises(ConfigError, match="'roles.actor_train.compile': train strategy 'plain' does not compile its "
                                           "model; train strategies that do: .*fsdp2.*hf"):
         load_and_check(None, ["roles.actor_train.strategy=plain", "roles.actor_train.compile=true"], plugins)

@@ -11,7 +11,6 @@ import types
 import pytest
 import torch
 
-from roll_core import hookimpl
 from roll_core.algorithms.objective import SupervisedObjective
 from roll_core.config import load_and_check, load_config
 from roll_core.errors import ConfigError
@@ -78,11 +77,8 @@ def test_a_packed_update_is_the_padded_update(tiny_model_path):
     assert max(float((packed_weights[n] - initial[n]).abs().max()) for n in initial) > 5e-4  # Adam moved them ~lr
 
 
-def test_packing_needs_a_strategy_that_takes_packed_sequences(roll_plugins):
-    def roll_register_strategies(register):
-        register("plain", "roll_core.strategies.hf:HFTrainStrategy", kind="train")
-
-    plugins = roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies))))
+def test_packing_needs_a_strategy_that_takes_packed_sequences(plain_train_strategy):
+    plugins = plain_train_strategy
     with pytest.raises(ConfigError, match="'warmup.packing': train strategy 'plain' does not take packed sequences; "
                                           "train strategies that do: .*hf"):
         load_and_check(None, ["warmup.packing=true", "roles.actor_train.strategy=plain"], plugins)
@@ -287,11 +283,8 @@ def test_an_update_in_token_sized_micro_batches_is_the_one_pass_update(tiny_mode
         torch.testing.assert_close(token_weights[name], value, atol=1e-6, rtol=1e-4, msg=name)
 
 
-def test_role_packing_keys_need_a_strategy_that_takes_packed_sequences(roll_plugins):
-    def roll_register_strategies(register):
-        register("plain", "roll_core.strategies.hf:HFTrainStrategy", kind="train")
-
-    plugins = roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies))))
+def test_role_packing_keys_need_a_strategy_that_takes_packed_sequences(plain_train_strategy):
+    plugins = plain_train_strategy
     for key in ("pack_sequences=true", "max_tokens_per_micro_batch=4096"):
         with pytest.raises(ConfigError, match=f"'roles.actor_train.{key.split('=')[0]}': train strategy 'plain' does "
                                               "not take packed sequences; train strategies that do: .*hf"):
