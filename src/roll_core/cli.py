@@ -117,7 +117,7 @@ def describe_run(config) -> str:
             f"{domain}: {'+'.join(r.name for r in spec.rewards)}" for domain, spec in config.roles.domain_rewards.items()]
         source = config.data.train_file or ", ".join(config.data.domains) or config.data.dataset
         task = f"data {source}" + (f", reward {'; '.join(rewards)}" if config.pipeline == "rlvr" else "")
-    compiled = [name for name, role in config.model_roles().items() if getattr(role, "compile", False)]
+    compiled = config.compiled_roles()
     # compiling takes tens of seconds in the first pass, which would otherwise look like a hang
     compiling = f", compiling {' and '.join(compiled)} in the first pass" if compiled else ""
     return (f"roll run: pipeline {config.pipeline}, model {config.model.path}, {task}, executor {config.executor}, "

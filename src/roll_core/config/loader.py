@@ -196,32 +196,30 @@ def _packing_requirements(cfg: RollConfig, plugins) -> list[str]:
         asks += [(f"roles.{name}.pack_sequences", name, role.pack_sequences is True),
                  (f"roles.{name}.max_tokens_per_micro_batch", name,
                   getattr(role, "max_tokens_per_micro_batch", None) is not None)]
-    problems = []
-    for key, name, asked in asks:
-        role = roles[name]
-        registry = f"{role.kind}_strategies"
-        if not asked or role.strategy not in plugins.registry(registry):
-            continue  # an unknown strategy is reported as such
-        able = _registered_with(plugins, registry, "packed_sequences")
-        if role.strategy not in able:
-            problems.append(f"key '{key}': {role.kind} strategy '{role.strategy}' does not take packed sequences; "
-                            f"{role.kind} strategies that do: {', '.join(able) or '(none)'}")
-    return problems
+    return [problem for key, name, asked in asks if asked
+            for problem in _strategy_lacks(plugins, key, roles[name], "packed_sequences", "take packed sequences")]
+
+
+def _strategy_lacks(plugins, key: str, role, flag: str, ability: str) -> list[str]:
+    """The problem (none or one) with config ``key``, which needs ``role``'s strategy registered with
+    ``flag`` (``ability`` says what that flag stands for)."""
+    registry = f"{role.kind}_strategies"
+    if role.strategy not in plugins.registry(registry):
+        return []  # an unknown strategy is reported as such
+    able = _registered_with(plugins, registry, flag)
+    if role.strategy in able:
+        return []
+    return [f"key '{key}': {role.kind} strategy '{role.strategy}' does not {ability}; "
+            f"{role.kind} strategies that do: {', '.join(able) or '(none)'}"]
 
 
 def _compile_requirements(cfg: RollConfig, plugins) -> list[str]:
     """A role's ``compile: true`` needs a strategy of its kind registered with ``compiles=True``, and
     a C++ compiler, with which TorchInductor builds its kernels (on GPUs too, for its launchers)."""
     problems = []
-    asked = {name: role for name, role in cfg.model_roles().items() if getattr(role, "compile", False)}
+    asked = cfg.compiled_roles()
     for name, role in asked.items():
-        registry = f"{role.kind}_strategies"
-        if role.strategy not in plugins.registry(registry):
-            continue  # an unknown strategy is reported as such
-        able = _registered_with(plugins, registry, "compiles")
-        if role.strategy not in able:
-            problems.append(f"key 'roles.{name}.compile': {role.kind} strategy '{role.strategy}' does not compile its "
-                            f"model; {role.kind} strategies that do: {', '.join(able) or '(none)'}")
+        problems += _strategy_lacks(plugins, f"roles.{name}.compile", role, "compiles", "compile its model")
         if getattr(role, "lora", None) is not None:
             # measured: compiled layers with peft's adapters gave another gradient norm than eager
             problems.append(f"key 'roles.{name}.compile': not with roles.{name}.lora yet (the compiled adapters' "

@@ -829,6 +829,11 @@ class RollConfig(Strict):
         return {n: r for n, r in self.roles.named().items()
                 if isinstance(r, (TrainRoleConfig, InferRoleConfig, CriticRoleConfig))}
 
+    def compiled_roles(self) -> dict[str, TrainRoleConfig | CriticRoleConfig]:
+        """Trained roles whose decoder layers are compiled (``compile: true``), by key."""
+        return {n: r for n, r in self.model_roles().items()
+                if isinstance(r, (TrainRoleConfig, CriticRoleConfig)) and r.compile}
+
     def _check_placement(self) -> None:
         from roll_core.runtime.placement import check_mappings
 
