@@ -168,19 +168,22 @@ def test_each_kind_of_role_offers_its_own_methods_and_a_wrong_call_names_the_rol
 
 
 def test_a_local_ray_cluster_starts_its_workers_at_the_configured_niceness(monkeypatch):
-    """Ray's default niceness (15) lets the driver preempt workers; roll starts its cluster at 0."""
+    """Ray's default niceness (15) lets the driver preempt workers; roll starts its cluster at 0, and
+    with batches up to RAY_INLINE_BYTES carried inside task messages."""
     import ray
 
     from roll_core.config import load_config
-    from roll_core.runtime.executor import make_executor
+    from roll_core.runtime.executor import RAY_INLINE_BYTES, make_executor
 
     started = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: started.update(kwargs))
     make_executor(load_config(None, ["executor=ray"]))
-    assert started["_system_config"] == {"worker_niceness": 0, "prestart_worker_first_driver": False}
+    assert started["_system_config"] == {"worker_niceness": 0, "prestart_worker_first_driver": False,
+                                         "max_direct_call_object_size": RAY_INLINE_BYTES}
+    assert 256 * 1024 <= RAY_INLINE_BYTES <= 1024 * 1024  # above a quickstart batch, below the store's break-even
     make_executor(load_config(None, ["executor=ray", "ray.worker_niceness=10"]))
-    assert started["_system_config"] == {"worker_niceness": 10, "prestart_worker_first_driver": False}
+    assert started["_system_config"]["worker_niceness"] == 10
     started.clear()
     make_executor(load_config(None, ["executor=ray", "ray.address=auto"]))
     assert "_system_config" not in started  # a joined cluster keeps its own setting

@@ -42,6 +42,13 @@ from typing import Any, Iterator
 
 from roll_core.errors import RollError, WorkerLostError
 
+# Arguments and results up to this size travel inside Ray's task messages; larger ones go through
+# its shared-memory object store. Ray's default cut is 100 KiB, and a round trip through the store
+# cost a near-constant 2.7-3.0 ms on the 2-core machine of docs/benchmarks.md, against 1.2-2.5 ms
+# inline for payloads of 96-512 KiB (level at 768 KiB). A quickstart update's batch (about 113 KB)
+# crossed Ray's cut every step. Set only on a cluster roll starts itself.
+RAY_INLINE_BYTES = 512 * 1024
+
 
 @dataclass(frozen=True)
 class Hosted:
@@ -269,7 +276,8 @@ class RayExecutor(Executor):
                 # CPU) would sit beside them, each waking ~140 times a second and holding ~100 MB
                 kwargs.update(address="local", num_cpus=num_cpus or os.cpu_count(),
                               _system_config={"worker_niceness": worker_niceness,
-                                              "prestart_worker_first_driver": False})
+                                              "prestart_worker_first_driver": False,
+                                              "max_direct_call_object_size": RAY_INLINE_BYTES})
                 self._owns_cluster = True
             # Workers must find the same packages and plugins as the driver, and keep its OpenMP and
             # Hugging Face settings (HF_HUB_DISABLE_PROGRESS_BARS: roll run hides the load/save bars).
