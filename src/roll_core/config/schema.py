@@ -732,6 +732,11 @@ class RuntimeConfig(Strict):
         "oneDNN fp32 kernel (on an AMD EPYC 2-3x the speed of MKL's sgemm, torch's default; on an Intel Xeon level "
         "or slower); torch, torch's default; auto: onednn on AMD CPUs where this torch build offers it, torch "
         "elsewhere. The same fp32 arithmetic either way")
+    reuse_freed_memory: bool = Field(
+        True, description="workers that compute on CPU (no device_mapping) keep the memory they free for their next "
+        "allocations instead of handing it back to the kernel (glibc's mallopt: no mmap, no trimming), so a step does "
+        "not fault its activations in again; on the 95M benchmark model, updates 1.1-1.2x faster. The process keeps "
+        "its peak until it exits. No effect outside glibc")
 
 
 class RollConfig(Strict):

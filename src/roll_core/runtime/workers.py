@@ -19,7 +19,7 @@ from roll_core.config.schema import RewardFailures
 from roll_core.errors import RollError
 from roll_core.plugins import get_plugins
 from roll_core.rewards import RewardInput
-from roll_core.runtime import distributed
+from roll_core.runtime import distributed, host_memory
 from roll_core.runtime.deadline import Hung, call_with_deadline
 from roll_core.strategies import cpu_matmul, lora
 
@@ -101,6 +101,8 @@ class _StrategyWorker(_Worker):
         _bind_devices(devices)
         torch.set_num_threads(run_config.torch_threads)  # a role's own count applies during RL steps only
         cpu_matmul.configure(run_config.runtime.cpu_matmul)
+        if devices is None and run_config.runtime.reuse_freed_memory:  # computes on CPU
+            host_memory.keep_freed_memory()
         self.role = role
         self._args = (model_path, role_config, run_config, seed)
         self.strategy: Any = None  # built by setup()
