@@ -43,10 +43,10 @@ from typing import Any, Iterator
 from roll_core.errors import RollError, WorkerLostError
 
 # Arguments and results up to this size travel inside Ray's task messages; larger ones go through
-# its shared-memory object store. Ray's default cut is 100 KiB, and a round trip through the store
-# cost a near-constant 2.7-3.0 ms on the 2-core machine of docs/benchmarks.md, against 1.2-2.5 ms
-# inline for payloads of 96-512 KiB (level at 768 KiB). A quickstart update's batch (about 113 KB)
-# crossed Ray's cut every step. Set only on a cluster roll starts itself.
+# its shared-memory object store. Ray's default cut is 100 KiB; a quickstart update's batch (about
+# 113 KB) crossed it every step. benchmarks/bench_ray_inline.py, on 2 cores: a batch's round trip
+# through the store took a near-constant 3.5-4 ms, inline 1.65 ms at 108 KB and 2.68 ms at 431 KB;
+# the two meet between 512 KiB and 1 MiB. Set only on a cluster roll starts itself.
 RAY_INLINE_BYTES = 512 * 1024
 
 
