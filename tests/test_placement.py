@@ -183,7 +183,8 @@ def test_a_local_ray_cluster_starts_its_workers_at_the_configured_niceness(monke
                                          "max_direct_call_object_size": RAY_INLINE_BYTES}
     assert 256 * 1024 <= RAY_INLINE_BYTES <= 1024 * 1024  # above a quickstart batch, below the store's break-even
     make_executor(load_config(None, ["executor=ray", "ray.worker_niceness=10"]))
-    assert started["_system_config"]["worker_niceness"] == 10
+    assert started["_system_config"] == {"worker_niceness": 10, "prestart_worker_first_driver": False,
+                                         "max_direct_call_object_size": RAY_INLINE_BYTES}
     started.clear()
     make_executor(load_config(None, ["executor=ray", "ray.address=auto"]))
     assert "_system_config" not in started  # a joined cluster keeps its own setting
