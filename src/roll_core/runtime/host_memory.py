@@ -20,7 +20,6 @@ changes.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from functools import cache
 
 # glibc's mallopt parameters (malloc.h)
@@ -42,11 +41,10 @@ def keep_freed_memory() -> bool:
 
 
 def _glibc():
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """The C library this process already links, where it is glibc. (The process's own symbols: no
+    library search, which would run ``ldconfig`` in every worker at start-up.)"""
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # glibc only; musl and macOS's libc lack it  # noqa: B018
     except (OSError, AttributeError):
         return None
