@@ -7,8 +7,8 @@ small model sits just above that cut (the quickstart update's batch pickles to a
 every step paid the store's fixed cost. roll starts its own clusters with the cut at
 ``roll_core.runtime.executor.RAY_INLINE_BYTES``; this script measures both cuts, side by side.
 
-Each cut needs a cluster of its own (Ray reads its system config at start-up), so each runs in a
-child process, alternating for ``--rounds`` rounds; every child sends a roll ``Batch`` of the
+Each cut needs a cluster of its own (Ray reads its system config at start-up), started by roll's
+``RayExecutor`` with ``RAY_INLINE_BYTES`` set to the cut, so each runs in a child process, alternating for ``--rounds`` rounds; every child sends a roll ``Batch`` of the
 quickstart's shape (``bench_batch_transfer.quickstart_batch``) at several sample counts to an actor
 that returns it, and prints the median round trip per size.
 
@@ -27,17 +27,20 @@ import subprocess
 import sys
 import time
 
+RAY_DEFAULT_BYTES = 100 * 1024  # Ray's own max_direct_call_object_size
 
-def child(limit: int | None, samples: list[int], calls: int) -> None:
-    """One cluster with the given cut (None: Ray's default); prints ``{samples: [bytes, ms]}`` as JSON."""
+
+def child(limit: int, samples: list[int], calls: int) -> None:
+    """One cluster, started as roll starts its own but with the given cut; prints
+    ``{samples: [bytes, ms]}`` as JSON."""
     import ray
     import torch
     from bench_batch_transfer import quickstart_batch
 
-    system = {"worker_niceness": 0, "prestart_worker_first_driver": False}
-    if limit is not None:
-        system["max_direct_call_object_size"] = limit
-    ray.init(address="local", include_dashboard=False, logging_level="error", _system_config=system)
+    from roll_core.runtime import executor
+
+    executor.RAY_INLINE_BYTES = limit
+    cluster = executor.RayExecutor()
 
     @ray.remote(num_cpus=0)
     class Echo:
@@ -56,7 +59,7 @@ def child(limit: int | None, samples: list[int], calls: int) -> None:
             times.append(time.perf_counter() - start)
         assert torch.equal(back.tensors["responses"], batch["responses"])
         out[n] = [len(pickle.dumps(batch, protocol=5)), statistics.median(times) * 1e3]
-    ray.shutdown()
+    cluster.shutdown()
     print(json.dumps(out))
 
 
@@ -65,14 +68,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--samples", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)  # the cut in bytes; 0: Ray's default
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)  # the cut in bytes
     args = parser.parse_args()
     if args.child is not None:
-        child(args.child or None, args.samples, args.calls)
+        child(args.child, args.samples, args.calls)
         return
     from roll_core.runtime.executor import RAY_INLINE_BYTES
 
-    cuts = {"ray default (100 KiB)": 0, f"roll ({RAY_INLINE_BYTES // 1024} KiB)": RAY_INLINE_BYTES}
+    cuts = {"ray default (100 KiB)": RAY_DEFAULT_BYTES, f"roll ({RAY_INLINE_BYTES // 1024} KiB)": RAY_INLINE_BYTES}
     runs: dict[str, list[dict]] = {name: [] for name in cuts}
     for _ in range(args.rounds):
         for name, cut in cuts.items():
