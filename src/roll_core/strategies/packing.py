@@ -7,8 +7,9 @@ When responses are short next to their width, or prompts long next to the respon
 compute is padding and repetition. Here a *unit* is one prompt followed by the responses of its
 group that fit in a row; each response attends to the prompt and to itself only, at the positions it
 would have alone, so every response token gets the same logits as in the padded layout (up to float
-rounding: the matrix kernels see other shapes). Responses are packed first-fit into rows, a group's
-prompt repeated in each row its responses reach:
+rounding: the matrix kernels see other shapes). Models that run ``sdpa`` compute that attention piece
+by piece (:mod:`roll_core.strategies.packed_attention`), others densely over each row with a 4-D mask.
+Responses are packed first-fit into rows, a group's prompt repeated in each row its responses reach:
 
     padded (B rows of P + R)              packed (N rows of W)
     [pad pad p1 p2 | r1 r1 pad]           [p1 p2 | r1 r1 | r2 r2 r2 | r3 | q1 q2 q3 | s1 s1 pad ...]
@@ -17,8 +18,9 @@ prompt repeated in each row its responses reach:
 
 A row is as wide as the longest sample alone, or as ``max_length`` where the largest group needs
 it, then narrowed while the rows stay as few: attention is computed densely over a row, so
-``max_length`` bounds what it costs per token. The attention mask is 4-D (``[N, 1, W, W]``): transformers passes such a mask through as
-given, as a boolean mask to ``sdpa`` and an additive one to ``eager``.
+``max_length`` bounds what dense attention costs per token. The attention mask is 4-D (``[N, 1, W, W]``):
+transformers passes such a mask through as given, as a boolean mask to ``sdpa`` and an additive one to
+``eager``.
 
 Used by the torch strategies' forward passes (``hf``, ``fsdp2``, ``deepspeed``) when a role's
 ``pack_sequences`` is on (the default where the strategy supports it). Measured in
@@ -31,8 +33,11 @@ from dataclasses import dataclass
 
 import torch
 
-# transformers' attention implementations that take a custom 4-D mask, and the mask each expects
-MASKED_ATTENTION = ("sdpa", "eager")
+from roll_core.strategies import packed_attention
+
+# transformers' attention implementations that take a custom 4-D mask (roll's piece-by-piece one is
+# sdpa when it is given no plan)
+MASKED_ATTENTION = ("sdpa", "eager", packed_attention.ATTENTION)
 
 
 @dataclass(frozen=True)
@@ -43,13 +48,16 @@ class PackedSequences:
     responses) each token belongs to, -1 on padding; ``branches`` ``[N, W]`` is 0 on a unit's prompt
     and ``k`` on its ``k``-th response. ``source`` ``[B, R]`` is, for each response token of the
     padded layout, the flat index (row * W + column) of the position whose logits predict it; a
-    token the batch does not have (``response_mask`` 0) points at position 0 and must stay masked."""
+    token the batch does not have (``response_mask`` 0) points at position 0 and must stay masked.
+    ``pieces`` ``[G, 4]``: each unit's prompt and each response as a run of positions (flat start,
+    length) with its unit's prompt (flat start, length; 0 on a prompt), for attention piece by piece."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     units: torch.Tensor
     branches: torch.Tensor
     source: torch.Tensor
+    pieces: torch.Tensor
 
     @property
     def tokens(self) -> int:
@@ -70,7 +78,7 @@ class PackedSequences:
         visible = (self.branches[:, None, :] == 0) | (self.branches[:, :, None] == self.branches[:, None, :])
         allowed = (same_unit & visible & causal) | torch.eye(width, dtype=torch.bool)
         allowed = allowed[:, None]
-        if implementation == "sdpa":
+        if implementation != "eager":
             return allowed
         blocked = torch.zeros(allowed.shape, dtype=dtype)
         return blocked.masked_fill(~allowed, torch.finfo(dtype).min)
@@ -124,6 +132,7 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
                 low = middle + 1
 
     ids, positions, unit_of, branch_of = [], [], [], []
+    pieces: list[tuple[int, int, int, int]] = []
     source = [[0] * width_r for _ in range(batch)]
     next_unit = 0
     for r, row in enumerate(rows):
@@ -133,6 +142,8 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
         row_branch: list[int] = []
         for prompt, members in row:
             unit_id, next_unit = next_unit, next_unit + 1
+            prompt_start = r * width + len(row_ids)
+            pieces.append((prompt_start, len(prompt), prompt_start, 0))
             row_ids += prompt
             row_pos += range(len(prompt))
             row_unit += [unit_id] * len(prompt)
@@ -143,6 +154,8 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
                 start = r * width + len(row_ids)
                 # token t is predicted at the position before it: the prompt's last, then the answer's own
                 source[b][:n] = [last_prompt, *range(start, start + n - 1)][:n]
+                if n:
+                    pieces.append((start, n, prompt_start, len(prompt)))
                 row_ids += answers[b]
                 row_pos += range(len(prompt), len(prompt) + n)
                 row_unit += [unit_id] * n
@@ -156,7 +169,8 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
                            position_ids=torch.tensor(positions, dtype=torch.long),
                            units=torch.tensor(unit_of, dtype=torch.long),
                            branches=torch.tensor(branch_of, dtype=torch.long),
-                           source=torch.tensor(source, dtype=torch.long))
+                           source=torch.tensor(source, dtype=torch.long),
+                           pieces=torch.tensor(pieces, dtype=torch.long))
 
 
 def _fill_rows(order: list[tuple[int, ...]], groups: dict[tuple[int, ...], list[int]], answers: list[list[int]],
@@ -225,7 +239,14 @@ def packed_inputs(model, batch, role_config) -> PackedSequences | None:
 
 
 def packed_forward(model, packed: PackedSequences, device: torch.device):
-    """The model's output on ``packed``'s rows (``use_cache`` off)."""
-    mask = packed.attention_mask(_attention(model), next(model.parameters()).dtype)
+    """The model's output on ``packed``'s rows (``use_cache`` off). A model on ``sdpa`` attends piece
+    by piece (:mod:`roll_core.strategies.packed_attention`); the dense mask goes along for layers
+    that cannot."""
+    plan = {}
+    dtype = next(model.parameters()).dtype
+    if packed_attention.adopt(model, model_config(model)):
+        plan[packed_attention.PLAN_KEYWORD] = (packed_attention.attention_plan(packed.pieces, packed.tokens)
+                                               .to(device, dtype))
+    mask = packed.attention_mask(_attention(model), dtype)
     return model(input_ids=packed.input_ids.to(device), attention_mask=mask.to(device),
-                 position_ids=packed.position_ids.to(device), use_cache=False)
+                 position_ids=packed.position_ids.to(device), use_cache=False, **plan)

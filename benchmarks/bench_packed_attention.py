@@ -1,0 +1,102 @@
+"""Attention over packed rows: dense under the 4-D mask against piece by piece, side by side.
+
+Why it matters: a packed row holds a group's prompt and several of its responses, and each response
+attends to the prompt and to itself only. Dense attention computes every pair of a row's positions
+and masks most of them out; :mod:`roll_core.strategies.packed_attention` computes each piece (a
+prompt, a response) against its own keys only. The saving grows with the row: the score matrices are
+``W^2`` per row densely, about ``length * (prompt + length / 2)`` per response by pieces.
+
+Each contender runs the core's updater (GRPO's clipped loss, one optimizer step, one pass over the
+step's samples) on the same batch with its own fresh ``hf`` trainer; "dense" is the same trainer
+with the switch to the piece-by-piece attention turned off (``packed_attention.adopt``). They
+alternate, so drift in the machine's speed falls on both; the first update of each is not counted.
+Two shapes, both with random weights:
+
+* ``large``: the 95M model of ``large_model.py`` on ``vs_trl.py``'s large step: 8 prompts x 8
+  samples, responses of 1-64 tokens (mean 48, as that model's sampled ones are);
+* ``long``: the embedded architecture at hidden 256, 4 layers (about 3M parameters), 4 prompts x 8
+  samples of 1-512 tokens (mean 256), rows of ``pack_max_length`` 1024 (the default).
+
+    python benchmarks/bench_packed_attention.py [--shape large|long|both] [--rounds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {  # model, prompts per step, longest response, mean response length
+    "large": ("large", 8, 64, 48.0),
+    "long": ("long", 4, 512, 256.0),
+}
+
+
+def build(kind: str, directory: Path) -> str:
+    from large_model import build_large_model
+    from roll_core.config.schema import TinyModelConfig
+    from roll_core.embedded.model import build_tiny_model
+
+    if kind == "large":
+        return str(build_large_model(directory))
+    shape = TinyModelConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024,
+                            max_position_embeddings=1024)
+    return str(build_tiny_model(directory / kind, shape))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=[*SHAPES, "both"], default="both")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+
+    from bench_packing import rl_batch
+    from roll_core.algorithms.objective import ActorObjective
+    from roll_core.config.schema import AlgorithmConfig, TrainRoleConfig
+    from roll_core.pipelines.runtime import load_tokenizer
+    from roll_core.runtime.host_memory import keep_freed_memory
+    from roll_core.strategies import packed_attention
+    from roll_core.strategies.hf import HFTrainStrategy
+    from roll_core.strategies.packing import pack_sequences
+    from roll_core.training import UpdateSpec, update
+
+    keep_freed_memory()  # as roll's CPU workers do (runtime.reuse_freed_memory)
+    objective = ActorObjective.from_config(AlgorithmConfig())
+    switch = packed_attention.adopt
+    print(f"torch {torch.__version__}, 2 threads, medians of {args.rounds} alternating rounds after one warm-up")
+    print(f"{'shape':>6} {'rows x width':>13} {'pieces':>6} {'dense s/update':>15} {'pieces s/update':>16} "
+          f"{'speed-up':>8}")
+    for name in SHAPES if args.shape == "both" else [args.shape]:
+        kind, prompts, longest, mean = SHAPES[name]
+        path = build(kind, Path(tempfile.mkdtemp()))
+        batch = rl_batch(load_tokenizer(path), prompts, longest, mean, args.seed)
+        packed = pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
+                                max_length=1024, pad_token_id=0)
+        samples = len(batch)
+        spec = UpdateSpec(max_grad_norm=1.0, micro_batch_size=samples)
+        trainers = {mode: HFTrainStrategy(path, TrainRoleConfig(micro_batch_size=samples), seed=0)
+                    for mode in ("dense", "pieces")}
+        times: dict[str, list[float]] = {mode: [] for mode in trainers}
+        try:
+            for _ in range(args.rounds + 1):
+                for mode, trainer in trainers.items():
+                    packed_attention.adopt = switch if mode == "pieces" else (lambda model, config: False)
+                    start = time.perf_counter()
+                    update(trainer, batch, objective, spec)
+                    times[mode].append(time.perf_counter() - start)
+        finally:
+            packed_attention.adopt = switch
+        dense, pieces = (statistics.median(times[mode][1:]) for mode in trainers)
+        rows, width = packed.input_ids.shape
+        print(f"{name:>6} {f'{rows} x {width}':>13} {len(packed.pieces):>6} {dense:>15.3f} {pieces:>16.3f} "
+              f"{dense / pieces:>7.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Attention over packed rows piece by piece (:mod:`roll_core.strategies.packed_attention`): the plan
+of a hand-packed batch, the same outputs and gradients as dense attention under the 4-D mask
+(grouped-query heads too), and which passes take which path."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from roll_core.config.schema import TrainRoleConfig
+from roll_core.data import Batch
+from roll_core.strategies import packed_attention
+from roll_core.strategies.hf import HFTrainStrategy
+from roll_core.strategies.packing import pack_sequences
+from roll_core.testing import training_batch
+
+
+def _pack(batch: Batch, max_length: int = 1024):
+    return pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
+                          max_length=max_length, pad_token_id=0)
+
+
+def _two_groups() -> Batch:
+    """Group A: prompt [5, 6, 7], answers [10, 11] and [12]; group B: prompt [8, 9], answer [13, 14, 15]."""
+    return Batch({"prompt_ids": torch.tensor([[5, 6, 7], [5, 6, 7], [0, 8, 9]]),
+                  "prompt_mask": torch.tensor([[1, 1, 1], [1, 1, 1], [0, 1, 1]]),
+                  "responses": torch.tensor([[10, 11, 0], [12, 0, 0], [13, 14, 15]]),
+                  "response_mask": torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])})
+
+
+def test_each_piece_gathers_its_prompt_and_itself():
+    packed = _pack(_two_groups())
+    assert packed.input_ids.tolist() == [[5, 6, 7, 10, 11, 12], [8, 9, 13, 14, 15, 0]]
+    # flat start, length, its prompt's flat start and length: A's prompt, its answers, B's prompt, its answer
+    assert packed.pieces.tolist() == [[0, 3, 0, 0], [3, 2, 0, 3], [5, 1, 0, 3], [6, 2, 6, 0], [8, 3, 6, 2]]
+    plan = packed_attention.attention_plan(packed.pieces, packed.tokens)
+    assert plan.queries.view(5, 3).tolist() == [[0, 1, 2], [3, 4, 4], [5, 5, 5], [6, 7, 7], [8, 9, 10]]
+    assert plan.keys.view(5, 6).tolist() == [[0, 0, 0, 0, 1, 2], [0, 1, 2, 3, 4, 4], [0, 1, 2, 5, 5, 5],
+                                             [6, 6, 6, 6, 7, 7], [6, 7, 7, 8, 9, 10]]
+    mask = plan.mask[:, 0]
+    assert mask[4, 2].tolist() == [True, True, False, True, True, True]  # token 15: B's prompt, then 13, 14, itself
+    assert mask[1, 0].tolist() == [True, True, True, True, False, False]  # token 10: A's prompt and itself
+    assert mask[0, 1].tolist() == [False, False, False, True, True, False]  # A's prompt: causal over itself only
+    assert mask[2, 2].tolist() == [True, True, True, True, False, False]  # past the piece's end: still sees a key
+    # each position's slot (piece * 3 + index); padding (position 11) takes none
+    assert plan.slots.tolist() == [0, 1, 2, 3, 4, 6, 9, 10, 12, 13, 14, 0]
+    assert plan.real_positions.flatten().tolist() == [1.0] * 11 + [0.0]
+    assert plan.real_slots.view(5, 3).tolist() == [[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    additive = plan.to(torch.device("cpu"), torch.float32).mask[4, 0, 2]
+    assert additive[2] == torch.finfo(torch.float32).min and additive[3] == 0.0
+
+
+def _grouped_batch(vocab: int = 90) -> Batch:
+    batch = training_batch(vocab)
+    for tensor in (batch["prompt_ids"], batch["prompt_mask"]):
+        tensor[1:4] = tensor[0]
+        tensor[5] = tensor[4]
+    return batch
+
+
+@pytest.mark.parametrize("kv_heads, max_length", [(4, 1024), (2, 1024), (1, 12)])
+def test_pieces_give_dense_attentions_outputs_and_gradients(kv_heads, max_length):
+    """Random queries, keys and values on packed rows, 4 query heads over 4, 2 or 1 key/value heads;
+    at 12 tokens per row a group's answers spread over rows, its prompt repeated in each."""
+    packed = _pack(_grouped_batch(), max_length)
+    rows, width = packed.input_ids.shape
+    dense_mask = packed.attention_mask("sdpa", torch.float32)
+    plan = packed_attention.attention_plan(packed.pieces, packed.tokens).to(torch.device("cpu"), torch.float32)
+    module = types.SimpleNamespace(training=False, num_key_value_groups=4 // kv_heads, is_causal=True)
+    gen = torch.Generator().manual_seed(0)
+    real = (packed.units >= 0)[:, :, None, None].float()
+    weights = torch.randn(rows, width, 4, 8, generator=gen) * real  # the loss reads real positions only
+    results = []
+    for dense in (True, False):
+        gen.manual_seed(1)
+        q = torch.randn(rows, 4, width, 8, generator=gen).requires_grad_()
+        k, v = (torch.randn(rows, kv_heads, width, 8, generator=gen).requires_grad_() for _ in range(2))
+        if dense:
+            out, _ = sdpa_attention_forward(module, q, k, v, dense_mask, scaling=0.3)
+        else:
+            out, _ = packed_attention.packed_attention(module, q, k, v, dense_mask, scaling=0.3,
+                                                       **{packed_attention.PLAN_KEYWORD: plan})
+        (out * weights).sum().backward()
+        results.append((out * real, q.grad, k.grad, v.grad))
+    for name, want, got in zip(("output", "query grad", "key grad", "value grad"), *results):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=name)
+    assert float(results[0][2].abs().sum()) > 0.1  # the gradients compared are not zeros
+
+
+def test_features_only_dense_attention_computes_run_dense():
+    """A position bias (as T5-like models pass) is not the pieces' business: the call runs sdpa."""
+    packed = _pack(_two_groups())
+    plan = packed_attention.attention_plan(packed.pieces, packed.tokens).to(torch.device("cpu"), torch.float32)
+    mask = packed.attention_mask("sdpa", torch.float32)
+    module = types.SimpleNamespace(training=False, num_key_value_groups=1, is_causal=True)
+    q, k, v = (torch.randn(2, 2, 6, 4) for _ in range(3))
+    bias = torch.randn(1, 2, 6, 6)
+    want, _ = sdpa_attention_forward(module, q, k, v, mask, position_bias=bias)
+    got, _ = packed_attention.packed_attention(module, q, k, v, mask, position_bias=bias,
+                                               **{packed_attention.PLAN_KEYWORD: plan})
+    torch.testing.assert_close(got, want)
+
+
+def test_a_packed_pass_attends_piece_by_piece_and_other_passes_stay_sdpa(tiny_model_path, monkeypatch):
+    trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(pack_sequences=True), seed=0)
+    model = trainer.model
+    ids = torch.tensor([[3, 4, 5, 6, 7], [0, 0, 8, 9, 10]])
+    padded = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        before = model(input_ids=ids, attention_mask=padded).logits
+    calls = []
+    monkeypatch.setattr(packed_attention, "_attend_pieces",
+                        lambda *args: calls.append(args[4]) or _attend_pieces(*args))
+    trainer._outputs(_grouped_batch(), ("log_probs",), temperature=1.0)
+    assert model.config._attn_implementation == packed_attention.ATTENTION
+    assert len(calls) == model.config.num_hidden_layers  # every layer got the plan
+    with torch.no_grad():  # a pass without a plan (padded, generation) is sdpa's, bit for bit
+        assert torch.equal(model(input_ids=ids, attention_mask=padded).logits, before)
+    assert len(calls) == model.config.num_hidden_layers
+
+
+_attend_pieces = packed_attention._attend_pieces
+
+
+def test_only_sdpa_models_that_pass_keywords_on_switch():
+    class NoKeywords:
+        def forward(self, input_ids, attention_mask=None):
+            return input_ids
+
+    class Keywords:
+        def forward(self, input_ids, **kwargs):
+            return input_ids
+
+    for model, implementation, switched in ((NoKeywords(), "sdpa", False), (Keywords(), "eager", False),
+                                            (Keywords(), "flash_attention_2", False), (Keywords(), "sdpa", True)):
+        config = types.SimpleNamespace(_attn_implementation=implementation)
+        assert packed_attention.adopt(model, config) is switched
+        assert config._attn_implementation == (packed_attention.ATTENTION if switched else implementation)
+        assert packed_attention.adopt(model, config) is switched  # a second call changes nothing
