@@ -7,17 +7,20 @@ prompt, a response) against its own keys only. The saving grows with the row: th
 ``W^2`` per row densely, about ``length * (prompt + length / 2)`` per response by pieces.
 
 Each contender runs the core's updater (GRPO's clipped loss, one optimizer step, one pass over the
-step's samples) on the same batch with its own fresh ``hf`` trainer; "dense" is the same trainer
-with the switch to the piece-by-piece attention turned off (``packed_attention.adopt``). They
+step's samples) on the same batch with its own fresh ``hf`` trainer: "dense" with the switch to the
+piece-by-piece attention turned off (``packed_attention.adopt``), "pieces" with every row by pieces,
+whatever ``packed_attention.pays_off`` would pick (the last column says what it picks). They
 alternate, so drift in the machine's speed falls on both; the first update of each is not counted.
-Two shapes, both with random weights:
+Three shapes, all with random weights:
 
+* ``tiny``: the quickstart's model (0.5M parameters) on its step: 32 prompts x 8 samples of 1-8
+  tokens (mean 4, as the quickstart's are after warm-up), where attention is cheap either way;
 * ``large``: the 95M model of ``large_model.py`` on ``vs_trl.py``'s large step: 8 prompts x 8
   samples, responses of 1-64 tokens (mean 48, as that model's sampled ones are);
 * ``long``: the embedded architecture at hidden 256, 4 layers (about 3M parameters), 4 prompts x 8
   samples of 1-512 tokens (mean 256), rows of ``pack_max_length`` 1024 (the default).
 
-    python benchmarks/bench_packed_attention.py [--shape large|long|both] [--rounds 4]
+    python benchmarks/bench_packed_attention.py [--shape tiny|large|long|all] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 import torch
 
 SHAPES = {  # model, prompts per step, longest response, mean response length
+    "tiny": ("tiny", 32, 8, 4.0),
     "large": ("large", 8, 64, 48.0),
     "long": ("long", 4, 512, 256.0),
 }
@@ -43,6 +47,8 @@ def build(kind: str, directory: Path) -> str:
 
     if kind == "large":
         return str(build_large_model(directory))
+    if kind == "tiny":
+        return str(build_tiny_model(directory / kind))
     shape = TinyModelConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024,
                             max_position_embeddings=1024)
     return str(build_tiny_model(directory / kind, shape))
@@ -50,7 +56,7 @@ def build(kind: str, directory: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", choices=[*SHAPES, "both"], default="both")
+    parser.add_argument("--shape", choices=[*SHAPES, "all"], default="all")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -68,11 +74,11 @@ def main() -> None:
 
     keep_freed_memory()  # as roll's CPU workers do (runtime.reuse_freed_memory)
     objective = ActorObjective.from_config(AlgorithmConfig())
-    switch = packed_attention.adopt
+    switch, rule = packed_attention.adopt, packed_attention.pays_off
     print(f"torch {torch.__version__}, 2 threads, medians of {args.rounds} alternating rounds after one warm-up")
     print(f"{'shape':>6} {'rows x width':>13} {'pieces':>6} {'dense s/update':>15} {'pieces s/update':>16} "
-          f"{'speed-up':>8}")
-    for name in SHAPES if args.shape == "both" else [args.shape]:
+          f"{'speed-up':>8} {'default':>8}")
+    for name in SHAPES if args.shape == "all" else [args.shape]:
         kind, prompts, longest, mean = SHAPES[name]
         path = build(kind, Path(tempfile.mkdtemp()))
         batch = rl_batch(load_tokenizer(path), prompts, longest, mean, args.seed)
@@ -86,16 +92,19 @@ def main() -> None:
         try:
             for _ in range(args.rounds + 1):
                 for mode, trainer in trainers.items():
-                    packed_attention.adopt = switch if mode == "pieces" else (lambda model, config: False)
+                    by_pieces = mode == "pieces"
+                    packed_attention.adopt = switch if by_pieces else (lambda model, config: False)
+                    packed_attention.pays_off = lambda pieces, rows, width, by_pieces=by_pieces: by_pieces
                     start = time.perf_counter()
                     update(trainer, batch, objective, spec)
                     times[mode].append(time.perf_counter() - start)
         finally:
-            packed_attention.adopt = switch
+            packed_attention.adopt, packed_attention.pays_off = switch, rule
         dense, pieces = (statistics.median(times[mode][1:]) for mode in trainers)
         rows, width = packed.input_ids.shape
+        default = "pieces" if rule(packed.pieces, rows, width) else "dense"
         print(f"{name:>6} {f'{rows} x {width}':>13} {len(packed.pieces):>6} {dense:>15.3f} {pieces:>16.3f} "
-              f"{dense / pieces:>7.2f}x", flush=True)
+              f"{dense / pieces:>7.2f}x {default:>8}", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_and_check
 from roll_core.config.schema import AlgorithmConfig, CriticRoleConfig, TrainRoleConfig
 from roll_core.errors import ConfigError
-from roll_core.strategies import cpu_matmul
+from roll_core.strategies import cpu_matmul, packed_attention
 from roll_core.strategies.compiled import compile_layers, decoder_layers
 from roll_core.strategies.cpu_matmul import OneDNNLinear
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
@@ -49,13 +49,18 @@ def matmul_mode():
     cpu_matmul._mode = saved
 
 
-@pytest.mark.parametrize("pack, kernel", [(True, "torch"), (False, "torch"), (True, "onednn")])
-def test_compiled_updates_are_the_eager_updates_at_changing_shapes(tiny_model_path, matmul_mode, pack, kernel):
+@pytest.mark.parametrize("pack, kernel", [(True, "torch"), (False, "torch"), (True, "onednn"), ("pieces", "torch")])
+def test_compiled_updates_are_the_eager_updates_at_changing_shapes(tiny_model_path, matmul_mode, monkeypatch, pack,
+                                                                   kernel):
     """Two updates on batches of other sizes and widths: the same metrics and weights as eager, and
     no recompilation after the first (shapes are dynamic). On oneDNN's kernel (``runtime.cpu_matmul``)
-    the compiled code calls out to it at each linear layer."""
+    the compiled code calls out to it at each linear layer. With ``pieces``, packed rows attend piece
+    by piece (:mod:`roll_core.strategies.packed_attention`), whose plan changes sizes each batch."""
     if kernel == "onednn" and not cpu_matmul.onednn_available():
         pytest.skip("this torch build has no oneDNN kernel")
+    if pack == "pieces":
+        monkeypatch.setattr(packed_attention, "MIN_WIDTH", 0)
+        monkeypatch.setattr(packed_attention, "MIN_SAVING", 0.0)
     matmul_mode(kernel)
     first = training_batch(vocab=90)
     second = first.select(torch.arange(5))  # fewer samples,
@@ -66,7 +71,8 @@ def test_compiled_updates_are_the_eager_updates_at_changing_shapes(tiny_model_pa
     spec = UpdateSpec(max_grad_norm=1.0, micro_batch_size=8)
     results = []
     for compiled in (False, True):
-        trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(pack_sequences=pack, compile=compiled), seed=0)
+        trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(pack_sequences=bool(pack), compile=compiled),
+                                  seed=0)
         assert any(isinstance(m, OneDNNLinear) for m in trainer.model.modules()) == (kernel == "onednn")
         metrics = [update(trainer, first, objective, spec)]
         with torch._dynamo.config.patch(error_on_recompile=True):

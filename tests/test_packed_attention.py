@@ -37,20 +37,45 @@ def test_each_piece_gathers_its_prompt_and_itself():
     # flat start, length, its prompt's flat start and length: A's prompt, its answers, B's prompt, its answer
     assert packed.pieces.tolist() == [[0, 3, 0, 0], [3, 2, 0, 3], [5, 1, 0, 3], [6, 2, 6, 0], [8, 3, 6, 2]]
     plan = packed_attention.attention_plan(packed.pieces, packed.tokens)
-    assert plan.queries.view(5, 3).tolist() == [[0, 1, 2], [3, 4, 4], [5, 5, 5], [6, 7, 7], [8, 9, 10]]
-    assert plan.keys.view(5, 6).tolist() == [[0, 0, 0, 0, 1, 2], [0, 1, 2, 3, 4, 4], [0, 1, 2, 5, 5, 5],
-                                             [6, 6, 6, 6, 7, 7], [6, 7, 7, 8, 9, 10]]
-    mask = plan.mask[:, 0]
-    assert mask[4, 2].tolist() == [True, True, False, True, True, True]  # token 15: B's prompt, then 13, 14, itself
-    assert mask[1, 0].tolist() == [True, True, True, True, False, False]  # token 10: A's prompt and itself
-    assert mask[0, 1].tolist() == [False, False, False, True, True, False]  # A's prompt: causal over itself only
-    assert mask[2, 2].tolist() == [True, True, True, True, False, False]  # past the piece's end: still sees a key
-    # each position's slot (piece * 3 + index); padding (position 11) takes none
-    assert plan.slots.tolist() == [0, 1, 2, 3, 4, 6, 9, 10, 12, 13, 14, 0]
+    # the prompts (2 pieces of up to 3 queries, keys their own), then the answers (3 of up to 3, after 3 prompt keys)
+    assert plan.groups == [(2, 3, 3), (3, 3, 6)]
+    assert plan.queries.tolist() == [0, 1, 2, 6, 7, 7] + [3, 4, 4, 5, 5, 5, 8, 9, 10]
+    assert plan.keys.tolist() == [0, 1, 2, 6, 7, 7] + [0, 1, 2, 3, 4, 4, 0, 1, 2, 5, 5, 5, 6, 7, 7, 8, 9, 10]
+    prompts, answers = (mask[:, 0] for mask in plan.masks)
+    assert answers[2, 2].tolist() == [True, True, False, True, True, True]  # token 15: B's prompt, 13, 14, itself
+    assert answers[0, 0].tolist() == [True, True, True, True, False, False]  # token 10: A's prompt and itself
+    assert answers[1, 2].tolist() == [True, True, True, True, False, False]  # past the piece's end: still a key
+    assert prompts[0, 1].tolist() == [True, True, False]  # a prompt: causal over itself
+    assert prompts[1, 2].tolist() == [True, True, False]  # B's prompt has 2 tokens
+    # each position's query slot; padding (position 11) takes any
+    assert plan.slots.tolist() == [0, 1, 2, 6, 7, 9, 3, 4, 12, 13, 14, 0]
     assert plan.real_positions.flatten().tolist() == [1.0] * 11 + [0.0]
-    assert plan.real_slots.view(5, 3).tolist() == [[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1]]
-    additive = plan.to(torch.device("cpu"), torch.float32).mask[4, 0, 2]
+    assert plan.real_slots.flatten().tolist() == [1, 1, 1, 1, 1, 0] + [1, 1, 0, 1, 0, 0, 1, 1, 1]
+    additive = plan.to(torch.device("cpu"), torch.float32).masks[1][2, 0, 2]
     assert additive[2] == torch.finfo(torch.float32).min and additive[3] == 0.0
+
+
+def test_pieces_only_where_rows_are_wide_and_dense_scores_many():
+    group = [[0, 6, 0, 0]] + [[6 + 48 * i, 48, 0, 6] for i in range(8)]  # a prompt of 6 and 8 answers of 48
+    # dense: 400^2 = 160000 scores; pieces: 1 * 6 * 6 + 8 * 48 * 54 = 20772, 7.7x fewer
+    assert packed_attention.pays_off(torch.tensor(group), rows=1, width=400)
+    assert not packed_attention.pays_off(torch.tensor(group), rows=1, width=255)  # under MIN_WIDTH: dense
+    # a prompt of 250 and one answer of 48 in a row of 300: 250^2 + 48 * 298 = 76804 pieces' scores
+    # against 90000 dense, not twice as few
+    assert not packed_attention.pays_off(torch.tensor([[0, 250, 0, 0], [250, 48, 0, 250]]), rows=1, width=300)
+    # answers see their prompt: 120^2 + 4 * 34 * (120 + 34) = 35344 scores, more than half of 256^2
+    assert not packed_attention.pays_off(torch.tensor([[0, 120, 0, 0]] + [[120 + 34 * i, 34, 0, 120] for i in range(4)]),
+                                         rows=1, width=256)
+    # the prompts are their own group: answers are not padded to a long prompt
+    long_prompt = [[0, 200, 0, 0]] + [[200 + 10 * i, 10, 0, 200] for i in range(30)]  # 200^2 + 30 * 10 * 210
+    assert packed_attention.pays_off(torch.tensor(long_prompt), rows=1, width=500)  # 103000 * 2 <= 250000
+
+
+@pytest.fixture
+def every_row_by_pieces(monkeypatch):
+    """Rows of any width attend piece by piece (the tests' rows are narrower than ``MIN_WIDTH``)."""
+    monkeypatch.setattr(packed_attention, "MIN_WIDTH", 0)
+    monkeypatch.setattr(packed_attention, "MIN_SAVING", 0.0)
 
 
 def _grouped_batch(vocab: int = 90) -> Batch:
@@ -104,7 +129,8 @@ def test_features_only_dense_attention_computes_run_dense():
     torch.testing.assert_close(got, want)
 
 
-def test_a_packed_pass_attends_piece_by_piece_and_other_passes_stay_sdpa(tiny_model_path, monkeypatch):
+def test_a_packed_pass_attends_piece_by_piece_and_other_passes_stay_sdpa(tiny_model_path, monkeypatch,
+                                                                         every_row_by_pieces):
     trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(pack_sequences=True), seed=0)
     model = trainer.model
     ids = torch.tensor([[3, 4, 5, 6, 7], [0, 0, 8, 9, 10]])
@@ -120,6 +146,13 @@ def test_a_packed_pass_attends_piece_by_piece_and_other_passes_stay_sdpa(tiny_mo
     with torch.no_grad():  # a pass without a plan (padded, generation) is sdpa's, bit for bit
         assert torch.equal(model(input_ids=ids, attention_mask=padded).logits, before)
     assert len(calls) == model.config.num_hidden_layers
+
+
+def test_narrow_rows_attend_densely(tiny_model_path, monkeypatch):
+    trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(pack_sequences=True), seed=0)
+    monkeypatch.setattr(packed_attention, "_attend_pieces", lambda *args: pytest.fail("narrow rows went by pieces"))
+    trainer._outputs(_grouped_batch(), ("log_probs",), temperature=1.0)
+    assert trainer.model.config._attn_implementation == "sdpa"
 
 
 _attend_pieces = packed_attention._attend_pieces

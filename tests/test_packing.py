@@ -21,6 +21,7 @@ from roll_core.config.schema import CriticRoleConfig, TrainRoleConfig
 from roll_core.data import Batch
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_core.strategies.models import load_causal_lm
+from roll_core.strategies import packed_attention
 from roll_core.strategies.packing import pack_sequences, packed_inputs
 from roll_core.testing import full_weights, training_batch
 from roll_core.training import UpdateSpec, micro_batches, update
@@ -216,9 +217,16 @@ def _grouped_training_batch(vocab: int) -> Batch:
     return batch
 
 
-@pytest.mark.parametrize("attention, max_length", [("sdpa", 1024), ("eager", 1024), ("sdpa", 12)])
-def test_packed_passes_give_the_padded_outputs_and_gradients(tiny_model_path, attention, max_length):
-    """At 12 tokens per row a group's answers spread over rows, its prompt repeated in each."""
+@pytest.mark.parametrize("attention, max_length, pieces", [("sdpa", 1024, False), ("sdpa", 1024, True),
+                                                       ("eager", 1024, False), ("sdpa", 12, True)])
+def test_packed_passes_give_the_padded_outputs_and_gradients(tiny_model_path, monkeypatch, attention, max_length,
+                                                              pieces):
+    """At 12 tokens per row a group's answers spread over rows, its prompt repeated in each. With
+    ``pieces``, every row attends piece by piece (:mod:`roll_core.strategies.packed_attention`),
+    which these narrow rows would not otherwise do."""
+    if pieces:
+        monkeypatch.setattr(packed_attention, "MIN_WIDTH", 0)
+        monkeypatch.setattr(packed_attention, "MIN_SAVING", 0.0)
     batch = _grouped_training_batch(vocab=90)
     mask = batch["response_mask"].float()
     wanted = ("log_probs", "entropy", "log_dist")

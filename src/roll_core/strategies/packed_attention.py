@@ -7,10 +7,11 @@ and throws most of them away: a row holding a group's prompt and 8 responses of 
 14x fewer. On the 95M model of ``benchmarks/large_model.py`` dense attention was 9% of an update's
 time (a torch profile), more than everything but the matrix products. Here each *piece* of a row
 (a unit's prompt, or one response) gathers its own queries and the keys it may see (its prompt's,
-then its own), and one ``scaled_dot_product_attention`` call computes all pieces at once:
+then its own), and one ``scaled_dot_product_attention`` call per group of pieces (the prompts, the
+responses) computes them all:
 
-    queries  [G, H, Q, D]       G pieces, each padded to the longest piece (Q positions)
-    keys     [G, H, P + Q, D]   the piece's prompt (P = the longest prompt), then the piece itself
+    queries  [G, H, Q, D]       the group's G pieces, each padded to its longest (Q positions)
+    keys     [G, H, P + Q, D]   the piece's prompt (P = the longest; none for the prompts), then itself
     mask     [G, 1, Q, P + Q]   its prompt's real positions; causal over its own
     output   [N, W, H, D]       gathered back to the rows (padding positions: any piece's)
 
@@ -22,6 +23,9 @@ A query sees exactly the keys the dense mask lets it see, so the outputs are the
 float rounding (``tests/test_packing.py`` compares packed passes, outputs and gradients, with the
 padded layout). Padding positions are nobody's key, and their own outputs are never read: they get
 some piece's output and no gradient.
+
+Where rows are narrow, gathering the pieces costs more than the scores it saves, so only rows that
+:func:`pays_off` go by pieces (from 256 positions wide; the quickstart's rows are about 45).
 
 How it is wired: :func:`adopt` switches a model whose layers run ``sdpa`` to the attention
 implementation registered here (``ATTENTION``), which is ``sdpa`` itself, masks included, unless a
@@ -40,6 +44,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+# Where pieces pay: gathering them costs about as much per token whatever the row, and dense attention
+# costs in proportion to the row's width. On 2 CPU cores (bench_packed_attention.py, 0.5M to 95M
+# parameters) the update was 0.79-0.99x at rows of 45-155 positions and 1.04-1.27x from 276 on.
+MIN_WIDTH = 256  # rows narrower than this attend densely
+MIN_SAVING = 2.0  # and so do rows where dense attention computes less than twice the pieces' scores
 ATTENTION = "roll_packed_sdpa"  # the name registered with transformers' attention interfaces
 PLAN_KEYWORD = "roll_attention_plan"  # the forward keyword that carries the plan to the layers
 _UNSUPPORTED = ("softcap", "position_bias", "s_aux", "sinks")  # features only the dense path computes
@@ -49,57 +58,87 @@ _UNSUPPORTED = ("softcap", "position_bias", "s_aux", "sinks")  # features only t
 class AttentionPlan:
     """Where each piece's queries and keys lie among the ``N * W`` flattened positions of the rows.
 
-    ``queries`` ``[G * Q]``: piece ``g``'s ``i``-th position at ``g * Q + i`` (its last one repeated past its end).
-    ``keys`` ``[G * (P + Q)]``: its prompt's positions (``P`` slots; a prompt piece has none), then its own.
-    ``mask`` ``[G, 1, Q, P + Q]`` bool: what each query sees (every query row sees at least one key);
-    additive once the plan is moved :meth:`to` its device.
-    ``slots`` ``[N * W]``: each position's slot among the ``G * Q`` query slots (any slot on padding).
-    ``real_slots`` ``[G * Q, 1, 1]`` and ``real_positions`` ``[N * W, 1, 1]``: 1.0 where a slot holds a
-    piece's own position, where a position is not padding; 0.0 elsewhere."""
+    The pieces come in groups, each computed by one ``sdpa`` call at its own sizes: the prompts
+    (keys: their own positions), then the responses (keys: their prompt's, then their own), so a
+    long prompt does not widen every response's queries. Group ``k`` has ``G_k`` pieces padded to
+    ``Q_k`` queries and ``K_k`` keys (``groups``), and its rows follow the earlier groups' in:
+
+    ``queries`` ``[sum G_k * Q_k]``: piece ``g``'s ``i``-th position (its last one repeated past its end).
+    ``keys`` ``[sum G_k * K_k]``: its prompt's positions (``K_k - Q_k`` slots), then its own.
+    ``masks``: per group ``[G_k, 1, Q_k, K_k]``, bool: what each query sees (every query row sees at
+    least one key); additive once the plan is moved :meth:`to` its device.
+    ``slots`` ``[N * W]``: each position's query slot (any slot on padding).
+    ``real_slots`` ``[sum G_k * Q_k, 1, 1]`` and ``real_positions`` ``[N * W, 1, 1]``: 1.0 where a
+    slot holds a piece's own position, where a position is not padding; 0.0 elsewhere."""
 
     queries: torch.Tensor
     keys: torch.Tensor
-    mask: torch.Tensor
+    masks: tuple[torch.Tensor, ...]
     slots: torch.Tensor
     real_slots: torch.Tensor
     real_positions: torch.Tensor
 
     def to(self, device: torch.device, dtype: torch.dtype) -> "AttentionPlan":
-        """On ``device``, the factors in ``dtype`` and the mask additive (0 or ``dtype``'s lowest): sdpa
+        """On ``device``, the factors in ``dtype`` and the masks additive (0 or ``dtype``'s lowest): sdpa
         would turn a boolean mask into that at every layer, forward and backward."""
-        mask = self.mask
-        if mask.dtype == torch.bool:
-            mask = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
-        return AttentionPlan(self.queries.to(device), self.keys.to(device), mask.to(device), self.slots.to(device),
-                             self.real_slots.to(device, dtype), self.real_positions.to(device, dtype))
+        masks = tuple(torch.zeros(m.shape, dtype=dtype).masked_fill_(~m, torch.finfo(dtype).min)
+                      if m.dtype == torch.bool else m for m in self.masks)
+        return AttentionPlan(self.queries.to(device), self.keys.to(device), tuple(m.to(device) for m in masks),
+                             self.slots.to(device), self.real_slots.to(device, dtype),
+                             self.real_positions.to(device, dtype))
 
     @property
-    def pieces(self) -> int:
-        return self.mask.shape[0]
+    def groups(self) -> list[tuple[int, int, int]]:
+        """``(G_k, Q_k, K_k)`` of each group."""
+        return [(m.shape[0], m.shape[2], m.shape[3]) for m in self.masks]
+
+
+def _groups(pieces: torch.Tensor) -> list[torch.Tensor]:
+    """``pieces`` split into the prompts and the responses (those that are there)."""
+    prompt = pieces[:, 3] == 0
+    return [group for group in (pieces[prompt], pieces[~prompt]) if len(group)]
+
+
+def pays_off(pieces: torch.Tensor, rows: int, width: int) -> bool:
+    """Whether ``rows`` x ``width`` packed rows holding ``pieces`` (as :func:`attention_plan` takes
+    them) should attend piece by piece: rows at least ``MIN_WIDTH`` wide, where dense attention's
+    ``rows * width^2`` scores are at least ``MIN_SAVING`` times the pieces' ``sum G_k * Q_k * K_k``."""
+    if width < MIN_WIDTH or not len(pieces):
+        return False
+    scores = 0
+    for group in _groups(pieces):
+        longest = int(group[:, 1].max())
+        scores += len(group) * longest * (int(group[:, 3].max()) + longest)
+    return rows * width * width >= MIN_SAVING * scores
 
 
 def attention_plan(pieces: torch.Tensor, positions: int) -> AttentionPlan:
     """The plan for ``pieces`` ``[G, 4]`` (each piece's flat start and length, and its prompt's flat
     start and length, 0 for a prompt piece) among ``positions`` flattened positions."""
-    start, length, prompt_start, prompt_length = pieces.long().unbind(1)
-    count, longest, prompt_width = len(pieces), int(length.max()), int(prompt_length.max())
-    own = torch.arange(longest)
-    queries = start[:, None] + torch.minimum(own[None, :], length[:, None] - 1)
-    slot = torch.arange(prompt_width)
-    last_prompt_slot = (prompt_length[:, None] - 1).clamp(min=0)
-    prompt_keys = torch.where(prompt_length[:, None] > 0,
-                              prompt_start[:, None] + torch.minimum(slot[None, :], last_prompt_slot),
-                              start[:, None])  # a prompt piece has no prompt: any real position, masked out
-    sees_prompt = (slot[None, :] < prompt_length[:, None])[:, None, :].expand(count, longest, prompt_width)
-    sees_own = (own[None, None, :] <= own[None, :, None]) & (own[None, None, :] < length[:, None, None])
-    real = own[None, :] < length[:, None]
+    queries, keys, masks, reals = [], [], [], []
     slots = torch.zeros(positions, dtype=torch.long)
-    slots[queries[real]] = (torch.arange(count)[:, None] * longest + own[None, :])[real]
     real_positions = torch.zeros(positions)
-    real_positions[queries[real]] = 1.0
-    return AttentionPlan(queries=queries.reshape(-1), keys=torch.cat([prompt_keys, queries], 1).reshape(-1),
-                         mask=torch.cat([sees_prompt, sees_own], 2)[:, None], slots=slots,
-                         real_slots=real.reshape(-1, 1, 1).float(), real_positions=real_positions[:, None, None])
+    taken = 0  # query slots of the groups before
+    for group in _groups(pieces.long()):
+        start, length, prompt_start, prompt_length = group.unbind(1)
+        count, longest, prompt_width = len(group), int(length.max()), int(prompt_length.max())
+        own = torch.arange(longest)
+        at = start[:, None] + torch.minimum(own[None, :], length[:, None] - 1)
+        slot = torch.arange(prompt_width)
+        prompt_keys = prompt_start[:, None] + torch.minimum(slot[None, :], prompt_length[:, None] - 1)
+        sees_prompt = (slot[None, :] < prompt_length[:, None])[:, None, :].expand(count, longest, prompt_width)
+        sees_own = (own[None, None, :] <= own[None, :, None]) & (own[None, None, :] < length[:, None, None])
+        real = own[None, :] < length[:, None]
+        slots[at[real]] = (taken + torch.arange(count)[:, None] * longest + own[None, :])[real]
+        real_positions[at[real]] = 1.0
+        taken += count * longest
+        queries.append(at.reshape(-1))
+        keys.append(torch.cat([prompt_keys, at], 1).reshape(-1))
+        masks.append(torch.cat([sees_prompt, sees_own], 2)[:, None])
+        reals.append(real.reshape(-1))
+    return AttentionPlan(queries=torch.cat(queries), keys=torch.cat(keys), masks=tuple(masks), slots=slots,
+                         real_slots=torch.cat(reals).float()[:, None, None],
+                         real_positions=real_positions[:, None, None])
 
 
 class _Rows(torch.autograd.Function):
@@ -141,26 +180,30 @@ def _attend_pieces(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                    plan: AttentionPlan, dropout: float, scaling: float | None) -> torch.Tensor:
     """:func:`packed_attention` by ``plan``: ``[N, W, H, D]``."""
     rows, heads, width, _ = query.shape
-    count, longest, seen = plan.pieces, plan.mask.shape[2], plan.mask.shape[3]
 
     def flat(states: torch.Tensor) -> torch.Tensor:
         """``[N, h, W, d]`` as ``[N * W, h, d]`` (a view where the projection's layout allows)."""
         return states.transpose(1, 2).reshape(rows * width, states.shape[1], states.shape[3])
 
-    def per_piece(states: torch.Tensor, n: int) -> torch.Tensor:
-        """``[G * n, h, d]`` as ``[G, H, n, d]``. Grouped-query attention: key/value head ``j`` serves
-        query heads ``j * r`` to ``(j + 1) * r - 1``."""
+    def per_piece(states: torch.Tensor, count: int, n: int) -> torch.Tensor:
+        """``[count * n, h, d]`` as ``[count, H, n, d]``. Grouped-query attention: key/value head ``j``
+        serves query heads ``j * r`` to ``(j + 1) * r - 1``."""
         states = states.view(count, n, states.shape[1], states.shape[2]).transpose(1, 2)
         return states.repeat_interleave(heads // states.shape[1], dim=1) if states.shape[1] != heads else states
 
     q = _Rows.apply(flat(query), plan.queries, plan.slots, plan.real_positions)
     # a prompt's keys serve every response of its unit: a plain gather, whose gradient adds them up
     k, v = (flat(states).index_select(0, plan.keys) for states in (key, value))
-    out = F.scaled_dot_product_attention(per_piece(q, longest), per_piece(k, seen), per_piece(v, seen),
-                                         attn_mask=plan.mask, dropout_p=dropout if module.training else 0.0,
-                                         scale=scaling)
-    out = out.transpose(1, 2).reshape(count * longest, heads, out.shape[-1])
-    out = _Rows.apply(out, plan.slots, plan.queries, plan.real_slots)
+    groups = plan.groups
+    queries = q.split([count * n for count, n, _ in groups])
+    keys, values = (t.split([count * n for count, _, n in groups]) for t in (k, v))
+    outs = []
+    for (count, n_queries, n_keys), q_k, k_k, v_k, mask in zip(groups, queries, keys, values, plan.masks):
+        out = F.scaled_dot_product_attention(per_piece(q_k, count, n_queries), per_piece(k_k, count, n_keys),
+                                             per_piece(v_k, count, n_keys), attn_mask=mask,
+                                             dropout_p=dropout if module.training else 0.0, scale=scaling)
+        outs.append(out.transpose(1, 2).reshape(count * n_queries, heads, out.shape[-1]))
+    out = _Rows.apply(torch.cat(outs) if len(outs) > 1 else outs[0], plan.slots, plan.queries, plan.real_slots)
     return out.view(rows, width, heads, out.shape[-1])
 
 

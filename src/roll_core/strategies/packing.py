@@ -240,11 +240,12 @@ def packed_inputs(model, batch, role_config) -> PackedSequences | None:
 
 def packed_forward(model, packed: PackedSequences, device: torch.device):
     """The model's output on ``packed``'s rows (``use_cache`` off). A model on ``sdpa`` attends piece
-    by piece (:mod:`roll_core.strategies.packed_attention`); the dense mask goes along for layers
-    that cannot."""
+    by piece (:mod:`roll_core.strategies.packed_attention`) where the rows are wide enough for it to
+    pay; the dense mask goes along for layers that cannot."""
     plan = {}
     dtype = next(model.parameters()).dtype
-    if packed_attention.adopt(model, model_config(model)):
+    by_pieces = packed_attention.pays_off(packed.pieces, *packed.input_ids.shape)
+    if by_pieces and packed_attention.adopt(model, model_config(model)):
         plan[packed_attention.PLAN_KEYWORD] = (packed_attention.attention_plan(packed.pieces, packed.tokens)
                                                .to(device, dtype))
     mask = packed.attention_mask(_attention(model), dtype)
