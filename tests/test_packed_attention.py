@@ -64,8 +64,8 @@ def test_pieces_only_where_rows_are_wide_and_dense_scores_many():
     # against 90000 dense, not twice as few
     assert not packed_attention.pays_off(torch.tensor([[0, 250, 0, 0], [250, 48, 0, 250]]), rows=1, width=300)
     # answers see their prompt: 120^2 + 4 * 34 * (120 + 34) = 35344 scores, more than half of 256^2
-    assert not packed_attention.pays_off(torch.tensor([[0, 120, 0, 0]] + [[120 + 34 * i, 34, 0, 120] for i in range(4)]),
-                                         rows=1, width=256)
+    prompt_heavy = [[0, 120, 0, 0]] + [[120 + 34 * i, 34, 0, 120] for i in range(4)]
+    assert not packed_attention.pays_off(torch.tensor(prompt_heavy), rows=1, width=256)
     # the prompts are their own group: answers are not padded to a long prompt
     long_prompt = [[0, 200, 0, 0]] + [[200 + 10 * i, 10, 0, 200] for i in range(30)]  # 200^2 + 30 * 10 * 210
     assert packed_attention.pays_off(torch.tensor(long_prompt), rows=1, width=500)  # 103000 * 2 <= 250000
