@@ -18,9 +18,11 @@ Three shapes, all with random weights:
 * ``large``: the 95M model of ``large_model.py`` on ``vs_trl.py``'s large step: 8 prompts x 8
   samples, responses of 1-64 tokens (mean 48, as that model's sampled ones are);
 * ``long``: the embedded architecture at hidden 256, 4 layers (about 3M parameters), 4 prompts x 8
-  samples of 1-512 tokens (mean 256), rows of ``pack_max_length`` 1024 (the default).
+  samples of 1-512 tokens (mean 256), rows of ``pack_max_length`` 1024 (the default);
+* ``tail``: the same model and prompts with long-tailed lengths: one sample in 8 of 384-512 tokens,
+  the others of 8-64.
 
-    python benchmarks/bench_packed_attention.py [--shape tiny|large|long|all] [--rounds 4]
+    python benchmarks/bench_packed_attention.py [--shape tiny|large|long|tail|all] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -33,11 +35,28 @@ from pathlib import Path
 
 import torch
 
-SHAPES = {  # model, prompts per step, longest response, mean response length
+SHAPES = {  # model, prompts per step, longest response, mean response length (None: long-tailed)
     "tiny": ("tiny", 32, 8, 4.0),
     "large": ("large", 8, 64, 48.0),
     "long": ("long", 4, 512, 256.0),
+    "tail": ("long", 4, 512, None),
 }
+
+
+def long_tailed(batch, longest: int, seed: int):
+    """``batch`` with response lengths as RL's often are: one sample in 8 runs to 384-``longest``
+    tokens, the others stop after 8-64."""
+    import random
+
+    rng = random.Random(seed)
+    lengths = [rng.randint(384, longest) if b % 8 == 7 else rng.randint(8, 64) for b in range(len(batch))]
+    width = max(lengths)
+    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+    for key in ("responses", "advantages", "infer_log_probs"):
+        values = batch[key] if batch[key].shape[1] == 1 else batch[key][:, :width]
+        batch.tensors[key] = values * (mask if values.shape[1] == width else mask[:, :1])
+    batch.tensors["response_mask"] = mask
+    return batch
 
 
 def build(kind: str, directory: Path) -> str:
@@ -81,7 +100,11 @@ def main() -> None:
     for name in SHAPES if args.shape == "all" else [args.shape]:
         kind, prompts, longest, mean = SHAPES[name]
         path = build(kind, Path(tempfile.mkdtemp()))
-        batch = rl_batch(load_tokenizer(path), prompts, longest, mean, args.seed)
+        if mean is None:
+            batch = long_tailed(rl_batch(load_tokenizer(path), prompts, longest, longest - 1, args.seed), longest,
+                                args.seed)
+        else:
+            batch = rl_batch(load_tokenizer(path), prompts, longest, mean, args.seed)
         packed = pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
                                 max_length=1024, pad_token_id=0)
         samples = len(batch)

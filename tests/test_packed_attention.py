@@ -37,22 +37,27 @@ def test_each_piece_gathers_its_prompt_and_itself():
     # flat start, length, its prompt's flat start and length: A's prompt, its answers, B's prompt, its answer
     assert packed.pieces.tolist() == [[0, 3, 0, 0], [3, 2, 0, 3], [5, 1, 0, 3], [6, 2, 6, 0], [8, 3, 6, 2]]
     plan = packed_attention.attention_plan(packed.pieces, packed.tokens)
-    # the prompts (2 pieces of up to 3 queries, keys their own), then the answers (3 of up to 3, after 3 prompt keys)
-    assert plan.groups == [(2, 3, 3), (3, 3, 6)]
-    assert plan.queries.tolist() == [0, 1, 2, 6, 7, 7] + [3, 4, 4, 5, 5, 5, 8, 9, 10]
-    assert plan.keys.tolist() == [0, 1, 2, 6, 7, 7] + [0, 1, 2, 3, 4, 4, 0, 1, 2, 5, 5, 5, 6, 7, 7, 8, 9, 10]
-    prompts, answers = (mask[:, 0] for mask in plan.masks)
-    assert answers[2, 2].tolist() == [True, True, False, True, True, True]  # token 15: B's prompt, 13, 14, itself
-    assert answers[0, 0].tolist() == [True, True, True, True, False, False]  # token 10: A's prompt and itself
-    assert answers[1, 2].tolist() == [True, True, True, True, False, False]  # past the piece's end: still a key
+    # the prompts (2 pieces of up to 3 queries, keys their own); the answers longest first, cut where
+    # one is half the group's longest: B's and A's first (3 queries, 3 prompt keys), then A's second
+    assert plan.groups == [(2, 3, 3), (2, 3, 6), (1, 1, 4)]
+    assert plan.queries.tolist() == [0, 1, 2, 6, 7, 7] + [8, 9, 10, 3, 4, 4] + [5]
+    assert plan.keys.tolist() == [0, 1, 2, 6, 7, 7] + [6, 7, 7, 8, 9, 10, 0, 1, 2, 3, 4, 4] + [0, 1, 2, 5]
+    prompts, answers, short = (mask[:, 0] for mask in plan.masks)
+    assert answers[0, 2].tolist() == [True, True, False, True, True, True]  # token 15: B's prompt, 13, 14, itself
+    assert answers[1, 0].tolist() == [True, True, True, True, False, False]  # token 10: A's prompt and itself
+    assert answers[1, 2].tolist() == [True, True, True, True, True, False]  # past the piece's end: still keys
+    assert short[0, 0].tolist() == [True, True, True, True]  # token 12: A's prompt and itself
     assert prompts[0, 1].tolist() == [True, True, False]  # a prompt: causal over itself
     assert prompts[1, 2].tolist() == [True, True, False]  # B's prompt has 2 tokens
     # each position's query slot; padding (position 11) takes any
-    assert plan.slots.tolist() == [0, 1, 2, 6, 7, 9, 3, 4, 12, 13, 14, 0]
+    assert plan.slots.tolist() == [0, 1, 2, 9, 10, 12, 3, 4, 6, 7, 8, 0]
     assert plan.real_positions.flatten().tolist() == [1.0] * 11 + [0.0]
-    assert plan.real_slots.flatten().tolist() == [1, 1, 1, 1, 1, 0] + [1, 1, 0, 1, 0, 0, 1, 1, 1]
-    additive = plan.to(torch.device("cpu"), torch.float32).masks[1][2, 0, 2]
+    assert plan.real_slots.flatten().tolist() == [1, 1, 1, 1, 1, 0] + [1, 1, 1, 1, 1, 0] + [1]
+    additive = plan.to(torch.device("cpu"), torch.float32).masks[1][0, 0, 2]
     assert additive[2] == torch.finfo(torch.float32).min and additive[3] == 0.0
+    # answers of 4, 3 and 2 tokens after a 1-token prompt: 2 is half the longest, so it opens a group
+    pieces = torch.tensor([[0, 1, 0, 0], [1, 4, 0, 1], [5, 2, 0, 1], [7, 3, 0, 1]])
+    assert packed_attention.attention_plan(pieces, 10).groups == [(1, 1, 1), (2, 4, 5), (1, 2, 3)]
 
 
 def test_pieces_only_where_rows_are_wide_and_dense_scores_many():
@@ -66,6 +71,10 @@ def test_pieces_only_where_rows_are_wide_and_dense_scores_many():
     # answers see their prompt: 120^2 + 4 * 34 * (120 + 34) = 35344 scores, more than half of 256^2
     prompt_heavy = [[0, 120, 0, 0]] + [[120 + 34 * i, 34, 0, 120] for i in range(4)]
     assert not packed_attention.pays_off(torch.tensor(prompt_heavy), rows=1, width=256)
+    # a long-tailed row: one answer of 400 and 20 of 20. Padded alike, 21 * 400 * 410 scores, more than
+    # dense's 1000^2; grouped by length, 10^2 + 400 * 410 + 20 * 20 * 30 = 176100
+    tail = [[0, 10, 0, 0], [10, 400, 0, 10]] + [[410 + 20 * i, 20, 0, 10] for i in range(20)]
+    assert packed_attention.pays_off(torch.tensor(tail), rows=1, width=1000)
     # the prompts are their own group: answers are not padded to a long prompt
     long_prompt = [[0, 200, 0, 0]] + [[200 + 10 * i, 10, 0, 200] for i in range(30)]  # 200^2 + 30 * 10 * 210
     assert packed_attention.pays_off(torch.tensor(long_prompt), rows=1, width=500)  # 103000 * 2 <= 250000

@@ -8,7 +8,7 @@ and throws most of them away: a row holding a group's prompt and 8 responses of 
 time (a torch profile), more than everything but the matrix products. Here each *piece* of a row
 (a unit's prompt, or one response) gathers its own queries and the keys it may see (its prompt's,
 then its own), and one ``scaled_dot_product_attention`` call per group of pieces (the prompts, the
-responses) computes them all:
+responses, each in groups of similar length) computes them all:
 
     queries  [G, H, Q, D]       the group's G pieces, each padded to its longest (Q positions)
     keys     [G, H, P + Q, D]   the piece's prompt (P = the longest; none for the prompts), then itself
@@ -59,9 +59,10 @@ class AttentionPlan:
     """Where each piece's queries and keys lie among the ``N * W`` flattened positions of the rows.
 
     The pieces come in groups, each computed by one ``sdpa`` call at its own sizes: the prompts
-    (keys: their own positions), then the responses (keys: their prompt's, then their own), so a
-    long prompt does not widen every response's queries. Group ``k`` has ``G_k`` pieces padded to
-    ``Q_k`` queries and ``K_k`` keys (``groups``), and its rows follow the earlier groups' in:
+    (keys: their own positions), then the responses (keys: their prompt's, then their own), each
+    kind in groups of similar length (:func:`_groups`), so a long prompt or response does not widen
+    every other piece's queries. Group ``k`` has ``G_k`` pieces padded to ``Q_k`` queries and
+    ``K_k`` keys (``groups``), and its rows follow the earlier groups' in:
 
     ``queries`` ``[sum G_k * Q_k]``: piece ``g``'s ``i``-th position (its last one repeated past its end).
     ``keys`` ``[sum G_k * K_k]``: its prompt's positions (``K_k - Q_k`` slots), then its own.
@@ -94,9 +95,20 @@ class AttentionPlan:
 
 
 def _groups(pieces: torch.Tensor) -> list[torch.Tensor]:
-    """``pieces`` split into the prompts and the responses (those that are there)."""
+    """``pieces`` split into the prompts and the responses, each longest first and cut where a piece
+    is no longer than half the longest of its group: a group pads its pieces to its longest, and RL
+    responses are long-tailed (a few hundred tokens next to a few thousand)."""
+    groups = []
     prompt = pieces[:, 3] == 0
-    return [group for group in (pieces[prompt], pieces[~prompt]) if len(group)]
+    for kind in (pieces[prompt], pieces[~prompt]):
+        kind = kind[torch.argsort(kind[:, 1], descending=True, stable=True)]
+        lengths = kind[:, 1].tolist()
+        first = 0
+        for i in range(1, len(lengths) + 1):
+            if i == len(lengths) or 2 * lengths[i] <= lengths[first]:
+                groups.append(kind[first:i])
+                first = i
+    return groups
 
 
 def pays_off(pieces: torch.Tensor, rows: int, width: int) -> bool:
