@@ -45,8 +45,9 @@ import torch
 import torch.nn.functional as F
 
 # Where pieces pay: gathering them costs about as much per token whatever the row, and dense attention
-# costs in proportion to the row's width. On 2 CPU cores (bench_packed_attention.py, 0.5M to 95M
-# parameters) the update was 0.79-0.99x at rows of 45-155 positions and 1.04-1.27x from 276 on.
+# costs in proportion to the row's width. On 2 CPU cores (bench_packed_attention.py and probes at
+# other widths, 0.5M to 95M parameters) the update was 0.78-0.99x at rows of 45-155 positions and
+# 1.04-1.34x from 276 on.
 MIN_WIDTH = 256  # rows narrower than this attend densely
 MIN_SAVING = 2.0  # and so do rows where dense attention computes less than twice the pieces' scores
 ATTENTION = "roll_packed_sdpa"  # the name registered with transformers' attention interfaces
