@@ -17,6 +17,8 @@ from roll_core.strategies.hf import HFTrainStrategy
 from roll_core.strategies.packing import pack_sequences
 from roll_core.testing import training_batch
 
+_attend_pieces = packed_attention._attend_pieces  # the real one, for spies that wrap it
+
 
 def _pack(batch: Batch, max_length: int = 1024):
     return pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
@@ -163,8 +165,6 @@ def test_narrow_rows_attend_densely(tiny_model_path, monkeypatch):
     trainer._outputs(_grouped_batch(), ("log_probs",), temperature=1.0)
     assert trainer.model.config._attn_implementation == "sdpa"
 
-
-_attend_pieces = packed_attention._attend_pieces
 
 
 def test_only_sdpa_models_that_pass_keywords_on_switch():
