@@ -8,9 +8,10 @@ every step paid the store's fixed cost. roll starts its own clusters with the cu
 ``roll_core.runtime.executor.RAY_INLINE_BYTES``; this script measures both cuts, side by side.
 
 Each cut needs a cluster of its own (Ray reads its system config at start-up), started by roll's
-``RayExecutor`` with ``RAY_INLINE_BYTES`` set to the cut, so each runs in a child process, alternating for ``--rounds`` rounds; every child sends a roll ``Batch`` of the
-quickstart's shape (``bench_batch_transfer.quickstart_batch``) at several sample counts to an actor
-that returns it, and prints the median round trip per size.
+``RayExecutor`` with ``RAY_INLINE_BYTES`` set to the cut, so each runs in a child process,
+alternating for ``--rounds`` rounds; every child sends a roll ``Batch`` of the quickstart's shape
+(``bench_batch_transfer.quickstart_batch``) at several sample counts to an actor that returns it,
+and prints the median round trip per size.
 
     python benchmarks/bench_ray_inline.py [--rounds 3] [--calls 100] [--samples 128 256 512 1024 2048]
 

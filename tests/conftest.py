@@ -59,3 +59,45 @@ def plain_train_strategy(roll_plugins):
         register("plain", "roll_core.strategies.hf:HFTrainStrategy", kind="train")
 
     return roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies))))
+
+
+# -- packed forward passes (roll_core.strategies.packing, packed_attention) -------------------------
+def two_prompt_groups():
+    """Prompt A = [5, 6, 7] sampled twice (answers [10, 11] and [12]), prompt B = [8, 9] once ([13, 14, 15])."""
+    import torch
+
+    from roll_core.data import Batch
+
+    return Batch({"prompt_ids": torch.tensor([[5, 6, 7], [5, 6, 7], [0, 8, 9]]),
+                  "prompt_mask": torch.tensor([[1, 1, 1], [1, 1, 1], [0, 1, 1]]),
+                  "responses": torch.tensor([[10, 11, 0], [12, 0, 0], [13, 14, 15]]),
+                  "response_mask": torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])})
+
+
+def grouped_training_batch(vocab: int = 90):
+    """training_batch's 8 samples with samples 0-3 and 4-5 sharing a prompt (two GRPO groups)."""
+    from roll_core.testing import training_batch
+
+    batch = training_batch(vocab)
+    for tensor in (batch["prompt_ids"], batch["prompt_mask"]):
+        tensor[1:4] = tensor[0]
+        tensor[5] = tensor[4]
+    return batch
+
+
+def packed_rows(batch, max_length: int = 1024):
+    """``batch``'s padded layout packed into rows of at most ``max_length`` (pad id 0)."""
+    from roll_core.strategies.packing import pack_sequences
+
+    return pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
+                          max_length=max_length, pad_token_id=0)
+
+
+@pytest.fixture
+def every_row_by_pieces(monkeypatch):
+    """Packed rows of any width attend piece by piece (the tests' rows are narrower than
+    ``packed_attention.MIN_WIDTH``, so by default they attend densely)."""
+    from roll_core.strategies import packed_attention
+
+    monkeypatch.setattr(packed_attention, "MIN_WIDTH", 0)
+    monkeypatch.setattr(packed_attention, "MIN_SAVING", 0.0)

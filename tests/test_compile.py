@@ -12,7 +12,7 @@ from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_and_check
 from roll_core.config.schema import AlgorithmConfig, CriticRoleConfig, TrainRoleConfig
 from roll_core.errors import ConfigError
-from roll_core.strategies import cpu_matmul, packed_attention
+from roll_core.strategies import cpu_matmul
 from roll_core.strategies.compiled import compile_layers, decoder_layers
 from roll_core.strategies.cpu_matmul import OneDNNLinear
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
@@ -50,8 +50,7 @@ def matmul_mode():
 
 
 @pytest.mark.parametrize("pack, kernel", [(True, "torch"), (False, "torch"), (True, "onednn"), ("pieces", "torch")])
-def test_compiled_updates_are_the_eager_updates_at_changing_shapes(tiny_model_path, matmul_mode, monkeypatch, pack,
-                                                                   kernel):
+def test_compiled_updates_are_the_eager_updates_at_changing_shapes(tiny_model_path, matmul_mode, request, pack, kernel):
     """Two updates on batches of other sizes and widths: the same metrics and weights as eager, and
     no recompilation after the first (shapes are dynamic). On oneDNN's kernel (``runtime.cpu_matmul``)
     the compiled code calls out to it at each linear layer. With ``pieces``, packed rows attend piece
@@ -59,8 +58,7 @@ def test_compiled_updates_are_the_eager_updates_at_changing_shapes(tiny_model_pa
     if kernel == "onednn" and not cpu_matmul.onednn_available():
         pytest.skip("this torch build has no oneDNN kernel")
     if pack == "pieces":
-        monkeypatch.setattr(packed_attention, "MIN_WIDTH", 0)
-        monkeypatch.setattr(packed_attention, "MIN_SAVING", 0.0)
+        request.getfixturevalue("every_row_by_pieces")
     matmul_mode(kernel)
     first = training_batch(vocab=90)
     second = first.select(torch.arange(5))  # fewer samples,

@@ -11,30 +11,16 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from roll_core.config.schema import TrainRoleConfig
-from roll_core.data import Batch
 from roll_core.strategies import packed_attention
 from roll_core.strategies.hf import HFTrainStrategy
-from roll_core.strategies.packing import pack_sequences
-from roll_core.testing import training_batch
+
+from conftest import grouped_training_batch, packed_rows, two_prompt_groups
 
 _attend_pieces = packed_attention._attend_pieces  # the real one, for spies that wrap it
 
 
-def _pack(batch: Batch, max_length: int = 1024):
-    return pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
-                          max_length=max_length, pad_token_id=0)
-
-
-def _two_groups() -> Batch:
-    """Group A: prompt [5, 6, 7], answers [10, 11] and [12]; group B: prompt [8, 9], answer [13, 14, 15]."""
-    return Batch({"prompt_ids": torch.tensor([[5, 6, 7], [5, 6, 7], [0, 8, 9]]),
-                  "prompt_mask": torch.tensor([[1, 1, 1], [1, 1, 1], [0, 1, 1]]),
-                  "responses": torch.tensor([[10, 11, 0], [12, 0, 0], [13, 14, 15]]),
-                  "response_mask": torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])})
-
-
 def test_each_piece_gathers_its_prompt_and_itself():
-    packed = _pack(_two_groups())
+    packed = packed_rows(two_prompt_groups())
     assert packed.input_ids.tolist() == [[5, 6, 7, 10, 11, 12], [8, 9, 13, 14, 15, 0]]
     # flat start, length, its prompt's flat start and length: A's prompt, its answers, B's prompt, its answer
     assert packed.pieces.tolist() == [[0, 3, 0, 0], [3, 2, 0, 3], [5, 1, 0, 3], [6, 2, 6, 0], [8, 3, 6, 2]]
@@ -82,26 +68,11 @@ def test_pieces_only_where_rows_are_wide_and_dense_scores_many():
     assert packed_attention.pays_off(torch.tensor(long_prompt), rows=1, width=500)  # 103000 * 2 <= 250000
 
 
-@pytest.fixture
-def every_row_by_pieces(monkeypatch):
-    """Rows of any width attend piece by piece (the tests' rows are narrower than ``MIN_WIDTH``)."""
-    monkeypatch.setattr(packed_attention, "MIN_WIDTH", 0)
-    monkeypatch.setattr(packed_attention, "MIN_SAVING", 0.0)
-
-
-def _grouped_batch(vocab: int = 90) -> Batch:
-    batch = training_batch(vocab)
-    for tensor in (batch["prompt_ids"], batch["prompt_mask"]):
-        tensor[1:4] = tensor[0]
-        tensor[5] = tensor[4]
-    return batch
-
-
 @pytest.mark.parametrize("kv_heads, max_length", [(4, 1024), (2, 1024), (1, 12)])
 def test_pieces_give_dense_attentions_outputs_and_gradients(kv_heads, max_length):
     """Random queries, keys and values on packed rows, 4 query heads over 4, 2 or 1 key/value heads;
     at 12 tokens per row a group's answers spread over rows, its prompt repeated in each."""
-    packed = _pack(_grouped_batch(), max_length)
+    packed = packed_rows(grouped_training_batch(), max_length)
     rows, width = packed.input_ids.shape
     dense_mask = packed.attention_mask("sdpa", torch.float32)
     plan = packed_attention.attention_plan(packed.pieces, packed.tokens).to(torch.device("cpu"), torch.float32)
@@ -128,7 +99,7 @@ def test_pieces_give_dense_attentions_outputs_and_gradients(kv_heads, max_length
 
 def test_features_only_dense_attention_computes_run_dense():
     """A position bias (as T5-like models pass) is not the pieces' business: the call runs sdpa."""
-    packed = _pack(_two_groups())
+    packed = packed_rows(two_prompt_groups())
     plan = packed_attention.attention_plan(packed.pieces, packed.tokens).to(torch.device("cpu"), torch.float32)
     mask = packed.attention_mask("sdpa", torch.float32)
     module = types.SimpleNamespace(training=False, num_key_value_groups=1, is_causal=True)
@@ -151,7 +122,7 @@ def test_a_packed_pass_attends_piece_by_piece_and_other_passes_stay_sdpa(tiny_mo
     calls = []
     monkeypatch.setattr(packed_attention, "_attend_pieces",
                         lambda *args: calls.append(args[4]) or _attend_pieces(*args))
-    trainer._outputs(_grouped_batch(), ("log_probs",), temperature=1.0)
+    trainer._outputs(grouped_training_batch(), ("log_probs",), temperature=1.0)
     assert model.config._attn_implementation == packed_attention.ATTENTION
     assert len(calls) == model.config.num_hidden_layers  # every layer got the plan
     with torch.no_grad():  # a pass without a plan (padded, generation) is sdpa's, bit for bit
@@ -162,7 +133,7 @@ def test_a_packed_pass_attends_piece_by_piece_and_other_passes_stay_sdpa(tiny_mo
 def test_narrow_rows_attend_densely(tiny_model_path, monkeypatch):
     trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(pack_sequences=True), seed=0)
     monkeypatch.setattr(packed_attention, "_attend_pieces", lambda *args: pytest.fail("narrow rows went by pieces"))
-    trainer._outputs(_grouped_batch(), ("log_probs",), temperature=1.0)
+    trainer._outputs(grouped_training_batch(), ("log_probs",), temperature=1.0)
     assert trainer.model.config._attn_implementation == "sdpa"
 
 

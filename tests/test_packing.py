@@ -21,9 +21,10 @@ from roll_core.config.schema import CriticRoleConfig, TrainRoleConfig
 from roll_core.data import Batch
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_core.strategies.models import load_causal_lm
-from roll_core.strategies import packed_attention
 from roll_core.strategies.packing import pack_sequences, packed_inputs
-from roll_core.testing import full_weights, training_batch
+from roll_core.testing import full_weights
+
+from conftest import grouped_training_batch, packed_rows, two_prompt_groups
 from roll_core.training import UpdateSpec, micro_batches, update
 
 ROWS = [{"prompt": "12+34=", "demonstration": "46"}, {"prompt": "1+1=", "demonstration": "2"},
@@ -98,21 +99,8 @@ def test_sft_with_packing_lowers_the_held_out_loss(tiny_config):
 
 
 # -- packed forward passes (roles.<role>.pack_sequences) -------------------------------------------
-def _grouped_batch() -> Batch:
-    """Prompt A = [5, 6, 7] sampled twice (answers [10, 11] and [12]), prompt B = [8, 9] once ([13, 14, 15])."""
-    return Batch({"prompt_ids": torch.tensor([[5, 6, 7], [5, 6, 7], [0, 8, 9]]),
-                  "prompt_mask": torch.tensor([[1, 1, 1], [1, 1, 1], [0, 1, 1]]),
-                  "responses": torch.tensor([[10, 11, 0], [12, 0, 0], [13, 14, 15]]),
-                  "response_mask": torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])})
-
-
-def _pack(batch: Batch, max_length: int):
-    return pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
-                          max_length=max_length, pad_token_id=0)
-
-
 def test_a_group_shares_one_prompt_and_each_answer_sees_only_it_and_itself():
-    packed = _pack(_grouped_batch(), max_length=1024)
+    packed = packed_rows(two_prompt_groups(), max_length=1024)
     # unit A (3 + 2 + 1 = 6 tokens) fills a row of 6 (the largest unit); unit B (2 + 3) takes the next
     assert packed.input_ids.tolist() == [[5, 6, 7, 10, 11, 12], [8, 9, 13, 14, 15, 0]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 3], [0, 1, 2, 3, 4, 0]]  # answer 2 restarts at 3
@@ -129,7 +117,7 @@ def test_a_group_shares_one_prompt_and_each_answer_sees_only_it_and_itself():
 
 
 def test_a_group_wider_than_max_length_repeats_its_prompt():
-    packed = _pack(_grouped_batch(), max_length=4)
+    packed = packed_rows(two_prompt_groups(), max_length=4)
     # rows are at least as wide as the longest sample alone (5). Group A (6 tokens) goes first:
     # A + answer 1 fills row 0; answer 2 opens a unit with the prompt repeated in a new row (4 of 5);
     # B (5) fits neither row and takes a third
@@ -146,7 +134,7 @@ def test_groups_of_uneven_length_share_rows_instead_of_padding_to_the_widest():
     answers = [10 + i for i in range(7)] + [10 * k + i for k in (2, 3, 4, 5) for i in range(4)]
     batch = Batch({"prompt_ids": torch.tensor(prompts)[:, None], "prompt_mask": torch.ones(23, 1, dtype=torch.long),
                    "responses": torch.tensor(answers)[:, None], "response_mask": torch.ones(23, 1, dtype=torch.long)})
-    packed = _pack(batch, max_length=8)
+    packed = packed_rows(batch, max_length=8)
     assert packed.input_ids.tolist() == [[1, 10, 11, 12, 13, 14, 15, 16],
                                          [2, 20, 21, 22, 23, 3, 30, 31],   # group 3 starts in row 1 ...
                                          [3, 32, 33, 4, 40, 41, 42, 43],   # ... and goes on here, prompt repeated
@@ -166,12 +154,12 @@ def test_rows_narrow_while_as_few_suffice():
     answers = [10 + i for i in range(9)] + [20, 21, 22, 30]
     batch = Batch({"prompt_ids": torch.tensor(prompts)[:, None], "prompt_mask": torch.ones(13, 1, dtype=torch.long),
                    "responses": torch.tensor(answers)[:, None], "response_mask": torch.ones(13, 1, dtype=torch.long)})
-    assert _pack(batch, max_length=1024).input_ids.tolist() == [[1, 10, 11, 12, 13, 14, 15, 16, 17],
+    assert packed_rows(batch, max_length=1024).input_ids.tolist() == [[1, 10, 11, 12, 13, 14, 15, 16, 17],
                                                                 [1, 18, 2, 20, 21, 22, 3, 30, 0]]
 
 
 def test_packing_refuses_masks_that_are_not_plain_padding():
-    batch = _grouped_batch()
+    batch = two_prompt_groups()
     holes = batch["response_mask"].clone()
     holes[2] = torch.tensor([1, 0, 1])
     with pytest.raises(ValueError, match="response_mask must be 1 on a prefix"):
@@ -191,7 +179,7 @@ def test_packing_refuses_masks_that_are_not_plain_padding():
 def test_attention_without_4d_masks_runs_padded_unless_packing_was_asked_for():
     model = types.SimpleNamespace(config=types.SimpleNamespace(_attn_implementation="flash_attention_2",
                                                                pad_token_id=0))
-    batch = _grouped_batch()
+    batch = two_prompt_groups()
     assert packed_inputs(model, batch, TrainRoleConfig()) is None
     with pytest.raises(ValueError, match="pack_sequences: true needs attention that takes a 4-D mask"):
         packed_inputs(model, batch, TrainRoleConfig(pack_sequences=True))
@@ -208,26 +196,15 @@ def test_attention_without_4d_masks_runs_padded_unless_packing_was_asked_for():
     assert packed_inputs(model, batch, TrainRoleConfig()) is not None
 
 
-def _grouped_training_batch(vocab: int) -> Batch:
-    """training_batch's 8 samples with samples 0-3 and 4-5 sharing a prompt (two GRPO groups)."""
-    batch = training_batch(vocab)
-    for tensor in (batch["prompt_ids"], batch["prompt_mask"]):
-        tensor[1:4] = tensor[0]
-        tensor[5] = tensor[4]
-    return batch
-
-
 @pytest.mark.parametrize("attention, max_length, pieces", [("sdpa", 1024, False), ("sdpa", 1024, True),
                                                        ("eager", 1024, False), ("sdpa", 12, True)])
-def test_packed_passes_give_the_padded_outputs_and_gradients(tiny_model_path, monkeypatch, attention, max_length,
-                                                              pieces):
+def test_packed_passes_give_the_padded_outputs_and_gradients(tiny_model_path, request, attention, max_length, pieces):
     """At 12 tokens per row a group's answers spread over rows, its prompt repeated in each. With
     ``pieces``, every row attends piece by piece (:mod:`roll_core.strategies.packed_attention`),
     which these narrow rows would not otherwise do."""
     if pieces:
-        monkeypatch.setattr(packed_attention, "MIN_WIDTH", 0)
-        monkeypatch.setattr(packed_attention, "MIN_SAVING", 0.0)
-    batch = _grouped_training_batch(vocab=90)
+        request.getfixturevalue("every_row_by_pieces")
+    batch = grouped_training_batch(vocab=90)
     mask = batch["response_mask"].float()
     wanted = ("log_probs", "entropy", "log_dist")
     results = []
@@ -248,7 +225,7 @@ def test_packed_passes_give_the_padded_outputs_and_gradients(tiny_model_path, mo
 
 
 def test_packed_values_are_the_padded_values(tiny_model_path):
-    batch = _grouped_training_batch(vocab=90)
+    batch = grouped_training_batch(vocab=90)
     values = [HFCriticStrategy(str(tiny_model_path), CriticRoleConfig(pack_sequences=pack), seed=0)
               .forward(batch, ("values",), 1.0)["values"] for pack in (False, True)]
     torch.testing.assert_close(values[1], values[0], atol=1e-5, rtol=1e-5)
@@ -275,7 +252,7 @@ def test_micro_batches_by_tokens_fill_up_to_the_budget_and_match_the_busiest_ran
 def test_an_update_in_token_sized_micro_batches_is_the_one_pass_update(tiny_model_path):
     from roll_core.config.schema import AlgorithmConfig
 
-    batch = _grouped_training_batch(vocab=90)
+    batch = grouped_training_batch(vocab=90)
     objective = ActorObjective.from_config(AlgorithmConfig())
     results = []
     for role in (TrainRoleConfig(pack_sequences=False), TrainRoleConfig(max_tokens_per_micro_batch=20)):
