@@ -59,6 +59,12 @@ def long_tailed(batch, longest: int, seed: int):
     return batch
 
 
+def synchronize() -> None:
+    """Wait for the GPU's queued work (the trainers run on CUDA where there is one), so a time counts it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def build(kind: str, directory: Path) -> str:
     from large_model import build_large_model
     from roll_core.config.schema import TinyModelConfig
@@ -94,7 +100,8 @@ def main() -> None:
     keep_freed_memory()  # as roll's CPU workers do (runtime.reuse_freed_memory)
     objective = ActorObjective.from_config(AlgorithmConfig())
     switch, rule = packed_attention.adopt, packed_attention.pays_off
-    print(f"torch {torch.__version__}, 2 threads, medians of {args.rounds} alternating rounds after one warm-up")
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU, 2 threads"
+    print(f"torch {torch.__version__}, {device}, medians of {args.rounds} alternating rounds after one warm-up")
     print(f"{'shape':>6} {'rows x width':>13} {'pieces':>6} {'dense s/update':>15} {'pieces s/update':>16} "
           f"{'speed-up':>8} {'default':>8}")
     for name in SHAPES if args.shape == "all" else [args.shape]:
@@ -117,15 +124,17 @@ def main() -> None:
                 for mode, trainer in trainers.items():
                     by_pieces = mode == "pieces"
                     packed_attention.adopt = switch if by_pieces else (lambda model, config: False)
-                    packed_attention.pays_off = lambda pieces, rows, width, by_pieces=by_pieces: by_pieces
+                    packed_attention.pays_off = lambda pieces, rows, width, device, by_pieces=by_pieces: by_pieces
+                    synchronize()
                     start = time.perf_counter()
                     update(trainer, batch, objective, spec)
+                    synchronize()
                     times[mode].append(time.perf_counter() - start)
         finally:
             packed_attention.adopt, packed_attention.pays_off = switch, rule
         dense, pieces = (statistics.median(times[mode][1:]) for mode in trainers)
         rows, width = packed.input_ids.shape
-        default = "pieces" if rule(packed.pieces, rows, width) else "dense"
+        default = "pieces" if rule(packed.pieces, rows, width, trainers["dense"].device) else "dense"
         print(f"{name:>6} {f'{rows} x {width}':>13} {len(packed.pieces):>6} {dense:>15.3f} {pieces:>16.3f} "
               f"{dense / pieces:>7.2f}x {default:>8}", flush=True)
 

@@ -95,9 +95,10 @@ def packed_rows(batch, max_length: int = 1024):
 
 @pytest.fixture
 def every_row_by_pieces(monkeypatch):
-    """Packed rows of any width attend piece by piece (the tests' rows are narrower than
-    ``packed_attention.MIN_WIDTH``, so by default they attend densely)."""
+    """Packed rows of any width attend piece by piece, on a GPU too (the tests' rows are narrower
+    than ``packed_attention.MIN_WIDTH``, so by default they attend densely)."""
     from roll_core.strategies import packed_attention
 
     monkeypatch.setattr(packed_attention, "MIN_WIDTH", 0)
+    monkeypatch.setattr(packed_attention, "DEVICE_TYPES", ("cpu", "cuda"))
     monkeypatch.setattr(packed_attention, "MIN_SAVING", 0.0)

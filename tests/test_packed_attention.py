@@ -49,23 +49,28 @@ def test_each_piece_gathers_its_prompt_and_itself():
 
 
 def test_pieces_only_where_rows_are_wide_and_dense_scores_many():
+    def pays(pieces, width, device="cpu"):  # one row of pieces
+        return packed_attention.pays_off(torch.tensor(pieces), rows=1, width=width, device=device)
+
     group = [[0, 6, 0, 0]] + [[6 + 48 * i, 48, 0, 6] for i in range(8)]  # a prompt of 6 and 8 answers of 48
     # dense: 400^2 = 160000 scores; pieces: 1 * 6 * 6 + 8 * 48 * 54 = 20772, 7.7x fewer
-    assert packed_attention.pays_off(torch.tensor(group), rows=1, width=400)
-    assert not packed_attention.pays_off(torch.tensor(group), rows=1, width=255)  # under MIN_WIDTH: dense
+    assert pays(group, width=400)
+    assert not pays(group, width=255)  # under MIN_WIDTH: dense
     # a prompt of 250 and one answer of 48 in a row of 300: 250^2 + 48 * 298 = 76804 pieces' scores
     # against 90000 dense, not twice as few
-    assert not packed_attention.pays_off(torch.tensor([[0, 250, 0, 0], [250, 48, 0, 250]]), rows=1, width=300)
+    assert not pays([[0, 250, 0, 0], [250, 48, 0, 250]], width=300)
     # answers see their prompt: 120^2 + 4 * 34 * (120 + 34) = 35344 scores, more than half of 256^2
     prompt_heavy = [[0, 120, 0, 0]] + [[120 + 34 * i, 34, 0, 120] for i in range(4)]
-    assert not packed_attention.pays_off(torch.tensor(prompt_heavy), rows=1, width=256)
+    assert not pays(prompt_heavy, width=256)
     # a long-tailed row: one answer of 400 and 20 of 20. Padded alike, 21 * 400 * 410 scores, more than
     # dense's 1000^2; grouped by length, 10^2 + 400 * 410 + 20 * 20 * 30 = 176100
     tail = [[0, 10, 0, 0], [10, 400, 0, 10]] + [[410 + 20 * i, 20, 0, 10] for i in range(20)]
-    assert packed_attention.pays_off(torch.tensor(tail), rows=1, width=1000)
+    assert pays(tail, width=1000)
     # the prompts are their own group: answers are not padded to a long prompt
     long_prompt = [[0, 200, 0, 0]] + [[200 + 10 * i, 10, 0, 200] for i in range(30)]  # 200^2 + 30 * 10 * 210
-    assert packed_attention.pays_off(torch.tensor(long_prompt), rows=1, width=500)  # 103000 * 2 <= 250000
+    assert pays(long_prompt, width=500)  # 103000 * 2 <= 250000
+    # on a GPU, dense sdpa (fused) was never slower: every row attends densely there
+    assert not pays(group, width=400, device=torch.device("cuda"))
 
 
 @pytest.mark.parametrize("kv_heads, max_length", [(4, 1024), (2, 1024), (1, 12)])
@@ -115,8 +120,8 @@ def test_a_packed_pass_attends_piece_by_piece_and_other_passes_stay_sdpa(tiny_mo
                                                                          every_row_by_pieces):
     trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(pack_sequences=True), seed=0)
     model = trainer.model
-    ids = torch.tensor([[3, 4, 5, 6, 7], [0, 0, 8, 9, 10]])
-    padded = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    ids = torch.tensor([[3, 4, 5, 6, 7], [0, 0, 8, 9, 10]], device=trainer.device)
+    padded = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], device=trainer.device)
     with torch.no_grad():
         before = model(input_ids=ids, attention_mask=padded).logits
     calls = []

@@ -25,7 +25,8 @@ padded layout). Padding positions are nobody's key, and their own outputs are ne
 some piece's output and no gradient.
 
 Where rows are narrow, gathering the pieces costs more than the scores it saves, so only rows that
-:func:`pays_off` go by pieces (from 256 positions wide; the quickstart's rows are about 45).
+:func:`pays_off` go by pieces (from 256 positions wide; the quickstart's rows are about 45), and only
+on the CPU: on a GPU, dense sdpa was as fast or faster at every shape measured.
 
 How it is wired: :func:`adopt` switches a model whose layers run ``sdpa`` to the attention
 implementation registered here (``ATTENTION``), which is ``sdpa`` itself, masks included, unless a
@@ -50,12 +51,15 @@ import torch.nn.functional as F
 # 1.04-1.34x from 276 on.
 MIN_WIDTH = 256  # rows narrower than this attend densely
 MIN_SAVING = 2.0  # and so do rows where dense attention computes less than twice the pieces' scores
+# On a GPU dense sdpa's fused kernel skips nothing yet costs less than the gathers and the several
+# smaller launches: on an H200 (fp32, the same benchmark) the update was 0.75-1.01x by pieces
+DEVICE_TYPES = ("cpu",)  # devices where rows may go by pieces; elsewhere they attend densely
 ATTENTION = "roll_packed_sdpa"  # the name registered with transformers' attention interfaces
 PLAN_KEYWORD = "roll_attention_plan"  # the forward keyword that carries the plan to the layers
 _UNSUPPORTED = ("softcap", "position_bias", "s_aux", "sinks")  # features only the dense path computes
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)  # not frozen: torch.compile guards a frozen dataclass's fields (a recompile per group count)
 class AttentionPlan:
     """Where each piece's queries and keys lie among the ``N * W`` flattened positions of the rows.
 
@@ -112,11 +116,12 @@ def _groups(pieces: torch.Tensor) -> list[torch.Tensor]:
     return groups
 
 
-def pays_off(pieces: torch.Tensor, rows: int, width: int) -> bool:
+def pays_off(pieces: torch.Tensor, rows: int, width: int, device: torch.device | str) -> bool:
     """Whether ``rows`` x ``width`` packed rows holding ``pieces`` (as :func:`attention_plan` takes
-    them) should attend piece by piece: rows at least ``MIN_WIDTH`` wide, where dense attention's
-    ``rows * width^2`` scores are at least ``MIN_SAVING`` times the pieces' ``sum G_k * Q_k * K_k``."""
-    if width < MIN_WIDTH or not len(pieces):
+    them), computed on ``device``, should attend piece by piece: on a device of ``DEVICE_TYPES``, rows
+    at least ``MIN_WIDTH`` wide, where dense attention's ``rows * width^2`` scores are at least
+    ``MIN_SAVING`` times the pieces' ``sum G_k * Q_k * K_k``."""
+    if torch.device(device).type not in DEVICE_TYPES or width < MIN_WIDTH or not len(pieces):
         return False
     scores = 0
     for group in _groups(pieces):

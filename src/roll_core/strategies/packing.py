@@ -97,7 +97,11 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
 
     Samples with equal prompt tokens share one prompt per unit, in the order they come. Groups go
     longest first; each response joins its group's open unit while that row has room, and otherwise
-    opens a unit (the prompt repeated) in the first row with room for both."""
+    opens a unit (the prompt repeated) in the first row with room for both. The inputs may be on any
+    device; the packed tensors are on the CPU (:func:`packed_forward` moves them)."""
+    # the layout is worked out on the host, in Python lists; a batch already on a GPU comes back once
+    prompt_ids, prompt_mask, responses, response_mask = (t.cpu() for t in (prompt_ids, prompt_mask, responses,
+                                                                           response_mask))
     batch, width_r = responses.shape
     width_p = prompt_ids.shape[1]
     prompt_lengths, lengths = prompt_mask.sum(-1), response_mask.sum(-1)
@@ -240,11 +244,11 @@ def packed_inputs(model, batch, role_config) -> PackedSequences | None:
 
 def packed_forward(model, packed: PackedSequences, device: torch.device):
     """The model's output on ``packed``'s rows (``use_cache`` off). A model on ``sdpa`` attends piece
-    by piece (:mod:`roll_core.strategies.packed_attention`) where the rows are wide enough for it to
-    pay; the dense mask goes along for layers that cannot."""
+    by piece (:mod:`roll_core.strategies.packed_attention`) where that pays (wide rows, on the CPU);
+    the dense mask goes along for layers that cannot."""
     plan = {}
     dtype = next(model.parameters()).dtype
-    by_pieces = packed_attention.pays_off(packed.pieces, *packed.input_ids.shape)
+    by_pieces = packed_attention.pays_off(packed.pieces, *packed.input_ids.shape, device)
     if by_pieces and packed_attention.adopt(model, model_config(model)):
         plan[packed_attention.PLAN_KEYWORD] = (packed_attention.attention_plan(packed.pieces, packed.tokens)
                                                .to(device, dtype))
