@@ -122,14 +122,17 @@ def test_filtered_groups_never_reach_training(tiny_config, engine, roll_plugins)
         roll_register_rewards=hookimpl(lambda register: register("parity", ParityReward)))))
     pipeline, steps = _run(tiny_config(*ASYNC, *engine, "rollout.async_generation_ratio=1", "roles.reward.name=parity",
                                        "algorithm.dynamic_sampling.filter=mean",
-                                       "rollout.max_additional_running_prompts=4"))
+                                       "rollout.max_additional_running_prompts=4",
+                                       # rounds enough that no step falls back (4 did not on a GPU's numerics)
+                                       "algorithm.dynamic_sampling.max_rounds=16"))
     n = pipeline.config.rollout.num_return_sequences
+    # first: no step ran out of prompts and trained on filtered groups to fill its batch
+    assert [s["rollout/fallback_groups"] for s in steps] == [0] * len(steps)
     for batch in pipeline.trained_batches:
         scores = batch["scores"].view(-1, n)
         assert bool(((scores.min(1).values < 1) & (scores.max(1).values > 0)).all()), scores
         assert all(int(p[:2]) % 2 == 1 for p in batch["prompt"])
     assert sum(s["rollout/filtered_groups"] for s in steps) > 0
-    assert all(s["rollout/fallback_groups"] == 0 for s in steps)
 
 
 def _assert_nothing_in_flight(scheduler):
@@ -265,6 +268,7 @@ def test_config_errors(overrides, message):
         load_and_check(None, overrides)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the warning is about CPU workers")
 def test_oversubscribed_cpu_cores_are_warned_about(capsys, monkeypatch):
     import os
 

@@ -63,7 +63,7 @@ def test_an_unknown_name_asks_whether_its_plugin_is_installed_or_disabled():
     assert "Did you mean 'ppo_clip'?" in near_miss and "ROLL_DISABLE_PLUGINS" not in near_miss
 
 
-@pytest.mark.parametrize("executor", ["local", "ray"])
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.ray)])
 def test_run_hides_the_libraries_progress_bars_unless_verbose(tmp_path, executor):
     common = ["trainer.max_steps=1", "warmup.steps=2", "trainer.eval_every=0", "data.eval_size=8",
               "rollout.prompts_per_step=2", "trackers=[jsonl]", f"executor={executor}"]

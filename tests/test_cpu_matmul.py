@@ -157,6 +157,8 @@ def test_the_config_key_is_checked_before_anything_starts():
 
 
 @needs_onednn
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the strategies put the model on the GPU, where the CPU kernel "
+                    "is not used")
 @pytest.mark.parametrize("mode, expected", [("onednn", OneDNNLinear), ("torch", torch.nn.Linear)])
 def test_workers_take_the_kernel_from_the_run_config(tiny_model_path, mode, expected):
     """Every worker process configures itself from ``runtime.cpu_matmul`` (as it sets its threads),

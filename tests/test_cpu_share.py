@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from roll_core.config import load_and_check
 from roll_core.errors import RollError
@@ -93,6 +94,7 @@ def test_busy_cores_is_none_when_nothing_was_counted_or_the_file_went_away(monke
     assert _sampled(monkeypatch, tmp_path, before, None, cores=2) is None
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the warning is about runs on CPU")
 def test_roll_run_warns_before_any_worker_starts(monkeypatch, capsys):
     from roll_core import cli, runtime
 

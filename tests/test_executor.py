@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from roll_core.errors import RollError
@@ -21,11 +23,11 @@ def _recorder_class():
             self.log: list = []
 
         def add(self, x, seconds=0.0):
-            import ray
+            ray = sys.modules.get("ray")  # imported in a Ray worker; the local executor needs none
 
             time.sleep(seconds)
             self.log.append(x)
-            return x, ray.get_runtime_context().get_task_id() if ray.is_initialized() else None
+            return x, ray.get_runtime_context().get_task_id() if ray and ray.is_initialized() else None
 
         def fail(self, message):
             raise RollError(message)

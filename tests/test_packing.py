@@ -213,6 +213,7 @@ def test_packed_passes_give_the_padded_outputs_and_gradients(tiny_model_path, re
                                   seed=0)
         trainer.model.set_attn_implementation(attention)
         out = trainer._outputs(batch, wanted, temperature=0.7)
+        mask = mask.to(trainer.device)  # the outputs are on the model's device (a GPU where there is one)
         (out["log_probs"] * mask).sum().backward()
         grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
         results.append(({k: v * (mask[..., None] if v.dim() == 3 else mask) for k, v in out.items()}, grads))
@@ -264,8 +265,11 @@ def test_an_update_in_token_sized_micro_batches_is_the_one_pass_update(tiny_mode
     (one, one_weights), (tokens, token_weights) = results
     for key in ("train/pg_loss", "train/grad_norm", "train/entropy"):
         assert tokens[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+    # Adam's first step: a weight whose gradient is near eps moves by up to ~lr on float noise (see
+    # test_a_packed_update_is_the_padded_update); on a GPU other kernels sum in other orders. 5% of lr
+    bound = 0.05 * TrainRoleConfig().lr
     for name, value in one_weights.items():
-        torch.testing.assert_close(token_weights[name], value, atol=1e-6, rtol=1e-4, msg=name)
+        torch.testing.assert_close(token_weights[name], value, atol=bound, rtol=1e-4, msg=name)
 
 
 def test_role_packing_keys_need_a_strategy_that_takes_packed_sequences(plain_train_strategy):

@@ -170,7 +170,7 @@ def test_each_kind_of_role_offers_its_own_methods_and_a_wrong_call_names_the_rol
 def test_a_local_ray_cluster_starts_its_workers_at_the_configured_niceness(monkeypatch):
     """Ray's default niceness (15) lets the driver preempt workers; roll starts its cluster at 0, and
     with batches up to RAY_INLINE_BYTES carried inside task messages."""
-    import ray
+    ray = pytest.importorskip("ray")  # no cluster starts (ray.init is replaced), but the module is needed
 
     from roll_core.config import load_config
     from roll_core.runtime.executor import RAY_INLINE_BYTES, make_executor

@@ -55,7 +55,7 @@ def _perturb(model, seed):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.01)
+            p.add_(torch.randn(p.shape, generator=gen).to(p.device) * 0.01)
 
 
 def test_shared_memory_updates_reach_every_inference_worker_and_leave_no_file(workers):
