@@ -22,6 +22,8 @@ Three shapes, all with random weights:
 * ``tail``: the same model and prompts with long-tailed lengths: one sample in 8 of 384-512 tokens,
   the others of 8-64.
 
+Where a GPU is present the trainers run on it, as roll's would, and each reading waits for it.
+
     python benchmarks/bench_packed_attention.py [--shape tiny|large|long|tail|all] [--rounds 4]
 """
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The CUDA paths of roll on one GPU: the tests that put the strategies on cuda/nccl, then the main job.
+# The CUDA paths of roll on one GPU: the tests without Ray on cuda/nccl, a benchmark, then the main job.
 #
 # For a GPU machine with PyTorch and transformers but no network and no Ray (the local executor
 # needs none). Put the missing wheels in .whl/ first (Python 3.12, x86-64):
@@ -7,7 +7,10 @@
 #   megatron-core==0.16.1, and deepspeed==0.19.8 built from its source (`pip wheel --no-deps
 #   --no-binary deepspeed deepspeed==0.19.8`: a pure-Python wheel whose CUDA ops compile on first use).
 # Then, from the repository root:  OUT=/tmp/gpu bash scripts/gpu_check.sh
-# NO_TESTS=1 skips the tests; RUN_S (seconds, default 420) bounds the main job; RUN_ARGS adds overrides.
+# Every test not marked ray runs (pytest-xdist, WORKERS processes, default 12; tests that need a
+# package the machine lacks are skipped or fail to collect); junit.xml lists each outcome.
+# NO_TESTS=1 skips the tests, NO_BENCH=1 the packed-attention benchmark, NO_RUN=1 the main job; RUN_S (seconds, default 420)
+# bounds the main job; RUN_ARGS adds overrides; PYTEST_ARGS replaces the test selection.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -21,11 +24,17 @@ python3 -c "import torch, transformers, deepspeed, megatron.core as m; print('to
   'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__, 'megatron-core', m.__version__)" \
   2>&1 | tail -1 | tee -a "$OUT/gpu.txt"
 python3 -m roll_core.cli list-plugins 2>&1 | tee -a "$OUT/gpu.txt"
-if [ -z "$NO_TESTS" ]; then
-  python3 -m pytest -p no:cacheprovider -q -rs -m "not ray and not slow" -o addopts="" -W ignore::DeprecationWarning \
-    tests/test_cuda.py tests/test_lora.py tests/test_packing.py tests/test_chat.py plugins/roll_deepspeed/tests \
-    plugins/roll_megatron/tests $PYTEST_ARGS 2>&1 | tee "$OUT/pytest.txt" \
-    | grep -v "Warning\|warn" | tail -40
+if [ -z "$NO_BENCH" ]; then
+  timeout "${BENCH_S:-240}" python3 benchmarks/bench_packed_attention.py --rounds 4 2>&1 | grep -v "Warning\|warn" \
+    | tee "$OUT/bench_packed_attention.txt"
 fi
-/usr/bin/time -v timeout "${RUN_S:-420}" python3 -m roll_core.cli run executor=local output_dir=/tmp/gpu-run $RUN_ARGS \
-  2>&1 | tee "$OUT/run.txt" | grep -v "^\s*$" | tail -25
+if [ -z "$NO_RUN" ]; then
+  /usr/bin/time -v timeout "${RUN_S:-420}" python3 -m roll_core.cli run executor=local output_dir=/tmp/gpu-run $RUN_ARGS \
+    2>&1 | tee "$OUT/run.txt" | grep -v "^\s*$" | tail -12
+fi
+if [ -z "$NO_TESTS" ]; then
+  timeout "${TESTS_S:-300}" python3 -m pytest -p no:cacheprovider -q -rfE -m "not ray and not slow" -o addopts="" \
+    -W ignore::DeprecationWarning -n "${WORKERS:-12}" --continue-on-collection-errors --junitxml="$OUT/junit.xml" \
+    ${PYTEST_ARGS:-tests plugins/roll_deepspeed/tests plugins/roll_megatron/tests} 2>&1 | tee "$OUT/pytest.txt" \
+    | grep -v "Warning\|warn" | tail -60
+fi
