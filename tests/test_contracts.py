@@ -86,6 +86,22 @@ def test_common_plugin_bugs_fail_with_what_is_wrong(roll_plugins):
     assert "the loss must be per token" in failed["policy_losses:scalar"]
 
 
+def test_a_component_whose_package_is_not_installed_is_skipped_with_how_to_install_it(roll_plugins):
+    """A tracker for a service whose client is an optional extra, or an engine not installed here:
+    its checks cannot run, which is not the plugin's bug (its registration says what it needs)."""
+    def trackers(register):
+        register("remote", "roll_core.trackers:JsonlTracker", requires={"roll_no_such_client": "pip install client"})
+        register("local", "roll_core.trackers:JsonlTracker")
+
+    report = check_plugin("services", roll_plugins(("services", types.SimpleNamespace(
+        roll_register_trackers=hookimpl(trackers)))))
+    assert report.ok, report.failures()
+    by_component = {r.component: (r.check, r.status, r.detail) for r in report.results}
+    assert by_component["trackers:remote"] == (
+        "requires", "skipped", "skipped: needs the 'roll_no_such_client' package, not installed here: pip install client")
+    assert by_component["trackers:local"][1] == "ok"  # checked as usual
+
+
 def test_unknown_and_broken_plugins(roll_plugins):
     plugins = roll_plugins()
     with pytest.raises(PluginError, match="no installed plugin or distribution 'core.reward'. Did you mean 'core.rewards'"):

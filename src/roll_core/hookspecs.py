@@ -44,7 +44,8 @@ def roll_register_strategies(register):
             the role, such as a parallel layout that does not divide ``num_workers``);
             ``requires={"module": "how to install it"}`` names the engine packages the strategy
             imports when it starts: a config naming the strategy where one is missing is rejected
-            by ``roll validate`` with that hint (registration itself imports nothing);
+            by ``roll validate`` with that hint, and ``roll check-plugin`` skips its checks with it
+            (registration itself imports nothing);
             ``generates=False`` marks an inference strategy that computes log-probs only (a
             reference or teacher role), which ``roll validate`` refuses for ``roles.actor_infer``.
 
@@ -237,8 +238,11 @@ def roll_register_trackers(register):
     Called once per process when the plugin registries are built.
 
     Args:
-        register: ``register(name, target, *, description="")``; ``target`` is a
+        register: ``register(name, target, *, description="", requires={})``; ``target`` is a
             :class:`roll_core.trackers.Tracker` subclass constructed as ``cls(run_dir, options)``.
+            ``requires={"module": "how to install it"}`` names the service's client package, as
+            for strategies: ``roll validate`` rejects a config listing the tracker where it is
+            missing, and ``roll check-plugin`` skips it.
 
     Returns: nothing.
     """

@@ -45,6 +45,15 @@ class Entry(Generic[T]):
     def is_loaded(self) -> bool:
         return not isinstance(self.target, str)
 
+    def missing_packages(self) -> dict[str, str]:
+        """``{module: how to install it}`` of the packages it registered as ``requires`` (an engine, a
+        tracker's service) that are not installed here, found without importing them (an engine's
+        import can take seconds)."""
+        import importlib.util
+
+        return {module: hint for module, hint in self.metadata.get("requires", {}).items()
+                if importlib.util.find_spec(module) is None}
+
 
 class Registry(Generic[T]):
     """Name -> implementation for one kind of component (``kind`` is used in messages)."""

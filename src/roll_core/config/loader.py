@@ -303,15 +303,11 @@ def _strategy_options(cfg: RollConfig, plugins) -> list[str]:
 
 
 def _missing_packages(key: str, registry, name: str) -> list[str]:
-    """The packages a component registered as ``requires`` (an engine, a tracker's service) that are
-    not installed here (found without importing them: an engine import can take seconds)."""
-    import importlib.util
-
+    """The packages ``name`` registered as ``requires`` that are not installed here."""
     if name not in registry:
         return []
     return [f"key '{key}': {registry.kind} '{name}' needs the '{module}' package, which is not installed: {hint}"
-            for module, hint in registry.entry(name).metadata.get("requires", {}).items()
-            if importlib.util.find_spec(module) is None]
+            for module, hint in registry.entry(name).missing_packages().items()]
 
 
 def _validated_options(key: str, kind: str, registry, name: str, options: dict) -> tuple[Any, list[str]]:
