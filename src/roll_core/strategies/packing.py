@@ -248,7 +248,8 @@ def packed_forward(model, packed: PackedSequences, device: torch.device):
     the dense mask goes along for layers that cannot."""
     plan = {}
     dtype = next(model.parameters()).dtype
-    by_pieces = packed_attention.pays_off(packed.pieces, *packed.input_ids.shape, device)
+    rows, width = packed.input_ids.shape
+    by_pieces = packed_attention.pays_off(packed.pieces, rows, width, device)
     if by_pieces and packed_attention.adopt(model, model_config(model)):
         plan[packed_attention.PLAN_KEYWORD] = (packed_attention.attention_plan(packed.pieces, packed.tokens)
                                                .to(device, dtype))
