@@ -29,10 +29,14 @@ nothing else CPU-heavy beside it.
     python benchmarks/vs_trl.py --size tiny --executor local        # roll's in-process executor
     python benchmarks/vs_trl.py --size tiny --load 1                # a core taken by another job
     python benchmarks/vs_trl.py --size large --compile              # torch.compile on both sides
+    python benchmarks/vs_trl.py --size large --precision bf16       # bfloat16 autocast on both sides
 
 ``--compile`` compiles on both sides, each the way its library offers: roll's decoder layers
 (``roles.actor_train.compile``), TRL's whole model (``torch_compile``, through the Trainer). The
-first step, which compiles, is left out of seconds per step as always.
+first step, which compiles, is left out of seconds per step as always. ``--precision bf16`` runs
+both in bfloat16 mixed precision the same way: forward passes under ``torch.autocast`` over float32
+weights, for generation and training (roll's ``strategy_options.precision`` of its policy and its
+sampler; TRL's ``bf16=True``, through accelerate).
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ def trl_worker(spec_path: str) -> None:
 
     samples = spec["prompts"] * SAMPLES_PER_PROMPT
     args = GRPOConfig(
-        output_dir=spec["out"], max_steps=spec["steps"], seed=spec["seed"], use_cpu=True, bf16=False,
+        output_dir=spec["out"], max_steps=spec["steps"], seed=spec["seed"], use_cpu=True, bf16=spec["precision"] == "bf16",
         per_device_train_batch_size=samples, num_generations=SAMPLES_PER_PROMPT, generation_batch_size=samples,
         gradient_accumulation_steps=1, max_completion_length=spec["max_new_tokens"], learning_rate=3e-4,
         lr_scheduler_type="constant", warmup_steps=0, beta=0.0, epsilon=0.2, loss_type="dapo",
@@ -192,7 +196,9 @@ def roll_cmd(model: str, out: Path, seed: int, steps: int, args, max_new_tokens:
             f"data.eval_size={args.eval_size}", f"executor={args.executor}", "trackers=[jsonl]",
             # one forward-backward pass over the step's samples, as trl_worker sets TRL's per_device_train_batch_size
             f"roles.actor_train.micro_batch_size={args.prompts * SAMPLES_PER_PROMPT}",
-            f"torch_threads={args.threads}", f"roles.actor_train.compile={str(args.compile).lower()}", *args.overrides]
+            f"torch_threads={args.threads}", f"roles.actor_train.compile={str(args.compile).lower()}",
+            f"roles.actor_train.strategy_options.precision={args.precision}",
+            f"roles.actor_infer.strategy_options.precision={args.precision}", *args.overrides]
 
 
 def roll_result(out: Path) -> dict:
@@ -304,6 +310,8 @@ def main() -> None:
                     help="busy processes (one core each) running beside every measured run: a shared machine")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile on both sides: roll's roles.actor_train.compile, TRL's torch_compile")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: bfloat16 autocast on both sides (roll's strategy_options.precision, TRL's bf16)")
     ap.add_argument("--keep", type=Path, help="keep the runs' directories here")
     ap.add_argument("overrides", nargs="*", help="extra roll config overrides")
     args = ap.parse_args()
@@ -321,7 +329,7 @@ def main() -> None:
         samples = prompts * SAMPLES_PER_PROMPT
         print(f"\n== {size}: {parameters(model) / 1e6:.1f}M parameters, {prompts} prompts x {SAMPLES_PER_PROMPT} "
               f"samples, {tokens} new tokens, {steps} steps, roll on the {args.executor} executor, "
-              f"{args.threads} torch threads each{', compiled' if args.compile else ''}"
+              f"{args.threads} torch threads each{', compiled' if args.compile else ''}, {args.precision}"
               f"{f', {args.load} busy process(es) beside each run' if args.load else ''} ==", flush=True)
         per_seed = []
         for seed in args.seeds:
@@ -329,6 +337,7 @@ def main() -> None:
             out_trl.mkdir(parents=True, exist_ok=True)
             spec = {"model": model, "out": str(out_trl), "seed": seed, "steps": steps, "prompts": prompts,
                     "max_new_tokens": tokens, "eval_every": eval_every, "threads": args.threads, "compile": args.compile,
+                    "precision": args.precision,
                     "train_rows": inputs["train"], "eval_rows": inputs["eval"] if eval_every else []}
             (out_trl / "spec.json").write_text(json.dumps(spec))
             # roll evaluates once before RL whatever eval_every says: keep that short where nothing is compared

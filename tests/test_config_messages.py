@@ -243,12 +243,19 @@ def test_an_options_model_registered_by_import_path_gets_the_same_checks(roll_pl
         "Did you mean 'coef'? Valid options: coef, estimator, adaptive, target_kl, horizon")
 
 
+def test_a_strategy_registered_without_options_takes_none(plain_train_strategy):
+    assert error(None, ["roles.actor_train.strategy=plain", "roles.actor_train.strategy_options={y: 2}"]) == (
+        "config error in the default config: key 'roles.actor_train.strategy_options': train strategy 'plain' takes no "
+        "options, got ['y']")
+
+
 def test_strategy_options_are_checked_against_the_strategy_and_missing_plugins_are_named(roll_plugins):
     roll_plugins(entry_points=False)  # the built-in plugins only, as where no plugin package is installed
     assert error(None, ["roles.actor_infer.strategy_options={x: 1}"]) == (
-        "config error in the default config: key 'roles.actor_infer.strategy_options': infer strategy 'hf' takes no options, got ['x']")
-    assert error(None, ["roles.critic={strategy_options: {y: 2}}"]) == (
-        "config error in the default config: key 'roles.critic.strategy_options': critic strategy 'hf' takes no options, got ['y']")
+        "config error in the default config: key 'roles.actor_infer.strategy_options' for infer strategy 'hf': unknown option "
+        "'x'. Valid options: precision")
+    assert "unknown option 'precison'. Did you mean 'precision'?" in error(
+        None, ["roles.critic={strategy_options: {precison: bf16}}"])
     message = error(None, ["roles.actor_train.strategy=megatron"])
     assert message == ("config error in the default config: key 'roles.actor_train.strategy': unknown train strategy 'megatron'. Valid names: "
                        "fsdp2, hf. 'megatron' comes with the roll-megatron plugin: install it (plugins/roll_megatron)")

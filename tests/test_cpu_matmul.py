@@ -22,6 +22,21 @@ def _restore_mode():
 
 
 @needs_onednn
+def test_under_autocast_the_layers_are_autocasts(monkeypatch):
+    """A bf16 role (strategy_options.precision) runs under autocast, which casts F.linear's inputs and
+    not the oneDNN op's: the layer must leave the call to F.linear (bf16 in, bf16 out)."""
+    layer = torch.nn.Linear(24, 40)
+    cpu_matmul.configure("onednn")
+    assert cpu_matmul.adopt(torch.nn.Sequential(layer)) == 1 and type(layer) is OneDNNLinear
+    x = torch.randn(5, 24)
+    assert layer(x).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), torch.nn.functional.linear(x, layer.weight, layer.bias), atol=0.05, rtol=0.02)
+
+
+@needs_onednn
 @pytest.mark.parametrize("bias", [True, False])
 def test_both_passes_match_nn_linear(bias):
     """Forward on a 3-D input, and the gradients of the input, the weight and the bias."""

@@ -4,13 +4,19 @@
 from roll_core.hookspecs import hookimpl
 
 
+_OPTIONS = "roll_core.strategies.precision:TorchOptions"  # strategy_options.precision: fp32 | bf16
+
+
 @hookimpl
 def roll_register_strategies(register):
     register("hf", "roll_core.strategies.hf:HFTrainStrategy", kind="train", lora=True, packed_sequences=True,
-             compiles=True, description="transformers + torch, AdamW (full or LoRA adapters), one process")
-    register("hf", "roll_core.strategies.hf:HFInferStrategy", kind="infer", packed_sequences=True,
-             description="transformers + torch, KV-cached sampling")
+             compiles=True, options=_OPTIONS,
+             description="transformers + torch, AdamW (full or LoRA adapters), one process, fp32 or bf16 autocast")
+    register("hf", "roll_core.strategies.hf:HFInferStrategy", kind="infer", packed_sequences=True, options=_OPTIONS,
+             description="transformers + torch, KV-cached sampling, fp32 or bf16 autocast")
     register("hf", "roll_core.strategies.hf:HFCriticStrategy", kind="critic", packed_sequences=True,
-             compiles=True, description="transformers token-classification head (one value per token), AdamW")
+             compiles=True, options=_OPTIONS,
+             description="transformers token-classification head (one value per token), AdamW")
     register("fsdp2", "roll_core.strategies.fsdp2:FSDP2TrainStrategy", kind="train", packed_sequences=True,
-             compiles=True, description="transformers + torch FSDP2 (fully_shard) over the role's workers, AdamW")
+             compiles=True, options=_OPTIONS,
+             description="transformers + torch FSDP2 (fully_shard) over the role's workers, AdamW")

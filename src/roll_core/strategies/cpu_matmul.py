@@ -139,7 +139,8 @@ class _OneDNNLinearFunction(torch.autograd.Function):
 
 
 class OneDNNLinear(torch.nn.Linear):
-    """An ``nn.Linear`` computed by oneDNN on CPU in fp32 (anything else: ``F.linear``)."""
+    """An ``nn.Linear`` computed by oneDNN on CPU in fp32 (anything else, and any call under autocast,
+    which casts ``F.linear``'s inputs and not this op's: ``F.linear``)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # TorchInductor cannot lower the private op: call out of the graph
@@ -154,7 +155,7 @@ class OneDNNLinear(torch.nn.Linear):
     def _onednn_forward(self, input: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
         if input.device.type != "cpu" or input.dtype != torch.float32 or weight.dtype != torch.float32 \
-                or input.numel() == 0:
+                or input.numel() == 0 or torch.is_autocast_enabled("cpu"):
             return F.linear(input, weight, bias)
         if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
                                         or (bias is not None and bias.requires_grad)):

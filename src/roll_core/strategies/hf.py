@@ -18,7 +18,7 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, rank_world, sum_gradients
-from roll_core.strategies import cpu_matmul, lora
+from roll_core.strategies import cpu_matmul, lora, precision
 from roll_core.strategies.compiled import compile_layers
 from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
 from roll_core.strategies.packing import packed_forward, packed_inputs
@@ -60,6 +60,7 @@ class _Sampling(TorchOffloading):
 
     def __init__(self, model_path: str, role_config, seed: int):
         self.model_path, self.role_config = model_path, role_config
+        self.precision = precision.options(role_config).precision  # strategy_options.precision
         self.device = default_device()
         self.model = load_causal_lm(model_path, self.device)
         cpu_matmul.adopt(self.model)  # runtime.cpu_matmul
@@ -70,7 +71,12 @@ class _Sampling(TorchOffloading):
 
     def _outputs(self, batch: Batch, wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
         """The causal LM's outputs for ``batch`` (on the device), unmasked: over packed rows when
-        the role packs sequences (:mod:`roll_core.strategies.packing`), else over the padded layout."""
+        the role packs sequences (:mod:`roll_core.strategies.packing`), else over the padded layout;
+        in the role's precision (:mod:`roll_core.strategies.precision`; the outputs are float32)."""
+        with precision.autocast(self.device, self.precision):
+            return self._model_outputs(batch, wanted, temperature)
+
+    def _model_outputs(self, batch: Batch, wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
         packed = None if "position_ids" in batch else packed_inputs(self.model, batch, self.role_config)
         if packed is not None:
             logits = packed_forward(self.model, packed, self.device).logits
@@ -108,18 +114,19 @@ class HFInferStrategy(_Sampling, InferStrategy):
     def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
         self.model.eval()
         cfg = self.model.config
-        responses, mask, logp = sample_responses(
-            self.model,
-            self._to(batch["prompt_ids"]),
-            self._to(batch["prompt_mask"]),
-            max_new_tokens=max_new_tokens,
-            eos_token_id=cfg.eos_token_id,
-            pad_token_id=cfg.pad_token_id,
-            temperature=temperature,
-            top_p=top_p,
-            generator=self.generator,
-            should_stop=request_cancelled,
-        )
+        with precision.autocast(self.device, self.precision):  # sampling itself is on float32 logits
+            responses, mask, logp = sample_responses(
+                self.model,
+                self._to(batch["prompt_ids"]),
+                self._to(batch["prompt_mask"]),
+                max_new_tokens=max_new_tokens,
+                eos_token_id=cfg.eos_token_id,
+                pad_token_id=cfg.pad_token_id,
+                temperature=temperature,
+                top_p=top_p,
+                generator=self.generator,
+                should_stop=request_cancelled,
+            )
         return batch.update(responses=responses.cpu(), response_mask=mask.cpu(), infer_log_probs=logp.cpu())
 
     @torch.no_grad()
@@ -277,6 +284,7 @@ class HFCriticStrategy(TorchPrimitives, TorchOffloading, CriticStrategy):
 
     def __init__(self, model_path: str, role_config, seed: int):
         self.role_config = role_config
+        self.precision = precision.options(role_config).precision  # strategy_options.precision
         self.device = default_device()
         self.model = load_value_model(model_path, self.device, seed)
         cpu_matmul.adopt(self.model)  # runtime.cpu_matmul
@@ -285,6 +293,10 @@ class HFCriticStrategy(TorchPrimitives, TorchOffloading, CriticStrategy):
         self._build_optimizers()
 
     def _outputs(self, batch: Batch, wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
+        with precision.autocast(self.device, self.precision):
+            return self._values(batch)
+
+    def _values(self, batch: Batch) -> dict[str, torch.Tensor]:
         # V(s_t) is read where the log-prob of token t is: at the position before it.
         packed = packed_inputs(self.model, batch, self.role_config)
         if packed is not None:
