@@ -98,3 +98,21 @@ def test_a_run_with_bf16_roles_reaches_the_workers_and_stays_near_fp32(tiny_conf
     assert half == pytest.approx(full, rel=1e-2) and half != full
     assert [r["step"] for r in runs["bf16"]] == [0, 1, 2, 3]
     assert all(torch.isfinite(torch.tensor(r["train/pg_loss"])) for r in runs["bf16"][1:])
+
+
+def test_bf16_lora_trains_float32_adapters_near_fp32s_update(tiny_model_path):
+    pytest.importorskip("peft", reason="LoRA needs peft: pip install 'roll-core[lora]'")
+    from roll_core.config import load_config
+
+    batch = training_batch(vocab=90)
+    metrics, trainers = {}, {}
+    for precision in ("fp32", "bf16"):
+        cfg = load_config(None, ["roles.actor_train.lora={rank: 8, alpha: 16}", "roles.actor_train.lr=0.01",
+                                 f"roles.actor_train.strategy_options.precision={precision}"])
+        trainers[precision] = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+        metrics[precision] = update(trainers[precision], batch, ActorObjective.from_config(cfg.algorithm),
+                                    UpdateSpec(max_grad_norm=1.0, micro_batch_size=8))
+    assert metrics["bf16"]["train/grad_norm"] == pytest.approx(metrics["fp32"]["train/grad_norm"], rel=2e-2)
+    assert metrics["bf16"]["train/grad_norm"] != metrics["fp32"]["train/grad_norm"]
+    adapters = [p for p in trainers["bf16"].model.parameters() if p.requires_grad]
+    assert adapters and {p.dtype for p in adapters} == {torch.float32}

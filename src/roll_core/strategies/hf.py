@@ -55,12 +55,12 @@ class TorchOffloading:
             torch.cuda.empty_cache()
 
 
-class _Sampling(TorchOffloading):
+class _Sampling(TorchOffloading, precision.Autocasting):
     """A causal LM with its own sampling RNG (inference, reference and the trained policy)."""
 
     def __init__(self, model_path: str, role_config, seed: int):
         self.model_path, self.role_config = model_path, role_config
-        self.precision = precision.options(role_config).precision  # strategy_options.precision
+        self.precision = self.autocast_precision(role_config)  # strategy_options.precision
         self.device = default_device()
         self.model = load_causal_lm(model_path, self.device)
         cpu_matmul.adopt(self.model)  # runtime.cpu_matmul
@@ -277,14 +277,14 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
         self.generator.set_state(state["generator"])
 
 
-class HFCriticStrategy(TorchPrimitives, TorchOffloading, CriticStrategy):
+class HFCriticStrategy(TorchPrimitives, TorchOffloading, precision.Autocasting, CriticStrategy):
     """PPO's value model: the policy checkpoint with a fresh one-label head
     (:func:`~roll_core.strategies.models.load_value_model`), ``values`` as its output.
     Checkpoints stay plain Hugging Face directories."""
 
     def __init__(self, model_path: str, role_config, seed: int):
         self.role_config = role_config
-        self.precision = precision.options(role_config).precision  # strategy_options.precision
+        self.precision = self.autocast_precision(role_config)  # strategy_options.precision
         self.device = default_device()
         self.model = load_value_model(model_path, self.device, seed)
         cpu_matmul.adopt(self.model)  # runtime.cpu_matmul

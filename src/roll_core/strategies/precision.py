@@ -40,6 +40,15 @@ def options(role_config) -> TorchOptions:
     return TorchOptions.model_validate(getattr(role_config, "strategy_options", None) or {})
 
 
+class Autocasting:
+    """For a strategy: the precision its forward passes autocast to, from ``strategy_options``. A
+    subclass whose engine has options and a precision of its own (DeepSpeed's, which casts the model
+    itself) overrides :meth:`autocast_precision`."""
+
+    def autocast_precision(self, role_config) -> str:
+        return options(role_config).precision
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """The context a forward pass runs in: autocast to bfloat16 on ``device`` for ``bf16``, nothing for ``fp32``."""
     if precision == "bf16":

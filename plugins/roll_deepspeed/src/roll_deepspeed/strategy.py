@@ -57,6 +57,10 @@ class _ZeROEngine:
     role_config: Any
     generator: torch.Generator
 
+    def autocast_precision(self, role_config) -> str:
+        """No autocast around the engine: its own ``precision`` (DeepSpeedOptions) casts the model."""
+        return "fp32"
+
     def _build_optimizers(self) -> None:
         deepspeed = _deepspeed()
         self.options = DeepSpeedOptions.model_validate(getattr(self.role_config, "strategy_options", {}) or {})
