@@ -140,6 +140,12 @@ def full_weights(trainer) -> dict:
     return {name: tensor for bucket in trainer.weight_buckets(1 << 40) for name, tensor in bucket}
 
 
+def hf_role(role_config):
+    """``role_config`` for the ``hf`` strategy, the reference a backend is checked against: the
+    role's ``strategy_options`` are the backend's own (DeepSpeed's ZeRO stage, say), not ``hf``'s."""
+    return role_config.model_copy(update={"strategy": "hf", "strategy_options": {}})
+
+
 def assert_trainer_matches_hf(trainer, reference, cfg, *, log_prob_atol: float = 1e-4, weight_atol: float = 1e-5,
                               metric_keys=("train/pg_loss", "train/kl", "train/entropy", "train/grad_norm")):
     """A training backend computes what the ``hf`` strategy computes, on :func:`training_batch`.

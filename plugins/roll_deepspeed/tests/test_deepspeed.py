@@ -17,7 +17,7 @@ from roll_core.errors import ConfigError
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_core.testing import (assert_checkpoint_resumes_exactly, assert_registered_lazily,
                                assert_run_survives_a_killed_worker, assert_trainer_matches_hf, data_parallel_update,
-                               full_weights, training_batch)
+                               full_weights, hf_role, training_batch)
 from roll_core.training import UpdateSpec, update
 
 pytest.importorskip("deepspeed", reason="roll-deepspeed's tests need DeepSpeed: pip install roll-deepspeed")
@@ -41,7 +41,7 @@ def config(*options: str):
 def test_every_stage_computes_what_hf_computes(tiny_model_path, options):
     cfg = config(*options)
     trainer = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
-    reference = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_model_path), hf_role(cfg.roles.actor_train), seed=0)
     metrics = assert_trainer_matches_hf(trainer, reference, cfg)
     assert metrics["train/grad_norm"] > cfg.algorithm.max_grad_norm  # so clipping really acted
 
@@ -49,7 +49,7 @@ def test_every_stage_computes_what_hf_computes(tiny_model_path, options):
 def test_bf16_trains_near_the_fp32_result(tiny_model_path):
     cfg = config("zero_stage: 2", "precision: bf16")
     trainer = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
-    reference = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_model_path), hf_role(cfg.roles.actor_train), seed=0)
     batch = training_batch(reference.model.config.vocab_size)
     mask = batch["response_mask"]
     got, expected = (s.compute_log_probs(batch, 1.0) * mask for s in (trainer, reference))
@@ -83,7 +83,7 @@ def test_a_warm_up_phase_then_rl_matches_hf(tiny_model_path):
     as hf's separate optimizers do."""
     cfg = config("zero_stage: 2")
     trainer = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
-    reference = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_model_path), hf_role(cfg.roles.actor_train), seed=0)
     batch = training_batch(reference.model.config.vocab_size)
     loss_fn = ActorObjective.from_config(cfg.algorithm, cfg.rollout)
     warmup = UpdateSpec(max_grad_norm=1.0, micro_batch_size=4, optimizer="warmup", lr=1e-3, epochs=2)
@@ -110,7 +110,7 @@ def test_the_critic_computes_what_hf_computes(tiny_model_path):
     cfg = load_config(None, UPDATE + ["algorithm.advantage_estimator=gae", "roles.critic.micro_batch_size=2",
                                       "roles.critic.strategy_options={zero_stage: 3}"])
     critic = DeepSpeedCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=0)
-    reference = HFCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=0)
+    reference = HFCriticStrategy(str(tiny_model_path), hf_role(cfg.roles.critic), seed=0)
     batch = training_batch(reference.model.config.vocab_size)
     mask = batch["response_mask"]
     torch.testing.assert_close(critic.compute_values(batch) * mask, reference.compute_values(batch) * mask,
@@ -128,7 +128,7 @@ def test_the_critic_computes_what_hf_computes(tiny_model_path):
 def test_two_data_parallel_ranks_match_one_worker_on_the_whole_batch(tiny_model_path, stage):
     overrides = UPDATE + ["executor=ray", "roles.actor_train.micro_batch_size=1"]
     one = load_config(None, overrides)
-    reference = HFTrainStrategy(str(tiny_model_path), one.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_model_path), hf_role(one.roles.actor_train), seed=0)
     batch = training_batch(reference.model.config.vocab_size)
     expected_metrics = update(reference, batch, ActorObjective.from_config(one.algorithm, one.rollout),
                               UpdateSpec.from_config(one.algorithm, one.roles.actor_train))

@@ -17,7 +17,8 @@ from roll_core.config import load_and_check, load_config
 from roll_core.errors import ConfigError
 from roll_core.strategies.hf import HFTrainStrategy
 from roll_core.testing import (assert_checkpoint_resumes_exactly, assert_registered_lazily,
-                               assert_run_survives_a_killed_worker, data_parallel_update, full_weights, training_batch)
+                               assert_run_survives_a_killed_worker, data_parallel_update, full_weights, hf_role,
+                               training_batch)
 from roll_core.training import UpdateSpec, update
 
 pytest.importorskip("megatron.core", reason="roll-megatron's tests need megatron-core: pip install roll-megatron")
@@ -105,7 +106,7 @@ def test_the_query_groups_land_where_megatron_reads_them(qwen2_gqa_path):
 def _compare_with_hf(model_path: str, tp: int, pp: int, world: int, distributed_optimizer: bool = False):
     overrides = UPDATE + ["executor=ray"]
     one = load_config(None, overrides)
-    reference = HFTrainStrategy(model_path, one.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(model_path, hf_role(one.roles.actor_train), seed=0)
     batch = training_batch(reference.model.config.vocab_size)
     mask = batch["response_mask"]
     before = reference.compute_log_probs(batch, 1.0)
@@ -150,7 +151,7 @@ def test_one_rank_in_this_process_computes_what_hf_computes(tiny_model_path):
 
     cfg = load_config(None, UPDATE + ["roles.actor_train.strategy=megatron"])
     trainer = MegatronTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
-    reference = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_model_path), hf_role(cfg.roles.actor_train), seed=0)
     assert next(trainer.model.parameters()).device.type == reference.device.type
     assert_trainer_matches_hf(trainer, reference, cfg)
 
@@ -172,7 +173,7 @@ def test_a_reference_role_on_megatron_gives_hf_log_probs_per_replica(tiny_model_
 
     cfg = load_and_check(None, ["executor=ray", "roles.reference.strategy=megatron", "roles.reference.num_workers=4",
                                 "roles.reference.strategy_options={tensor_parallel_size: 2}"])
-    hf = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    hf = HFTrainStrategy(str(tiny_model_path), hf_role(cfg.roles.actor_train), seed=0)
     batch = training_batch(hf.model.config.vocab_size)
     expected = hf.compute_log_probs(batch, 0.7)
     executor = RayExecutor(num_cpus=4, timeout_s=300)
