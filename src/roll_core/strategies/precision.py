@@ -2,8 +2,9 @@
 
 Why: a matrix product in bfloat16 runs about twice as fast as in float32 on GPUs and on CPUs with
 bfloat16 instructions (AVX-512 BF16, AMX): ``benchmarks/bench_precision.py`` measures it on a
-role's own work. ``bf16`` runs each forward pass under ``torch.autocast``: matrix products and
-attention in bfloat16, while the weights, their gradients and AdamW's moments stay float32 (the
+role's own work. ``bf16`` runs each forward pass under ``torch.autocast``: matrix products in
+bfloat16 (attention too where autocast casts it; on the CPU the rotary embedding's float32 tables
+keep queries and keys in float32), while the weights, their gradients and AdamW's moments stay float32 (the
 master weights), softmax-like ops stay float32 (autocast's own lists), and the log-probs, entropy and
 sampling are computed from logits cast back to float32. The backward pass runs outside the
 autocast region, in the dtypes the forward recorded. Checkpoints and weight sync carry float32
@@ -31,7 +32,7 @@ class TorchOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     precision: Literal["fp32", "bf16"] = Field(
-        "fp32", description="bf16: forward passes under torch.autocast in bfloat16 (matrix products and attention); "
+        "fp32", description="bf16: forward passes under torch.autocast in bfloat16 (matrix products); "
         "weights, gradients and the optimizer stay float32")
 
 
@@ -54,4 +55,3 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     if precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
-
