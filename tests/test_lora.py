@@ -63,6 +63,22 @@ def test_only_the_adapters_train(tiny_model_path):
                                        atol=0, rtol=0)
 
 
+def test_a_seed_gives_the_same_fresh_adapters_and_leaves_the_global_rng_alone(tiny_model_path):
+    """peft draws A from the global RNG; roll seeds that draw from the strategy's seed, so runs of
+    one seed start from the same adapters in any process (the global RNG is not seeded anywhere)."""
+    role = load_config(None, LORA).roles.actor_train
+
+    def adapters(seed):
+        model = HFTrainStrategy(str(tiny_model_path), role, seed=seed).model
+        return {n: p.detach().clone() for n, p in model.named_parameters() if ".lora_A." in n}
+
+    before = torch.random.get_rng_state()
+    first, again, other = adapters(0), adapters(0), adapters(1)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert first and all(torch.equal(first[n], again[n]) for n in first)
+    assert not any(torch.equal(first[n], other[n]) for n in first)
+
+
 def test_a_sync_sends_the_adapters_and_the_inference_side_merges_them(tiny_model_path):
     from roll_core.runtime.workers import InferWorker
 

@@ -112,9 +112,8 @@ def test_bf16_lora_trains_float32_adapters_near_fp32s_update(tiny_model_path):
         trainers[precision] = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
         metrics[precision] = update(trainers[precision], batch, ActorObjective.from_config(cfg.algorithm),
                                     UpdateSpec(max_grad_norm=1.0, micro_batch_size=8))
-    # fresh adapters: B is 0, so the gradient is B's alone, a product of A's small random entries and
-    # activations; bfloat16 moves its norm by a few percent (1.3% and 3.8% on the two CPU kernels)
-    assert metrics["bf16"]["train/grad_norm"] == pytest.approx(metrics["fp32"]["train/grad_norm"], rel=0.1)
+    # the same seed, the same fresh adapters (lora.wrap): the norms are 3e-5 apart on either CPU kernel
+    assert metrics["bf16"]["train/grad_norm"] == pytest.approx(metrics["fp32"]["train/grad_norm"], rel=5e-3)
     assert metrics["bf16"]["train/grad_norm"] != metrics["fp32"]["train/grad_norm"]
     adapters = [p for p in trainers["bf16"].model.parameters() if p.requires_grad]
     assert adapters and {p.dtype for p in adapters} == {torch.float32}

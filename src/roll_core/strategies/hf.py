@@ -206,7 +206,7 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
         super().__init__(model_path, role_config, seed)
         self.lora = getattr(role_config, "lora", None)
         if self.lora is not None:
-            self.model = lora.wrap(self.model, self.lora, model_path)
+            self.model = lora.wrap(self.model, self.lora, model_path, seed)
         self.prepare_model()
         if getattr(role_config, "compile", False):
             if self.lora is not None:

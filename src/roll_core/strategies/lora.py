@@ -48,9 +48,11 @@ def linear_module_names(model: Any) -> list[str]:
                    if isinstance(m, torch.nn.Linear) and name != "lm_head"})
 
 
-def wrap(model: Any, settings, model_path: str) -> Any:
+def wrap(model: Any, settings, model_path: str, seed: int) -> Any:
     """``model`` as a ``peft`` model with fresh adapters (``B = 0``: at first it computes what the base
-    model computes). Unknown ``target_modules`` are reported with the model's linear layers."""
+    model computes; ``A`` random, drawn from a generator seeded with ``seed`` so that a seed gives the
+    same adapters in any process and executor, the global RNG untouched). Unknown ``target_modules``
+    are reported with the model's linear layers."""
     peft = _peft()
     targets = settings.target_modules
     if targets != "all-linear":
@@ -61,8 +63,10 @@ def wrap(model: Any, settings, model_path: str) -> Any:
                               f"{model_path}; its linear layers are {known}")
     config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                              target_modules=targets, bias="none", base_model_name_or_path=model_path)
-    with warnings.catch_warnings():  # peft reads a transformers attribute deprecated in v5
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+    device = next(model.parameters()).device
+    with warnings.catch_warnings(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)  # peft, v5
+        torch.manual_seed(seed)  # peft initialises A from the global RNG of the model's device
         return peft.get_peft_model(model, config)
 
 
