@@ -67,6 +67,20 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def timed(fn):
+    """``(seconds, fn())``, the GPU's queued work before and after counted in."""
+    synchronize()
+    start = time.perf_counter()
+    result = fn()
+    synchronize()
+    return time.perf_counter() - start, result
+
+
+def device_label() -> str:
+    """Where the strategies compute: the GPU's name, else the CPU with this script's 2 threads."""
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU, 2 threads"
+
+
 def build(kind: str, directory: Path) -> str:
     from large_model import build_large_model
     from roll_core.config.schema import TinyModelConfig
@@ -102,8 +116,7 @@ def main() -> None:
     keep_freed_memory()  # as roll's CPU workers do (runtime.reuse_freed_memory)
     objective = ActorObjective.from_config(AlgorithmConfig())
     switch, rule = packed_attention.adopt, packed_attention.pays_off
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU, 2 threads"
-    print(f"torch {torch.__version__}, {device}, medians of {args.rounds} alternating rounds after one warm-up")
+    print(f"torch {torch.__version__}, {device_label()}, medians of {args.rounds} alternating rounds after one warm-up")
     print(f"{'shape':>6} {'rows x width':>13} {'pieces':>6} {'dense s/update':>15} {'pieces s/update':>16} "
           f"{'speed-up':>8} {'default':>8}")
     for name in SHAPES if args.shape == "all" else [args.shape]:
@@ -127,11 +140,7 @@ def main() -> None:
                     by_pieces = mode == "pieces"
                     packed_attention.adopt = switch if by_pieces else (lambda model, config: False)
                     packed_attention.pays_off = lambda pieces, rows, width, device, by_pieces=by_pieces: by_pieces
-                    synchronize()
-                    start = time.perf_counter()
-                    update(trainer, batch, objective, spec)
-                    synchronize()
-                    times[mode].append(time.perf_counter() - start)
+                    times[mode].append(timed(lambda: update(trainer, batch, objective, spec))[0])
         finally:
             packed_attention.adopt, packed_attention.pays_off = switch, rule
         dense, pieces = (statistics.median(times[mode][1:]) for mode in trainers)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -39,19 +38,6 @@ SHAPES = {  # model, prompts per step, longest response, mean response length
 PRECISIONS = ("fp32", "bf16")
 
 
-def synchronize() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed(fn):
-    synchronize()
-    start = time.perf_counter()
-    result = fn()
-    synchronize()
-    return time.perf_counter() - start, result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=[*SHAPES, "all"], default="all")
@@ -60,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
 
-    from bench_packed_attention import build
+    from bench_packed_attention import build, device_label, timed
     from bench_packing import rl_batch
     from roll_core.algorithms.objective import ActorObjective
     from roll_core.config.schema import AlgorithmConfig, InferRoleConfig, TrainRoleConfig
@@ -72,8 +58,7 @@ def main() -> None:
 
     keep_freed_memory()  # as roll's CPU workers do (runtime.reuse_freed_memory)
     objective = ActorObjective.from_config(AlgorithmConfig())
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU, 2 threads"
-    print(f"torch {torch.__version__}, {device}, medians of {args.rounds} alternating rounds after one warm-up")
+    print(f"torch {torch.__version__}, {device_label()}, medians of {args.rounds} alternating rounds after one warm-up")
     print(f"{'shape':>6} {'fp32 s/update':>14} {'bf16 s/update':>14} {'speed-up':>8} {'fp32 tok/s':>11} "
           f"{'bf16 tok/s':>11} {'speed-up':>8} {'|dlogp|':>8}")
     for name in SHAPES if args.shape == "all" else [args.shape]:
