@@ -130,3 +130,15 @@ def test_the_kv_cache_goes_by_the_name_the_installed_transformers_takes(tiny_mod
             return None
 
     assert cache_keyword(OldModel()) == "past_key_values"
+
+
+def test_the_sampler_runs_no_forward_pass_whose_logits_go_unused(tiny_model_path):
+    model, tok, ids, mask = _setup(tiny_model_path)
+    passes = []
+    hook = model.register_forward_hook(lambda module, args, kwargs, out: passes.append(kwargs["input_ids"].shape[1]),
+                                       with_kwargs=True)
+    responses, rmask, _ = sample_responses(model, ids, mask, max_new_tokens=6, eos_token_id=-1,  # never sampled
+                                           pad_token_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0))
+    hook.remove()
+    assert int(rmask.sum()) == rmask.numel() == 3 * 6  # every row ran to the limit
+    assert passes == [ids.shape[1]] + [1] * 5  # the prefill gives the first token, 5 decoding steps the rest

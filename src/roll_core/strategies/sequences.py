@@ -128,8 +128,8 @@ def sample_responses(
         tokens[rows, step], logps[rows, step], lengths[rows] = token, logp, step + 1
         steps = step + 1
         going = token != eos_token_id
-        if not bool(going.any()) or (should_stop is not None and should_stop()):
-            break
+        if steps == max_new_tokens or not bool(going.any()) or (should_stop is not None and should_stop()):
+            break  # the last token's own logits would go unused
         if not bool(going.all()):
             keep = going.nonzero().squeeze(-1)
             rows, token, mask, next_pos = rows[keep], token[keep], mask[keep], next_pos[keep]
