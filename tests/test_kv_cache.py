@@ -73,9 +73,10 @@ def test_sampler_draws_the_same_tokens_with_either_cache(tiny_model_path, monkey
                                           generator=torch.Generator().manual_seed(3))
 
     swapped = []
-    monkeypatch.setattr(sequences, "in_place_cache", lambda past, new: swapped.append(new) or in_place_cache(past, new))
+    monkeypatch.setattr(sequences, "in_place_cache",
+                        lambda past, new, dtype: swapped.append(new) or in_place_cache(past, new, dtype))
     ours = draw()
-    monkeypatch.setattr(sequences, "in_place_cache", lambda past, new: past)
+    monkeypatch.setattr(sequences, "in_place_cache", lambda past, new, dtype: past)
     theirs = draw()
     assert swapped == [24]
     assert 0 < int(ours[1].sum()) < ours[1].numel()  # some rows stopped early and left the batch

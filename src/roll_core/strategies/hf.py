@@ -18,7 +18,7 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, rank_world, sum_gradients
-from roll_core.strategies import cpu_matmul, lora, precision
+from roll_core.strategies import cpu_matmul, decode_attention, lora, packed_attention, precision
 from roll_core.strategies.compiled import compile_layers
 from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
 from roll_core.strategies.packing import packed_forward, packed_inputs
@@ -64,6 +64,8 @@ class _Sampling(TorchOffloading, precision.Autocasting):
         self.device = default_device()
         self.model = load_causal_lm(model_path, self.device)
         cpu_matmul.adopt(self.model)  # runtime.cpu_matmul
+        if self.precision == "bf16" and self.device.type in decode_attention.DEVICE_TYPES:
+            packed_attention.adopt(self.model, self.model.config)  # decoding steps attend in float32 there
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def _to(self, t: torch.Tensor) -> torch.Tensor:

@@ -26,10 +26,14 @@ class GrowingLayer(DynamicLayer):
 
     ``limit`` is the longest the layer will be asked to hold; it bounds the growth, not the first
     allocation, so a short response never pays for ``max_new_tokens`` positions it does not use.
+    ``dtype``, when given, is what both buffers hold (new positions are cast as they are written);
+    otherwise keys and values keep their own.
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, limit: int):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, limit: int, dtype: torch.dtype | None = None):
         super().__init__()
+        if dtype is not None:
+            keys, values = keys.to(dtype), values.to(dtype)
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
         self.limit = max(limit, keys.shape[-2])
@@ -93,15 +97,16 @@ class GrowingLayer(DynamicLayer):
         self.length = 0
 
 
-def in_place_cache(past, new_tokens: int):
+def in_place_cache(past, new_tokens: int, dtype: torch.dtype | None = None):
     """``past`` (a prefilled transformers cache) with each plain ``DynamicLayer`` replaced by a
     :class:`GrowingLayer` that can take ``new_tokens`` more positions without reallocating more than
-    a few times. Other caches and layer kinds are returned or kept as they are."""
+    a few times, holding ``dtype`` where given. Other caches and layer kinds are returned or kept as
+    they are."""
     layers = getattr(past, "layers", None)
     if layers is None:
         return past
     for i, layer in enumerate(layers):
         keys, values = layer.keys, layer.values
         if type(layer) is DynamicLayer and keys is not None and values is not None and keys.dim() == 4:
-            layers[i] = GrowingLayer(keys, values, limit=keys.shape[-2] + new_tokens)
+            layers[i] = GrowingLayer(keys, values, limit=keys.shape[-2] + new_tokens, dtype=dtype)
     return past
