@@ -204,15 +204,21 @@ def test_a_reference_on_the_actor_places_no_workers_of_its_own():
 
 def test_folding_keeps_the_policy_and_makes_it_the_base(tiny_model_path, tmp_path):
     """After a LoRA warm-up the adapters fold into the base: the policy is unchanged, the adapters
-    disabled now give it (the RL reference), fresh adapters start at zero, a saved adapter names the
-    folded base, and a strategy resumed from it loads that base."""
+    disabled now give it (the RL reference), fresh adapters start at zero (A drawn from the strategy's
+    seed, the same at every fold, the global RNG untouched), a saved adapter names the folded base, and a strategy resumed
+    from it loads that base."""
     cfg, trainer, batch = _trained(tiny_model_path)
     policy = trainer.compute_log_probs(batch, 1.0)
     trainer.export_model(str(tmp_path / "warm"))
+    rng = torch.random.get_rng_state()
     trainer.fold_adapters(str(tmp_path / "warm"))
+    assert torch.equal(torch.random.get_rng_state(), rng)
     torch.testing.assert_close(trainer.compute_log_probs(batch, 1.0), policy, atol=1e-5, rtol=0)
     torch.testing.assert_close(trainer.base_log_probs(batch, 1.0), policy, atol=1e-5, rtol=0)
     assert all(float(t.abs().max()) == 0 for n, t in full_weights(trainer).items() if n.endswith(".lora_B"))
+    drawn = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if ".lora_A." in n}
+    trainer.fold_adapters(str(tmp_path / "warm"))  # folds nothing (B = 0) and draws A from the seed again
+    assert drawn and all(torch.equal(p, drawn[n]) for n, p in trainer.model.named_parameters() if ".lora_A." in n)
 
     update(trainer, batch, ActorObjective.from_config(cfg.algorithm, cfg.rollout),
            UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train))

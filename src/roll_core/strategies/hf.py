@@ -207,6 +207,7 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
     def __init__(self, model_path: str, role_config, seed: int):
         super().__init__(model_path, role_config, seed)
         self.lora = getattr(role_config, "lora", None)
+        self.seed = seed  # fresh LoRA adapters are drawn from it (lora.wrap, lora.fold)
         if self.lora is not None:
             self.model = lora.wrap(self.model, self.lora, model_path, seed)
         self.prepare_model()
@@ -244,7 +245,7 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
     def fold_adapters(self, base_path: str) -> None:
         """LoRA: the adapters become part of the base (``base_path`` holds it as a plain model) and
         fresh ones start; the policy is unchanged (:func:`roll_core.strategies.lora.fold`)."""
-        lora.fold(self.model, base_path)
+        lora.fold(self.model, base_path, self.seed)
 
     def export_model(self, directory: str) -> None:
         """The policy as a plain Hugging Face model directory (under LoRA, the adapters merged)."""

@@ -63,11 +63,19 @@ def wrap(model: Any, settings, model_path: str, seed: int) -> Any:
                               f"{model_path}; its linear layers are {known}")
     config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                              target_modules=targets, bias="none", base_model_name_or_path=model_path)
-    device = next(model.parameters()).device
-    with warnings.catch_warnings(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    with warnings.catch_warnings(), _seeded(model, seed):
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)  # peft, v5
-        torch.manual_seed(seed)  # peft initialises A from the global RNG of the model's device
         return peft.get_peft_model(model, config)
+
+
+@contextlib.contextmanager
+def _seeded(model: Any, seed: int):
+    """The global RNG of ``model``'s device, where peft draws a fresh adapter's ``A``, seeded with
+    ``seed`` for the duration and restored afterwards."""
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
 
 
 def _lora_layers(model: Any) -> Iterator[tuple[str, Any]]:
@@ -112,12 +120,13 @@ def merged_parameters(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, param.detach().cpu()
 
 
-def fold(model: Any, base_path: str) -> None:
-    """Fold the adapters into the base weights (``W <- W + s B A``) and start fresh ones (``B = 0``):
-    the policy is unchanged and becomes the base, so the adapters disabled give it from now on (a
-    LoRA run's reference after its warm-up). ``base_path`` holds the folded model as a plain
-    checkpoint; the adapter's config names it, so a saved adapter loads onto the right base."""
-    with torch.no_grad():
+def fold(model: Any, base_path: str, seed: int) -> None:
+    """Fold the adapters into the base weights (``W <- W + s B A``) and start fresh ones (``B = 0``,
+    ``A`` drawn as :func:`wrap` draws it, from ``seed``): the policy is unchanged and becomes the
+    base, so the adapters disabled give it from now on (a LoRA run's reference after its warm-up).
+    ``base_path`` holds the folded model as a plain checkpoint; the adapter's config names it, so a
+    saved adapter loads onto the right base."""
+    with torch.no_grad(), _seeded(model, seed):
         for _, layer in _lora_layers(model):
             a, b = _factors(layer)
             weight = layer.get_base_layer().weight
