@@ -24,13 +24,17 @@ DP = ["executor=ray", "rollout.prompts_per_step=2", "rollout.num_return_sequence
       "roles.actor_train.micro_batch_size=1"]
 
 
-@pytest.mark.parametrize("strategy", ["hf", "fsdp2", "fsdp2 compiled"])
+@pytest.mark.parametrize("strategy", ["hf", "fsdp2", "fsdp2 compiled", "fsdp2 bf16"])
 def test_two_data_parallel_workers_match_one_worker_on_the_whole_batch(tiny_model_path, strategy):
-    """``fsdp2 compiled``: FSDP2's gathers run around decoder layers compiled by ``compile: true``."""
-    name, _, compiled = strategy.partition(" ")
-    cfg = load_config(None, DP + [f"roles.actor_train.strategy={name}", "roles.actor_train.num_workers=2",
-                                  f"roles.actor_train.compile={bool(compiled)}"])
-    one_cfg = load_config(None, DP)
+    """``fsdp2 compiled``: FSDP2's gathers run around decoder layers compiled by ``compile: true``.
+    ``fsdp2 bf16``: its forward passes under bf16 autocast, against one ``hf`` worker in bf16 (the
+    metrics, to 1e-4, tell bf16's numbers from fp32's)."""
+    name, _, variant = strategy.partition(" ")
+    compiled, precision = variant == "compiled", ("bf16" if variant == "bf16" else "fp32")
+    both = DP + [f"roles.actor_train.strategy_options.precision={precision}"]
+    cfg = load_config(None, both + [f"roles.actor_train.strategy={name}", "roles.actor_train.num_workers=2",
+                                    f"roles.actor_train.compile={compiled}"])
+    one_cfg = load_config(None, both)
     single = HFTrainStrategy(str(tiny_model_path), one_cfg.roles.actor_train, seed=0)
     batch = training_batch(single.model.config.vocab_size)
     before = {n: p.detach().clone() for n, p in single.model.named_parameters()}
