@@ -21,21 +21,25 @@ on_the_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the strategie
 
 
 def _attention_inputs(queries: int, keys: int = 7, seed: int = 0):
+    """Grouped-query attention: 4 query heads, 2 key/value heads."""
     g = torch.Generator().manual_seed(seed)
-    query, key, value = (torch.randn(3, 2, n, 8, generator=g) for n in (queries, keys, keys))
+    query = torch.randn(3, 4, queries, 8, generator=g)
+    key, value = (torch.randn(3, 2, keys, 8, generator=g) for _ in range(2))
     mask = torch.ones(3, 1, queries, keys, dtype=torch.bool)
     mask[1, :, :, :2] = False  # a left-padded row
     module = torch.nn.Module()
-    module.is_causal = True
+    module.is_causal, module.num_key_value_groups = True, 2
     return module, query, key, value.bfloat16(), mask  # values come out of their projection in bfloat16
 
 
 def test_a_decoding_step_under_cpu_autocast_attends_in_float32():
     module, query, key, value, mask = _attention_inputs(queries=1)
-    exact = F.scaled_dot_product_attention(query, key, value.float(), attn_mask=mask).transpose(1, 2)
+    exact = F.scaled_dot_product_attention(query, key, value.float(), attn_mask=mask, scale=0.2,
+                                           enable_gqa=True).transpose(1, 2)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        ours, _ = packed_attention.packed_attention(module, query, key, value, mask, scaling=8 ** -0.5)
-        autocasts = F.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
+        ours, _ = packed_attention.packed_attention(module, query, key, value, mask, scaling=0.2)
+        autocasts = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.2,
+                                                   enable_gqa=True).transpose(1, 2)
     assert ours.dtype == torch.float32 and autocasts.dtype == torch.bfloat16
     torch.testing.assert_close(ours, exact, atol=1e-6, rtol=1e-6)
     assert float((autocasts.float() - exact).abs().max()) > 1e-4  # what it replaces rounds to bfloat16
@@ -43,9 +47,11 @@ def test_a_decoding_step_under_cpu_autocast_attends_in_float32():
 
 def test_other_passes_keep_sdpa_as_it_is():
     module, query, key, value, mask = _attention_inputs(queries=1)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     plain, _ = packed_attention.packed_attention(module, query, key, value.float(), mask)  # no autocast: fp32 roles
-    torch.testing.assert_close(plain, F.scaled_dot_product_attention(query, key, value.float(), attn_mask=mask)
-                               .transpose(1, 2), atol=0, rtol=0)
+    torch.testing.assert_close(plain, sdpa_attention_forward(module, query, key, value.float(), mask)[0],
+                               atol=0, rtol=0)
     module, query, key, value, mask = _attention_inputs(queries=7)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # a prefill or training pass: autocast's attention
         prefill, _ = packed_attention.packed_attention(module, query, key, value, mask)
@@ -64,6 +70,9 @@ def test_the_cache_holds_the_dtype_it_is_given_and_casts_what_is_written():
     layer.reorder_cache(torch.tensor([1]))  # dropping a finished row keeps the dtype
     assert layer.values.dtype == torch.float32 and torch.equal(layer.values, got_values[1:])
     assert GrowingLayer(keys, values, limit=10).values.dtype == torch.bfloat16  # otherwise each keeps its own
+    assert GrowingLayer(keys.bfloat16(), values.float(), limit=10, dtype=torch.float32).keys.dtype == torch.float32
+    layer.reset()  # a new prompt after a reset is held in the same dtype
+    assert layer.update(new_key.bfloat16(), new_value)[0].dtype == torch.float32
 
 
 @on_the_cpu

@@ -35,7 +35,7 @@ def test_growing_layer_holds_what_concatenation_holds_through_reallocations_and_
     plain.crop(-3)
     assert torch.equal(plain.keys, growing.keys) and growing.get_seq_length() == 42
     with pytest.raises(ValueError, match="negative"):
-        growing.crop(2)
+        growing.crop(1)
 
 
 def test_growing_layer_writes_in_place_and_repeats_rows():
@@ -43,9 +43,33 @@ def test_growing_layer_writes_in_place_and_repeats_rows():
     buffer = growing._key_buffer
     growing.update(*_states(2, 1, 1))
     assert growing._key_buffer is buffer and growing.keys.data_ptr() == buffer.data_ptr()
-    before = growing.keys.clone()
+    keys, values = growing.keys.clone(), growing.values.clone()
     growing.batch_repeat_interleave(2)
-    assert torch.equal(growing.keys, before.repeat_interleave(2, dim=0)) and growing.get_seq_length() == 4
+    assert torch.equal(growing.keys, keys.repeat_interleave(2, dim=0)) and growing.get_seq_length() == 4
+    assert torch.equal(growing.values, values.repeat_interleave(2, dim=0))
+
+
+def test_growing_layer_takes_more_than_its_limit_and_long_writes_at_once():
+    plain, growing = DynamicLayer(), GrowingLayer(*_states(2, 3, 0), limit=4)
+    plain.update(*_states(2, 3, 0))
+    for length, seed in ((40, 1), (1, 2), (30, 3)):  # past the limit, and past twice what it holds
+        k, v = _states(2, length, seed)
+        expected, got = plain.update(k, v), growing.update(k, v)
+        assert torch.equal(expected[0], got[0]) and torch.equal(expected[1], got[1])
+    assert growing.get_seq_length() == 74
+
+
+def test_growing_layer_crops_and_starts_again_after_a_reset():
+    growing = GrowingLayer(*_states(2, 3, 0), limit=10)
+    growing.crop(0)  # nothing to remove
+    assert growing.get_seq_length() == 3
+    growing.crop(-3)
+    assert growing.get_seq_length() == 0 and growing.keys.shape[-2] == 0
+    growing.reset()
+    assert growing.get_seq_length() == 0 and growing.keys is None and not growing.is_initialized
+    keys, values = _states(1, 2, 5)
+    got = growing.update(keys, values)  # a new prompt, as into a fresh layer
+    assert torch.equal(got[0], keys) and torch.equal(got[1], values) and growing.get_seq_length() == 2
 
 
 def test_in_place_cache_swaps_only_plain_layers():

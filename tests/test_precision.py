@@ -5,6 +5,7 @@ numbers and not equal to them (autocast is on); checked before any worker starts
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -73,6 +74,17 @@ def test_a_bf16_critic_gives_float32_values_near_fp32s(tiny_model_path):
     mask = batch["response_mask"].bool()
     assert half["values"].dtype == torch.float32
     assert 1e-4 < float((half["values"] - full["values"])[mask].abs().max()) < 0.05
+
+
+def test_bf16_asks_autocast_for_bfloat16_on_every_device_and_fp32_for_nothing():
+    from roll_core.strategies import precision
+
+    for device in ("cpu", "cuda"):  # cuda's autocast defaults to float16; built, not entered, so no GPU is needed
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "CUDA is not available": the context is only inspected
+            context = precision.autocast(torch.device(device), "bf16")
+        assert isinstance(context, torch.autocast) and context.fast_dtype == torch.bfloat16
+        assert not isinstance(precision.autocast(torch.device(device), "fp32"), torch.autocast)
 
 
 def test_precision_is_checked_before_anything_starts():

@@ -32,11 +32,16 @@ class GrowingLayer(DynamicLayer):
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, limit: int, dtype: torch.dtype | None = None):
         super().__init__()
-        if dtype is not None:
-            keys, values = keys.to(dtype), values.to(dtype)
+        self.cast_to = dtype
+        self.limit = max(limit, keys.shape[-2])
+        self._start(keys, values)
+
+    def _start(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """The first positions, in buffers with room to grow (at construction, or after :meth:`reset`)."""
+        if self.cast_to is not None:
+            keys, values = keys.to(self.cast_to), values.to(self.cast_to)
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
-        self.limit = max(limit, keys.shape[-2])
         self.length = keys.shape[-2]
         self._store(keys, values, self._grown(self.length))
 
@@ -58,6 +63,9 @@ class GrowingLayer(DynamicLayer):
         self.keys, self.values = key_buffer[..., :length, :], value_buffer[..., :length, :]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:  # reset: start again, as a DynamicLayer does
+            self._start(key_states, value_states)
+            return self.keys, self.values
         end = self.length + key_states.shape[-2]
         if end > self._key_buffer.shape[-2]:
             self._store(*self._filled(), self._grown(end))
