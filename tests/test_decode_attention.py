@@ -49,8 +49,8 @@ def test_other_passes_keep_sdpa_as_it_is():
     module, query, key, value, mask = _attention_inputs(queries=1)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    plain, _ = packed_attention.packed_attention(module, query, key, value.float(), mask)  # no autocast: fp32 roles
-    torch.testing.assert_close(plain, sdpa_attention_forward(module, query, key, value.float(), mask)[0],
+    plain, _ = packed_attention.packed_attention(module, query, key, value.float(), mask, scaling=0.2)  # fp32 roles
+    torch.testing.assert_close(plain, sdpa_attention_forward(module, query, key, value.float(), mask, scaling=0.2)[0],
                                atol=0, rtol=0)
     module, query, key, value, mask = _attention_inputs(queries=7)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # a prefill or training pass: autocast's attention

@@ -43,6 +43,9 @@ def test_each_piece_gathers_its_prompt_and_itself():
     assert plan.real_slots.flatten().tolist() == [1, 1, 1, 1, 1, 0] + [1, 1, 1, 1, 1, 0] + [1]
     additive = plan.to(torch.device("cpu"), torch.float32).masks[1][0, 0, 2]
     assert additive[2] == torch.finfo(torch.float32).min and additive[3] == 0.0
+    half = plan.to(torch.device("cpu"), torch.bfloat16)  # a model in bfloat16 (DeepSpeed's bf16): its dtype
+    assert {m.dtype for m in half.masks} == {half.real_slots.dtype, half.real_positions.dtype} == {torch.bfloat16}
+    assert half.masks[1][0, 0, 2, 2] == torch.finfo(torch.bfloat16).min
     # answers of 4, 3 and 2 tokens after a 1-token prompt: 2 is half the longest, so it opens a group
     pieces = torch.tensor([[0, 1, 0, 0], [1, 4, 0, 1], [5, 2, 0, 1], [7, 3, 0, 1]])
     assert packed_attention.attention_plan(pieces, 10).groups == [(1, 1, 1), (2, 4, 5), (1, 2, 3)]
@@ -55,7 +58,9 @@ def test_pieces_only_where_rows_are_wide_and_dense_scores_many():
     group = [[0, 6, 0, 0]] + [[6 + 48 * i, 48, 0, 6] for i in range(8)]  # a prompt of 6 and 8 answers of 48
     # dense: 400^2 = 160000 scores; pieces: 1 * 6 * 6 + 8 * 48 * 54 = 20772, 7.7x fewer
     assert pays(group, width=400)
-    assert not pays(group, width=255)  # under MIN_WIDTH: dense
+    assert pays(group, width=256) and not pays(group, width=255)  # from MIN_WIDTH on, not under it
+    # two rows of 256 and one piece of 256: dense computes exactly MIN_SAVING (2) times its scores, which pays
+    assert packed_attention.pays_off(torch.tensor([[0, 256, 0, 0]]), rows=2, width=256, device="cpu")
     # a prompt of 250 and one answer of 48 in a row of 300: 250^2 + 48 * 298 = 76804 pieces' scores
     # against 90000 dense, not twice as few
     assert not pays([[0, 250, 0, 0], [250, 48, 0, 250]], width=300)
