@@ -2,12 +2,12 @@
 
 Why: a matrix product in bfloat16 runs about twice as fast as in float32 on GPUs and on CPUs with
 bfloat16 instructions (AVX-512 BF16, AMX): ``benchmarks/bench_precision.py`` measures it on a
-role's own work. ``bf16`` runs each forward pass under ``torch.autocast``: matrix products in
-bfloat16 (attention too where autocast casts it; on the CPU the rotary embedding's float32 tables
-keep queries and keys in float32), while the weights, their gradients and AdamW's moments stay float32 (the
-master weights), softmax-like ops stay float32 (autocast's own lists), and the log-probs, entropy and
-sampling are computed from logits cast back to float32. The backward pass runs outside the
-autocast region, in the dtypes the forward recorded. Checkpoints and weight sync carry float32
+role's own work. ``bf16`` runs each forward pass under ``torch.autocast``: matrix products and
+attention in bfloat16 (except a decoding step's attention on the CPU, which is faster in float32:
+:mod:`roll_core.strategies.decode_attention`), while the weights, their gradients and AdamW's
+moments stay float32 (the master weights), softmax-like ops stay float32 (autocast's own lists),
+and the log-probs, entropy and sampling are computed from logits cast back to float32. The
+backward pass runs outside the autocast region, in the dtypes the forward recorded. Checkpoints and weight sync carry float32
 weights, so a ``bf16`` inference role and an ``fp32`` trainer (or the reverse) work together.
 
 This is autocast's kind of mixed precision, as TRL (``bf16=True``) runs it; DeepSpeed's ``bf16``
