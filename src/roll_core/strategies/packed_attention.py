@@ -31,11 +31,11 @@ on the CPU: on a GPU, dense sdpa was as fast or faster at every shape measured.
 How it is wired: :func:`adopt` switches a model whose layers run ``sdpa`` to the attention
 implementation registered here (``ATTENTION``), which is ``sdpa`` itself, masks included, unless a
 forward pass hands its layers an :class:`AttentionPlan` (keyword ``PLAN_KEYWORD``, passed through by
-``transformers``' models to their attention functions), or a decoding step runs on the CPU under
-autocast (:mod:`roll_core.strategies.decode_attention`). Other passes that bring no plan (padded
+``transformers``' models to their attention functions). Other passes that bring no plan (padded
 passes, generation) and attention features this path does not compute (soft-capping, position biases,
 attention sinks) run ``sdpa`` with the dense mask that :func:`roll_core.strategies.packing.packed_forward`
-still passes along, so they stay correct.
+still passes along, so they stay correct. On the CPU under autocast, decoding steps and passes that
+record gradients attend in float32 either way (:mod:`roll_core.strategies.float32_attention`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from roll_core.strategies import decode_attention
+from roll_core.strategies import float32_attention
 
 # Where pieces pay: gathering them costs about as much per token whatever the row, and dense attention
 # costs in proportion to the row's width. On 2 CPU cores (bench_packed_attention.py and probes at
@@ -186,20 +186,22 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
                      **kwargs) -> tuple[torch.Tensor, None]:
     """``transformers``' attention-function signature: ``query`` ``[N, H, W, D]``, ``key`` and
     ``value`` ``[N, H_kv, W, D]`` (rotary positions applied). Returns ``[N, W, H, D]`` and no weights.
-    With an :class:`AttentionPlan` under ``PLAN_KEYWORD``, attention piece by piece; a decoding step
-    (one query) on the CPU under autocast, in float32 (:mod:`roll_core.strategies.decode_attention`);
-    otherwise ``sdpa``."""
+    With an :class:`AttentionPlan` under ``PLAN_KEYWORD``, attention piece by piece; otherwise
+    ``sdpa``. Either in float32 where :mod:`roll_core.strategies.float32_attention` applies (on the
+    CPU under autocast: decoding steps and passes that record gradients)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     plan: AttentionPlan | None = kwargs.pop(PLAN_KEYWORD, None)
-    unsupported = any(kwargs.get(name) is not None for name in _UNSUPPORTED)
-    if plan is None and query.shape[2] == 1 and not unsupported and decode_attention.applies(query.device):
-        return decode_attention.attend(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                       **kwargs)
-    if plan is None or unsupported:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    return _attend_pieces(module, query, key, value, plan, dropout, scaling), None
+    if plan is None or any(kwargs.get(name) is not None for name in _UNSUPPORTED):
+        def attention(module, query, key, value):
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
+    else:
+        def attention(module, query, key, value):
+            return _attend_pieces(module, query, key, value, plan, dropout, scaling), None
+    if float32_attention.applies(query):
+        return float32_attention.attend(attention, module, query, key, value)
+    return attention(module, query, key, value)
 
 
 @torch.compiler.disable  # compiled layers (a role's compile) call it as it is: a plan's sizes are not the layer's

@@ -3,8 +3,8 @@
 Why: a matrix product in bfloat16 runs about twice as fast as in float32 on GPUs and on CPUs with
 bfloat16 instructions (AVX-512 BF16, AMX): ``benchmarks/bench_precision.py`` measures it on a
 role's own work. ``bf16`` runs each forward pass under ``torch.autocast``: matrix products and
-attention in bfloat16 (except a decoding step's attention on the CPU, which is faster in float32:
-:mod:`roll_core.strategies.decode_attention`), while the weights, their gradients and AdamW's
+attention in bfloat16 (except on the CPU a decoding step's attention and that of a pass that
+records gradients, which are faster in float32: :mod:`roll_core.strategies.float32_attention`), while the weights, their gradients and AdamW's
 moments stay float32 (the master weights), softmax-like ops stay float32 (autocast's own lists),
 and the log-probs, entropy and sampling are computed from logits cast back to float32. The
 backward pass runs outside the autocast region, in the dtypes the forward recorded. Checkpoints and weight sync carry float32

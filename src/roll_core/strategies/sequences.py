@@ -18,7 +18,7 @@ from typing import Collection
 import torch
 import torch.nn.functional as F
 
-from roll_core.strategies import decode_attention
+from roll_core.strategies import float32_attention
 from roll_core.strategies.kv_cache import in_place_cache
 
 
@@ -45,7 +45,7 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_toke
     """The KV cache of left-padded prompts ``[B, P]`` and the logits of each one's next token ``[B, V]``.
 
     The cache takes the ``new_tokens`` that follow in place (:mod:`roll_core.strategies.kv_cache`), in
-    float32 where the decoding steps attend in float32 (:mod:`roll_core.strategies.decode_attention`).
+    float32 where the decoding steps attend in float32 (:mod:`roll_core.strategies.float32_attention`).
 
     A prompt that comes several times (the samples of a GRPO group) is computed once and its cache
     copied to every sample: the same values, ``num_return_sequences`` times less prompt compute. Only
@@ -61,7 +61,7 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_toke
         prompt_ids, prompt_mask = prompt_ids[first], prompt_mask[first]
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
                 use_cache=True, **keep)
-    dtype = decode_attention.cache_dtype(model, prompt_ids.device)
+    dtype = float32_attention.cache_dtype(model, prompt_ids.device)
     past = in_place_cache(out[cache_keyword(model)], new_tokens, dtype)
     logits = out.logits[:, -1, :].float()
     if shared:
