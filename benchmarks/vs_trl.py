@@ -3,7 +3,7 @@
 Both libraries train the same model from the same checkpoint on the same prompts with the same
 settings (the quickstart's: ``--prompts`` prompts x 8 samples per step, lr 3e-4 constant, clip
 0.2, no KL, token-mean loss over the batch, group-normalised advantages, temperature 1, grad-norm
-clip 1, AdamW with torch's defaults, one forward-backward pass over the step's samples), for each seed, alternating libraries so drift of the
+clip 1, AdamW with torch's default settings on its fused kernel, one forward-backward pass over the step's samples), for each seed, alternating libraries so drift of the
 machine hits both alike. Each run is its own process; this script samples the resident memory of
 its whole process tree (for roll on Ray: the driver, Ray's daemons and every worker).
 
@@ -102,7 +102,7 @@ def trl_worker(spec_path: str) -> None:
         per_device_train_batch_size=samples, num_generations=SAMPLES_PER_PROMPT, generation_batch_size=samples,
         gradient_accumulation_steps=1, max_completion_length=spec["max_new_tokens"], learning_rate=3e-4,
         lr_scheduler_type="constant", warmup_steps=0, beta=0.0, epsilon=0.2, loss_type="dapo",
-        scale_rewards="group", temperature=1.0, top_p=1.0, max_grad_norm=1.0, optim="adamw_torch",
+        scale_rewards="group", temperature=1.0, top_p=1.0, max_grad_norm=1.0, optim="adamw_torch_fused",
         gradient_checkpointing=False, report_to="none", save_strategy="no", logging_steps=1,
         dataloader_num_workers=0, disable_tqdm=True, torch_compile=spec["compile"])
     records: list[dict] = []
