@@ -34,8 +34,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+from bench_precision import SHAPES  # the same two steps: model, prompts, new tokens, mean response
 
-SHAPES = {"tiny": ("tiny", 32, 8, 4.0), "large": ("large", 8, 64, 48.0)}  # model, prompts, new tokens, mean
 CONTENDERS = ("fp32", "bf16 autocast", "bf16")
 
 
