@@ -33,7 +33,7 @@ What it does, on a device of ``DEVICE_TYPES`` under autocast only:
 
 It is part of the attention implementation that :mod:`roll_core.strategies.packed_attention`
 registers (piece by piece or dense alike), which a ``bf16`` role on the CPU adopts when it loads its
-model. On a GPU autocast's bfloat16 kernels are fast, and nothing here applies.
+model (:func:`adopt`). On a GPU autocast's bfloat16 kernels are fast, and nothing here applies.
 """
 
 from __future__ import annotations
@@ -54,6 +54,16 @@ def applies(query: torch.Tensor) -> bool:
     under autocast (the role's precision is ``bf16``), for a decoding step (one query) or in a pass
     that records gradients."""
     return _autocasting(query.device) and (query.shape[2] == 1 or torch.is_grad_enabled())
+
+
+def adopt(model, role_precision: str, device: torch.device) -> None:
+    """For a role whose model loads on ``device``: a ``bf16`` role on a device of ``DEVICE_TYPES``
+    switches ``model`` to roll's attention implementation, whose decoding steps and passes that
+    record gradients attend here (:func:`roll_core.strategies.packed_attention.adopt`)."""
+    from roll_core.strategies import packed_attention
+
+    if role_precision == "bf16" and device.type in DEVICE_TYPES:
+        packed_attention.adopt(model, model.config)
 
 
 def cache_dtype(model, device: torch.device) -> torch.dtype | None:

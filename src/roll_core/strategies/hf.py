@@ -18,7 +18,7 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, rank_world, sum_gradients
-from roll_core.strategies import cpu_matmul, float32_attention, lora, packed_attention, precision
+from roll_core.strategies import cpu_matmul, float32_attention, lora, precision
 from roll_core.strategies.compiled import compile_layers
 from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
 from roll_core.strategies.packing import packed_forward, packed_inputs
@@ -55,14 +55,6 @@ class TorchOffloading:
             torch.cuda.empty_cache()
 
 
-def adopt_float32_attention(model, role_precision: str, device: torch.device) -> None:
-    """A ``bf16`` role on the CPU: ``model`` on roll's attention implementation, whose decoding steps
-    and passes that record gradients attend in float32 there, the faster kernels
-    (:mod:`roll_core.strategies.float32_attention`)."""
-    if role_precision == "bf16" and device.type in float32_attention.DEVICE_TYPES:
-        packed_attention.adopt(model, model.config)
-
-
 class _Sampling(TorchOffloading, precision.Autocasting):
     """A causal LM with its own sampling RNG (inference, reference and the trained policy)."""
 
@@ -72,7 +64,7 @@ class _Sampling(TorchOffloading, precision.Autocasting):
         self.device = default_device()
         self.model = load_causal_lm(model_path, self.device)
         cpu_matmul.adopt(self.model)  # runtime.cpu_matmul
-        adopt_float32_attention(self.model, self.precision, self.device)
+        float32_attention.adopt(self.model, self.precision, self.device)  # bf16 on the CPU
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def _to(self, t: torch.Tensor) -> torch.Tensor:
@@ -319,7 +311,7 @@ class HFCriticStrategy(TorchPrimitives, TorchOffloading, precision.Autocasting, 
         self.device = default_device()
         self.model = load_value_model(model_path, self.device, seed)
         cpu_matmul.adopt(self.model)  # runtime.cpu_matmul
-        adopt_float32_attention(self.model, self.precision, self.device)
+        float32_attention.adopt(self.model, self.precision, self.device)  # bf16 on the CPU
         if getattr(role_config, "compile", False):
             compile_layers(self.model)
         self._build_optimizers()
