@@ -33,10 +33,11 @@ from __future__ import annotations
 import argparse
 import math
 import random
-import tempfile
 import threading
 import time
 from pathlib import Path
+
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 
 def main() -> None:
@@ -81,7 +82,7 @@ def main() -> None:
 
     from roll_core.strategies.hf import HFInferStrategy
 
-    model = str(build_tiny_model(Path(tempfile.mkdtemp()) / "model"))
+    model = str(build_tiny_model(Path(scratch_dir()) / "model"))
     tokenizer = load_tokenizer(model)
     engine = HFInferStrategy(model, InferRoleConfig(), seed=args.seed)
     policy = engine_policy(engine.generate, tokenizer.pad_token_id, max_new_tokens=3, temperature=1.0, top_p=1.0)

@@ -30,11 +30,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import tempfile
 from pathlib import Path
 
 import torch
 from bench_precision import SHAPES  # the same two steps: model, prompts, new tokens, mean response
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 CONTENDERS = ("fp32", "bf16 autocast", "bf16")
 
@@ -76,7 +76,7 @@ def main() -> None:
     print(f"{'shape':>6} {'contender':>14} {'tok/s':>8} {'s/update':>9} {'|dlogp| gen':>12} {'d grad norm':>12}")
     for name in SHAPES if args.shape == "all" else [args.shape]:
         kind, prompts, new_tokens, mean = SHAPES[name]
-        path = build(kind, Path(tempfile.mkdtemp()))
+        path = build(kind, Path(scratch_dir()))
         batch = rl_batch(load_tokenizer(path), prompts, new_tokens, mean, 0)
         prompts_only = {key: batch[key] for key in ("prompt_ids", "prompt_mask")}
         spec = UpdateSpec(max_grad_norm=1.0, micro_batch_size=len(batch))

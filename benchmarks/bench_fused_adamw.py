@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from pathlib import Path
 
 import torch
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 CONTENDERS = {"loop (torch's default)": None, "fused": True}
 
@@ -43,7 +43,7 @@ def main() -> None:
     print(f"{'shape':>6} {'parameters':>11} " + " ".join(f"{name + ' s':>24}" for name in CONTENDERS)
           + f" {'speed-up':>9} {'max |dw|':>9}")
     for shape in ("tiny", "large") if args.shape == "all" else (args.shape,):
-        path = build(shape, Path(tempfile.mkdtemp()))
+        path = build(shape, Path(scratch_dir()))
         models = {name: load_causal_lm(str(path), torch.device("cpu")) for name in CONTENDERS}
         optimizers = {name: torch.optim.AdamW(models[name].parameters(), lr=3e-4, fused=fused)
                       for name, fused in CONTENDERS.items()}

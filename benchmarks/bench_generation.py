@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 import types
 
@@ -29,6 +28,7 @@ from roll_core.config import load_config
 from roll_core.embedded.model import TinyModelConfig, build_tiny_model
 from roll_core.strategies.hf import HFInferStrategy
 from roll_core.testing import left_padded_prompts
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 MODELS = {
     "tiny": TinyModelConfig(max_position_embeddings=64),
@@ -59,7 +59,7 @@ def main():
           f"median of {args.repeats} calls after one warm-up call")
     print(f"{'model':>6} {'params':>8} {'hf tok/s':>10} {'vllm tok/s':>11} {'vllm / hf':>10}")
     for name in args.models.split(","):
-        path = build_tiny_model(tempfile.mkdtemp() + f"/{name}", MODELS[name])
+        path = build_tiny_model(scratch_dir() + f"/{name}", MODELS[name])
         hf = HFInferStrategy(str(path), role, seed=0)
         params = sum(p.numel() for p in hf.model.parameters())
         vllm = VLLMInferStrategy(str(path), types.SimpleNamespace(strategy_options={"max_model_len": 64}), seed=0)

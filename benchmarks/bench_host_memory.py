@@ -23,9 +23,10 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 VARIANTS = {"glibc default": False, "reuse_freed_memory": True}
 
@@ -75,7 +76,7 @@ def main() -> None:
         return
     from large_model import build_large_model
 
-    model = build_large_model(Path(tempfile.mkdtemp(prefix="roll-host-memory-")))
+    model = build_large_model(Path(scratch_dir(prefix="roll-host-memory-")))
     runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     for round_ in range(args.rounds):
         for name, reuse in VARIANTS.items():

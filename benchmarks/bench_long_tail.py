@@ -46,6 +46,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+
 ENGINE = '''
 """A simulated inference engine with long-tailed response lengths (for benchmarks/bench_long_tail.py)."""
 import math, os, time
@@ -102,7 +104,7 @@ SETTINGS = {
 
 
 def plugin_dir() -> Path:
-    root = Path(tempfile.mkdtemp(prefix="roll-sim-engine-"))
+    root = Path(scratch_dir(prefix="roll-sim-engine-"))
     (root / "roll_bench_sim_engine.py").write_text(textwrap.dedent(ENGINE))
     info = root / "roll_bench_sim_engine-0.0.1.dist-info"
     info.mkdir()

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 SHAPES = {  # model, prompts per step, longest response, mean response length (None: long-tailed)
     "tiny": ("tiny", 32, 8, 4.0),
@@ -121,7 +121,7 @@ def main() -> None:
           f"{'speed-up':>8} {'default':>8}")
     for name in SHAPES if args.shape == "all" else [args.shape]:
         kind, prompts, longest, mean = SHAPES[name]
-        path = build(kind, Path(tempfile.mkdtemp()))
+        path = build(kind, Path(scratch_dir()))
         if mean is None:
             batch = long_tailed(rl_batch(load_tokenizer(path), prompts, longest, longest - 1, args.seed), longest,
                                 args.seed)

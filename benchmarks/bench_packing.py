@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 SIZES = {  # a large model or not, prompts per step, longest response, mean response length
     "tiny": (False, 32, 8, 4.0),
@@ -95,7 +95,7 @@ def main() -> None:
     print(f"{'size':>6} {'mode':<32} {'positions':>9} {'of padded':>9} {'s/update':>9} {'speed-up':>8}")
     for size in SIZES if args.size == "both" else [args.size]:
         large, prompts, longest, mean = SIZES[size]
-        tmp = Path(tempfile.mkdtemp())
+        tmp = Path(scratch_dir())
         path = str(build_large_model(tmp) if large else build_tiny_model(tmp / size))
         batch = rl_batch(load_tokenizer(path), prompts, longest, mean, args.seed)
         padded = tokens_computed(batch, MODES[next(iter(MODES))])

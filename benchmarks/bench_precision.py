@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from pathlib import Path
 
 import torch
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 SHAPES = {  # model, prompts per step, longest response, mean response length
     "tiny": ("tiny", 32, 8, 4.0),
@@ -63,7 +63,7 @@ def main() -> None:
           f"{'bf16 tok/s':>11} {'speed-up':>8} {'|dlogp|':>8}")
     for name in SHAPES if args.shape == "all" else [args.shape]:
         kind, prompts, longest, mean = SHAPES[name]
-        path = build(kind, Path(tempfile.mkdtemp()))
+        path = build(kind, Path(scratch_dir()))
         batch = rl_batch(load_tokenizer(path), prompts, longest, mean, args.seed)
         prompts_only = {key: batch[key] for key in ("prompt_ids", "prompt_mask")}  # generate() fills in a batch
         samples = len(batch)

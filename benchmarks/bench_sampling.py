@@ -16,7 +16,6 @@ Prompts come in groups of 8 copies, as GRPO samples them. The contenders alterna
 
 import argparse
 import statistics
-import tempfile
 import time
 
 import torch
@@ -24,6 +23,7 @@ import torch
 import roll_core.strategies.sequences as sequences
 from large_model import build_large_model
 from roll_core.embedded.model import build_tiny_model
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 
 def main():
@@ -38,7 +38,7 @@ def main():
     new_tokens = args.new_tokens or (64 if large else 8)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = tempfile.mkdtemp()
+    tmp = scratch_dir()
     path = build_large_model(tmp) if large else build_tiny_model(tmp + "/tiny")
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     tok = AutoTokenizer.from_pretrained(path)

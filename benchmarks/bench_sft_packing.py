@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 
 def rows_with_long_tail(n: int, seed: int) -> list[dict]:
@@ -53,7 +53,7 @@ def main() -> None:
     from roll_core.strategies.hf import HFTrainStrategy
     from roll_core.training import UpdateSpec, update
 
-    path = str(build_tiny_model(Path(tempfile.mkdtemp()) / "model", TinyModelConfig(hidden_size=256, num_layers=4,
+    path = str(build_tiny_model(Path(scratch_dir()) / "model", TinyModelConfig(hidden_size=256, num_layers=4,
                                                                                     num_heads=4, intermediate_size=1024)))
     tokenizer = load_tokenizer(path)
     # the padded baseline: without the role-level packing that would otherwise remove its padding too

@@ -23,11 +23,11 @@ import argparse
 import os
 import resource
 import statistics
-import tempfile
 import time
 
 import torch
 import torch.multiprocessing as mp
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 BACKENDS = {
     "hf": ("hf", {}),
@@ -105,7 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     from roll_core.embedded.model import TinyModelConfig, build_tiny_model
 
-    model = str(build_tiny_model(tempfile.mkdtemp() + "/model", TinyModelConfig(
+    model = str(build_tiny_model(scratch_dir() + "/model", TinyModelConfig(
         hidden_size=768, num_layers=14, num_heads=12, intermediate_size=2048, max_position_embeddings=128)))
     from safetensors.torch import load_file
 

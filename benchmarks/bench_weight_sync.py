@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 
 import torch
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 
 def main() -> None:
@@ -49,7 +49,7 @@ def main() -> None:
 
     shape = TinyModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=max(1, args.hidden // 64),
                             intermediate_size=4 * args.hidden)
-    model_path = str(build_tiny_model(tempfile.mkdtemp(prefix="roll-bench-") + "/model", shape))
+    model_path = str(build_tiny_model(scratch_dir(prefix="roll-bench-") + "/model", shape))
     cfg = load_config(None, ["executor=ray", "torch_threads=1", f"runtime.weight_bucket_mb={args.bucket_mb}"])
     executor = RayExecutor(timeout_s=600)
     try:

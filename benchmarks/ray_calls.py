@@ -30,11 +30,11 @@ import argparse
 import contextlib
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 from step_profile import run_args  # the same quickstart run: no evaluation, no checkpoints
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 # (label, the driver's method name, the step metric that holds the worker's seconds on Ray)
 CRITICAL = [("generate", "generate", "time/generate_s"),
@@ -152,7 +152,7 @@ def main() -> None:
     args = parser.parse_args()
     from roll_core.cli import main as roll
 
-    root = Path(tempfile.mkdtemp(prefix="roll-ray-calls-"))
+    root = Path(scratch_dir(prefix="roll-ray-calls-"))
     recorder = Recorder()
     recorder.install()
     costs: dict[str, dict[str, list[float]]] = {"local": {}, "ray": {}}

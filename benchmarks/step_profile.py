@@ -35,10 +35,11 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 # Ray runs per --executor choice: the default layout, and with "all" also actor_infer in a process of
 # its own (ray.hybrid_engine=false), so the hybrid engine's effect is measured in the same invocation.
@@ -134,7 +135,7 @@ def main() -> None:
     parser.add_argument("--size", choices=["tiny", "large"], default="tiny")
     parser.add_argument("overrides", nargs="*", help="roll config overrides")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="roll-step-profile-"))
+    root = Path(scratch_dir(prefix="roll-step-profile-"))
     if args.size == "large":
         from large_model import build_large_model
 

@@ -50,10 +50,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
+
+from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_PER_PROMPT = 8
@@ -329,7 +330,7 @@ def main() -> None:
     args = ap.parse_args()
     args.sizes = ["tiny", "large"] if args.sizes == "both" else [args.sizes]
 
-    tmp = Path(args.keep or tempfile.mkdtemp(prefix="roll-vs-trl-"))
+    tmp = Path(args.keep or scratch_dir(prefix="roll-vs-trl-"))
     tmp.mkdir(parents=True, exist_ok=True)
     inputs = build_inputs(args, tmp)
     for size in args.sizes:
