@@ -3,7 +3,8 @@
 On a GPU the strategies put their models on ``cuda`` and their process groups on nccl; on this
 project's CI machines they never do. What must hold on one GPU: the ``hf`` strategy on CUDA computes
 the CPU model's log-probs (fp32), ``fsdp2`` over nccl matches ``hf`` through one core update, bf16
-stays near fp32, and a whole ``rlvr`` run on the ``local`` executor trains. Run::
+stays near fp32, AdamW steps on torch's fused CUDA kernel as its loop would, and a whole ``rlvr`` run
+on the ``local`` executor trains. Run::
 
     pytest tests/test_cuda.py -v
 """
@@ -53,6 +54,18 @@ def test_fsdp2_over_nccl_matches_hf(tiny_model_path):
     assert dist.get_backend() == "nccl"
     reference = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
     assert_trainer_matches_hf(trainer, reference, cfg)
+
+
+def test_adamw_on_cuda_steps_fused_as_its_loop_would(tiny_model_path, monkeypatch):
+    import roll_core.strategies.hf as hf
+
+    cfg = load_config(None, UPDATE)
+    fused = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    monkeypatch.setattr(hf, "fused_adamw", lambda params: None)  # torch's default: the for-each loop
+    loop = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    assert fused.optimizers["default"].defaults["fused"] is True
+    assert loop.optimizers["default"].defaults["fused"] is None
+    assert_trainer_matches_hf(loop, fused, cfg)  # two mini-batches x two epochs, every weight within 1e-5
 
 
 def test_a_local_rlvr_run_trains_on_the_gpu(tmp_path):

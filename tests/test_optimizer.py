@@ -4,6 +4,7 @@ default kept for what the kernel does not take."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from roll_core.config.schema import ActorTrainRoleConfig, CriticRoleConfig, TrainRoleConfig
@@ -24,10 +25,12 @@ def test_plain_float_parameters_on_one_supported_device_step_fused():
     assert fused_adamw([]) is None
 
 
-def test_the_fused_step_is_the_default_loops_up_to_rounding():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def test_the_fused_step_is_the_default_loops_up_to_rounding(device):
     g = torch.Generator().manual_seed(0)
-    start = [torch.randn(64, 32, generator=g), torch.randn(32, generator=g)]
-    grads = [[torch.randn(t.shape, generator=g) for t in start] for _ in range(3)]
+    start = [torch.randn(64, 32, generator=g).to(device), torch.randn(32, generator=g).to(device)]
+    grads = [[torch.randn(t.shape, generator=g).to(device) for t in start] for _ in range(3)]
     weights = []
     for fused in (None, True):
         params = [torch.nn.Parameter(t.clone()) for t in start]
