@@ -59,7 +59,18 @@ def test_growing_layer_takes_more_than_its_limit_and_long_writes_at_once():
     assert growing.get_seq_length() == 74
 
 
-def test_growing_layer_crops_and_starts_again_after_a_reset():
+def _zeroing_reset(layer):
+    """transformers' reset up to 5.1x (CacheLayerMixin's): the tensors zeroed in place, the layer
+    left initialized. 5.2x drops them instead (DynamicLayer's own reset)."""
+    if layer.is_initialized:
+        layer.keys.zero_()
+        layer.values.zero_()
+
+
+@pytest.mark.parametrize("transformers_reset", ["installed", "zeroing"])
+def test_growing_layer_crops_and_starts_again_after_a_reset(transformers_reset, monkeypatch):
+    if transformers_reset == "zeroing":
+        monkeypatch.setattr(DynamicLayer, "reset", _zeroing_reset)
     growing = GrowingLayer(*_states(2, 3, 0), limit=10)
     growing.crop(0)  # nothing to remove
     assert growing.get_seq_length() == 3

@@ -100,9 +100,14 @@ class GrowingLayer(DynamicLayer):
         self._expose(max(0, self.length + tokens_to_remove), self._key_buffer, self._value_buffer)
 
     def reset(self) -> None:
-        super().reset()
+        # Dropped, not zeroed, whatever transformers' own reset does: up to 5.1x it zeroed the tensors in
+        # place and left the layer initialized, so the next update wrote into the freed buffers.
+        # Cleared before super(), whose zeroing is skipped for an uninitialized layer in every version.
+        self.keys = self.values = None
         self._key_buffer = self._value_buffer = None  # type: ignore[assignment]  # freed until the next prefill
+        self.is_initialized = False
         self.length = 0
+        super().reset()
 
 
 def in_place_cache(past, new_tokens: int, dtype: torch.dtype | None = None):
