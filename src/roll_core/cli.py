@@ -184,10 +184,8 @@ def _cmd_play(args) -> int:
     """One episode in this process, printed turn by turn: the environment's debugging loop."""
     import json
 
-    from roll_core.agentic.episodes import TurnFormat, engine_policy, play, scripted_policy, transcript
     from roll_core.errors import ConfigError
     from roll_core.plugins import get_plugins
-    from roll_core.pipelines.runtime import load_tokenizer
 
     env_cls = get_plugins().envs.get(args.env)
     try:
@@ -195,14 +193,24 @@ def _cmd_play(args) -> int:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--options must be a JSON object: {exc.msg}") from None
     env = env_cls(**options)
-    model = args.model
-    if model is None:
-        import tempfile
-        from pathlib import Path
+    if args.model is not None:
+        return _play_one(args, env, args.model)
+    import tempfile
+    from pathlib import Path
 
-        from roll_core.embedded.model import build_tiny_model
+    from roll_core.embedded.model import build_tiny_model
 
-        model = str(build_tiny_model(Path(tempfile.mkdtemp()) / "model"))
+    with tempfile.TemporaryDirectory(prefix="roll-play-") as scratch:  # the embedded model, removed afterwards
+        return _play_one(args, env, str(build_tiny_model(Path(scratch) / "model")))
+
+
+def _play_one(args, env, model: str) -> int:
+    """The episode of ``roll play`` against ``env``: ``model`` (a checkpoint directory) gives the
+    tokenizer and, under ``--policy model``, the policy."""
+    from roll_core.agentic.episodes import TurnFormat, engine_policy, play, scripted_policy, transcript
+    from roll_core.errors import ConfigError
+    from roll_core.pipelines.runtime import load_tokenizer
+
     tokenizer = load_tokenizer(model)
     actions = [a for a in args.actions.split(",") if a]
     if args.policy == "model":

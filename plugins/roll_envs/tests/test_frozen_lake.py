@@ -4,6 +4,7 @@ penalty, the goal's reward, the contract `roll check-plugin` applies, and discov
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import deque
@@ -97,8 +98,9 @@ def test_bad_options_are_refused(options, message):
         FrozenLake(**options)
 
 
-def roll(*args):
-    return subprocess.run([sys.executable, "-m", "roll_core.cli", *args], capture_output=True, text=True, timeout=120)
+def roll(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "roll_core.cli", *args], capture_output=True, text=True, timeout=120,
+                          env=env)
 
 
 def test_listed_by_name_and_passes_check_plugin():
@@ -118,15 +120,20 @@ def test_listing_does_not_import_gymnasium():
     assert_registered_lazily("envs", "frozen_lake", "gymnasium")
 
 
-def test_roll_play_prints_one_episode_turn_by_turn():
+def test_roll_play_prints_one_episode_turn_by_turn(tmp_path):
     out = roll("play", "frozen_lake", "--policy", "scripted", "--actions", "R,R,D", "--seed", "0")
     assert out.returncode == 0, out.stderr
     assert "[turn 0] P___|OO__|_OO_|O__G>" in out.stdout and "[turn 2] __P_|OO__|_OO_|O__G>" in out.stdout
     # the last action repeats: down into the hole below, and the environment ends the episode
     assert out.stdout.strip().endswith("return 0, 4 turns, success False, ended by the environment")
-    out = roll("play", "frozen_lake", "--policy", "model", "--max-turns", "2", "--seed", "1")  # the untrained tiny model
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = roll("play", "frozen_lake", "--policy", "model", "--max-turns", "2", "--seed", "1",  # the untrained tiny model
+               env={**os.environ, "TMPDIR": str(scratch)})
     assert out.returncode == 0, out.stderr
     assert "[turn 1]" in out.stdout and "2 turns" in out.stdout
+    # the tiny model it built is gone (torch's compile cache, torchinductor_<user>, is torch's to keep)
+    assert [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor")] == []
     out = roll("play", "frozen_lake", "--policy", "random")
     assert out.returncode == 2 and "--policy random needs --actions" in out.stderr
 
