@@ -44,6 +44,7 @@ def test_every_stage_computes_what_hf_computes(tiny_model_path, options):
     reference = HFTrainStrategy(str(tiny_model_path), hf_role(cfg.roles.actor_train), seed=0)
     metrics = assert_trainer_matches_hf(trainer, reference, cfg)
     assert metrics["train/grad_norm"] > cfg.algorithm.max_grad_norm  # so clipping really acted
+    assert trainer.engine.optimizer.optimizer.defaults["fused"] is True  # stepped ZeRO's partitions fused, as hf
 
 
 def test_bf16_trains_near_the_fp32_result(tiny_model_path):

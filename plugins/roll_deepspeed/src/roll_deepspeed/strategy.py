@@ -1,7 +1,8 @@
 """``deepspeed``: the ``hf`` strategies' model and losses, trained by a DeepSpeed ZeRO engine.
 
 The model is the one ``hf`` loads (so log-probs agree with it to float rounding), wrapped by
-``deepspeed.initialize`` with torch's AdamW, the optimizer of roll's other backends. Everything the
+``deepspeed.initialize`` with torch's AdamW, the optimizer of roll's other backends (fused, as
+theirs, where torch's kernel takes the parameters). Everything the
 update needs maps onto the engine:
 
 * ``forward_backward``: forward through the engine (ZeRO's hooks), ``engine.backward`` per
@@ -56,6 +57,7 @@ class _ZeROEngine:
     device: torch.device
     role_config: Any
     generator: torch.Generator
+    _new_optimizer: Any  # TorchPrimitives' (the hf strategy this is mixed into)
 
     def autocast_precision(self, role_config) -> str:
         """No autocast around the engine: its own ``precision`` (DeepSpeedOptions) casts the model."""
@@ -69,8 +71,9 @@ class _ZeROEngine:
         os.environ.setdefault("LOCAL_RANK", "0")
         deepspeed.init_distributed(dist_backend=default_backend())  # adopts the role's group
         self.module = self.model
-        optimizer = torch.optim.AdamW(self.module.parameters(), lr=self.role_config.lr,
-                                      weight_decay=self.role_config.weight_decay)
+        # hf's AdamW (on torch's fused kernel where it takes the parameters); ZeRO swaps in its flat
+        # partitions, plain fp32 tensors on one device, which the fused kernel takes as well
+        optimizer = self._new_optimizer(lr=self.role_config.lr, weight_decay=self.role_config.weight_decay)
         self.engine, *_ = deepspeed.initialize(model=self.module, optimizer=optimizer,
                                                config=self.options.deepspeed_config(self.device.type == "cuda"),
                                                dist_init_required=False)
