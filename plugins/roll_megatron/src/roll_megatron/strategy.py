@@ -38,7 +38,7 @@ import torch.distributed as dist
 from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, ensure_process_group, rank_world
 from roll_core.strategies.engines import check_engine_version, import_engine
-from roll_core.strategies.hf import TorchOffloading, TorchPrimitives
+from roll_core.strategies.hf import TorchOffloading, TorchPrimitives, fused_adamw
 from roll_core.strategies.models import default_device, full_sequence, safetensors_files
 from roll_core.strategies.sequences import causal_lm_outputs
 from roll_core.strategy import InferStrategy, TrainStrategy
@@ -200,12 +200,14 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
         """AdamW; with ``distributed_optimizer`` and several data-parallel replicas, torch's
         ``ZeroRedundancyOptimizer`` over the data-parallel group: each replica keeps the moments of
         its share of the parameters, steps them and broadcasts them (Megatron's own distributed
-        optimizer allocates its buffers on CUDA)."""
+        optimizer allocates its buffers on CUDA). Either steps on torch's fused kernel where it takes
+        the parameters, as ``hf`` does."""
         if not (self.options.distributed_optimizer and self.ps.get_data_parallel_world_size() > 1):
             return super()._new_optimizer(**settings)
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        return ZeroRedundancyOptimizer(list(self.model.parameters()), optimizer_class=torch.optim.AdamW,
+        params = list(self.model.parameters())
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, fused=fused_adamw(params),
                                        process_group=self.ps.get_data_parallel_group(), **settings)
 
     def forward_backward(self, mini: Batch, loss_fn, *, micro_batch_size: int,
