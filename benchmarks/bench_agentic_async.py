@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 from bench_precision import SHAPES  # the same two steps: model, prompts, new tokens, mean response
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 CONTENDERS = ("fp32", "bf16 autocast", "bf16")
 

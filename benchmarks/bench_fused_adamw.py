@@ -22,7 +22,7 @@ import statistics
 from pathlib import Path
 
 import torch
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 CONTENDERS = {"loop (torch's default)": None, "fused": True}
 

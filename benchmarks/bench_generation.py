@@ -28,7 +28,7 @@ from roll_core.config import load_config
 from roll_core.embedded.model import TinyModelConfig, build_tiny_model
 from roll_core.strategies.hf import HFInferStrategy
 from roll_core.testing import left_padded_prompts
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 MODELS = {
     "tiny": TinyModelConfig(max_position_embeddings=64),

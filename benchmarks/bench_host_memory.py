@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 VARIANTS = {"glibc default": False, "reuse_freed_memory": True}
 

@@ -46,7 +46,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 ENGINE = '''
 """A simulated inference engine with long-tailed response lengths (for benchmarks/bench_long_tail.py)."""

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 SIZES = {  # a large model or not, prompts per step, longest response, mean response length
     "tiny": (False, 32, 8, 4.0),

@@ -29,7 +29,7 @@ import statistics
 from pathlib import Path
 
 import torch
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 SHAPES = {  # model, prompts per step, longest response, mean response length
     "tiny": ("tiny", 32, 8, 4.0),

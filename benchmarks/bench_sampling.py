@@ -23,7 +23,7 @@ import torch
 import roll_core.strategies.sequences as sequences
 from large_model import build_large_model
 from roll_core.embedded.model import build_tiny_model
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 
 def main():

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 
 def rows_with_long_tail(n: int, seed: int) -> list[dict]:

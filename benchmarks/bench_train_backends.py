@@ -27,7 +27,7 @@ import time
 
 import torch
 import torch.multiprocessing as mp
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 BACKENDS = {
     "hf": ("hf", {}),

@@ -26,7 +26,7 @@ import statistics
 import time
 
 import torch
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 
 def main() -> None:

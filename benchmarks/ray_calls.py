@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from step_profile import run_args  # the same quickstart run: no evaluation, no checkpoints
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 # (label, the driver's method name, the step metric that holds the worker's seconds on Ray)
 CRITICAL = [("generate", "generate", "time/generate_s"),

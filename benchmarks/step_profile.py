@@ -39,7 +39,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 # Ray runs per --executor choice: the default layout, and with "all" also actor_infer in a process of
 # its own (ray.hybrid_engine=false), so the hybrid engine's effect is measured in the same invocation.

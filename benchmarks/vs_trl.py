@@ -54,7 +54,7 @@ import threading
 import time
 from pathlib import Path
 
-from scratch import scratch_dir  # removed at exit: runs leave models and checkpoints
+from scratch import scratch_dir  # a temporary directory, removed at exit
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_PER_PROMPT = 8

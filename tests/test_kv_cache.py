@@ -60,8 +60,8 @@ def test_growing_layer_takes_more_than_its_limit_and_long_writes_at_once():
 
 
 def _zeroing_reset(layer):
-    """transformers' reset up to 5.1x (CacheLayerMixin's): the tensors zeroed in place, the layer
-    left initialized. 5.2x drops them instead (DynamicLayer's own reset)."""
+    """transformers 5.17's layer reset (CacheLayerMixin's): the tensors zeroed in place, the layer
+    left initialized. 5.24's DynamicLayer drops them instead."""
     if layer.is_initialized:
         layer.keys.zero_()
         layer.values.zero_()

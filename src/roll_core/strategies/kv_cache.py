@@ -100,9 +100,9 @@ class GrowingLayer(DynamicLayer):
         self._expose(max(0, self.length + tokens_to_remove), self._key_buffer, self._value_buffer)
 
     def reset(self) -> None:
-        # Dropped, not zeroed, whatever transformers' own reset does: up to 5.1x it zeroed the tensors in
-        # place and left the layer initialized, so the next update wrote into the freed buffers.
-        # Cleared before super(), whose zeroing is skipped for an uninitialized layer in every version.
+        # Dropped, not zeroed, whatever transformers' own reset does: 5.17's zeroes the tensors in place
+        # and leaves the layer initialized, so the next update went on into the buffers freed here.
+        # Cleared before super(), which skips its zeroing for a layer that is not initialized.
         self.keys = self.values = None
         self._key_buffer = self._value_buffer = None  # type: ignore[assignment]  # freed until the next prefill
         self.is_initialized = False
