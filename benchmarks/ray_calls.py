@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from step_profile import run_args  # the same quickstart run: no evaluation, no checkpoints
-from scratch import scratch_dir  # a temporary directory, removed at exit
+from scratch import runs_dir  # the runs' directory: --keep, or removed at exit
 
 # (label, the driver's method name, the step metric that holds the worker's seconds on Ray)
 CRITICAL = [("generate", "generate", "time/generate_s"),
@@ -148,11 +148,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--keep", type=Path, help="keep the runs' directories here")
     parser.add_argument("overrides", nargs="*", help="roll config overrides")
     args = parser.parse_args()
     from roll_core.cli import main as roll
 
-    root = Path(scratch_dir(prefix="roll-ray-calls-"))
+    root = runs_dir(args.keep, "roll-ray-calls-")
     recorder = Recorder()
     recorder.install()
     costs: dict[str, dict[str, list[float]]] = {"local": {}, "ray": {}}
@@ -183,7 +184,8 @@ def main() -> None:
           f"on Ray, dispatch + return {calls:.2f}, the same calls' runs {slower:+.2f}, "
           f"the rest {ray['step'] - local['step'] - calls - slower:+.2f}; "
           f"a task on {len(costs['ray'].get('task dispatch', []))} of {len(costs['ray']['step'])} Ray steps")
-    print(f"runs kept in {root}")
+    if args.keep:
+        print(f"runs kept in {root}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
+from pathlib import Path
 
 
 def scratch_dir(prefix: str = "roll-bench-") -> str:
@@ -18,3 +19,12 @@ def scratch_dir(prefix: str = "roll-bench-") -> str:
     path = tempfile.mkdtemp(prefix=prefix)
     atexit.register(shutil.rmtree, path, True)
     return path
+
+
+def runs_dir(keep: Path | str | None, prefix: str) -> Path:
+    """Where a benchmark writes its runs: ``keep`` (its ``--keep``), created and left in place, or
+    else a :func:`scratch_dir`."""
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        return Path(keep)
+    return Path(scratch_dir(prefix=prefix))

@@ -39,7 +39,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from scratch import scratch_dir  # a temporary directory, removed at exit
+from scratch import runs_dir  # the runs' directory: --keep, or removed at exit
 
 # Ray runs per --executor choice: the default layout, and with "all" also actor_infer in a process of
 # its own (ray.hybrid_engine=false), so the hybrid engine's effect is measured in the same invocation.
@@ -131,11 +131,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--keep", type=Path, help="keep the runs' directories here")
     parser.add_argument("--executor", choices=["both", "all", "local", "ray"], default="both")
     parser.add_argument("--size", choices=["tiny", "large"], default="tiny")
     parser.add_argument("overrides", nargs="*", help="roll config overrides")
     args = parser.parse_args()
-    root = Path(scratch_dir(prefix="roll-step-profile-"))
+    root = runs_dir(args.keep, "roll-step-profile-")
     if args.size == "large":
         from large_model import build_large_model
 
@@ -184,7 +185,8 @@ def main() -> None:
                   f"(round by round: {each}); step time {step_ratio:.2f}x")
         if compute is not None:
             print(f"ray: model compute (as local) {compute / ray:.0%} of the step; overhead {1 - compute / ray:.0%}")
-    print(f"runs kept in {root}")
+    if args.keep:
+        print(f"runs kept in {root}")
 
 
 if __name__ == "__main__":

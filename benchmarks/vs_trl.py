@@ -54,7 +54,7 @@ import threading
 import time
 from pathlib import Path
 
-from scratch import scratch_dir  # a temporary directory, removed at exit
+from scratch import runs_dir  # the runs' directory: --keep, or removed at exit
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_PER_PROMPT = 8
@@ -330,8 +330,7 @@ def main() -> None:
     args = ap.parse_args()
     args.sizes = ["tiny", "large"] if args.sizes == "both" else [args.sizes]
 
-    tmp = Path(args.keep or scratch_dir(prefix="roll-vs-trl-"))
-    tmp.mkdir(parents=True, exist_ok=True)
+    tmp = runs_dir(args.keep, "roll-vs-trl-")
     inputs = build_inputs(args, tmp)
     for size in args.sizes:
         model = inputs["models"][size]
@@ -395,7 +394,8 @@ def main() -> None:
                   f"TRL {statistics.fmean(f[1] for f in finals):.1%} (mean over seeds)")
             print(f"   time to TRL's final accuracy {spread([ratio(x['time_to'][1], x['time_to'][0]) for x in per_seed])}")
         (tmp / f"{size}-summary.json").write_text(json.dumps(per_seed, indent=1, default=str))
-    print(f"\nruns kept in {tmp}")
+    if args.keep:
+        print(f"\nruns kept in {tmp}")
 
 
 if __name__ == "__main__":
