@@ -26,6 +26,7 @@ user on the system's Python (tests/test_adversarial.py does both).
 import hashlib
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -324,6 +325,7 @@ def main(names: list[str]) -> int:
     honest = reward.score(RewardInput("", "```python\ndef add(a, b):\n    return a + b\n```", TRUTH["assert"]))
     print(json.dumps({"name": "worker_alive_and_honest_program_scores_1", "ok": honest == 1.0,
                       "problems": [] if honest == 1.0 else [f"honest program scored {honest}"]}), flush=True)
+    shutil.rmtree(canary, ignore_errors=True)  # checked above; the listener's socket goes with it
     return 1 if failures or honest != 1.0 else 0
 
 
