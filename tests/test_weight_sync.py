@@ -76,13 +76,42 @@ def test_shared_memory_updates_reach_every_inference_worker_and_leave_no_file(wo
                 assert torch.equal(param, expected[name]), (version, name)
 
 
-def test_in_process_updates_the_hosted_inference_worker_and_refuses_one_it_does_not_host(workers, tiny_model_path):
+@pytest.fixture
+def hosted(workers, tiny_model_path):
     cfg, executor, train, infer = workers
     hosted = executor.spawn_hosted("actor_infer", InferWorker, [("actor_infer", str(tiny_model_path),
                                                                  cfg.roles.actor_infer, cfg, 1)], train)
     assert hosted.handles == [Hosted(train.handles[0], "actor_infer")]
     executor.get(hosted.call("setup"))
+    return hosted
+
+
+def test_in_process_has_the_hosted_engine_compute_with_the_trainers_own_tensors(workers, hosted):
+    cfg, executor, train, infer = workers
     trainer, engine = train.handles[0].strategy.model, train.handles[0].hosted["actor_infer"].strategy.model
+    own = {name: p.data_ptr() for name, p in engine.named_parameters()}
+    sync = InProcessSync(cfg, executor, train, hosted, colocated=False)
+    sync.setup()
+    assert sync.bytes_per_update == 0  # nothing is sent
+    assert {name: p.data_ptr() for name, p in engine.named_parameters()} == own  # setup changes nothing
+    sync.update(new_version=True, wait=True)
+    expected = dict(trainer.named_parameters())
+    for name, param in engine.named_parameters():
+        assert param.data_ptr() == expected[name].data_ptr(), name  # one copy of the weights in the process
+    _perturb(trainer, 0)  # an update changes the trainer's tensors in place, as the optimizer does
+    assert all(torch.equal(param, expected[name]) for name, param in engine.named_parameters())
+    # a trainer whose tensors were replaced (not updated in place) is followed at the next update
+    with torch.no_grad():
+        for param in trainer.parameters():
+            param.data = param.data.clone()
+    sync.update(new_version=True, wait=True)
+    assert all(param.data_ptr() == expected[name].data_ptr() for name, param in engine.named_parameters())
+
+
+def test_in_process_copies_where_the_trainer_cannot_share(workers, hosted, monkeypatch):
+    cfg, executor, train, infer = workers
+    trainer, engine = train.handles[0].strategy.model, train.handles[0].hosted["actor_infer"].strategy.model
+    monkeypatch.setattr(train.handles[0].strategy, "shared_parameters", lambda: None)  # as fsdp2 and LoRA
     sync = InProcessSync(cfg, executor, train, hosted, colocated=False)
     sync.setup()
     assert sync.bytes_per_update == sum(p.numel() * p.element_size() for p in trainer.parameters())
@@ -93,11 +122,47 @@ def test_in_process_updates_the_hosted_inference_worker_and_refuses_one_it_does_
         for name, param in engine.named_parameters():
             assert torch.equal(param, expected[name]), (version, name)
             assert param.data_ptr() != expected[name].data_ptr()  # a copy: the engine never trains
+
+
+def test_in_process_refuses_an_engine_the_trainer_does_not_host(workers):
+    cfg, executor, train, infer = workers
     with pytest.raises(RollError, match="in_process needs every actor_infer worker built inside a actor_train "
                                         "worker .ray.hybrid_engine."):
         InProcessSync(cfg, executor, train, infer, colocated=False).setup()
     with pytest.raises(RollError, match="2 workers cannot live in actor_train's 1 worker processes"):
         executor.spawn_hosted("actor_infer", InferWorker, [()] * 2, train)
+
+
+def test_an_engine_shares_only_tensors_that_match_its_own_by_name_shape_dtype_and_device(workers):
+    cfg, executor, train, infer = workers
+    engine = infer.handles[0].strategy
+    live = train.handles[0].strategy.shared_parameters()
+    assert engine.can_share(live)
+    name = next(iter(live))
+    assert not engine.can_share({n: t for n, t in live.items() if n != name})  # a name missing
+    assert not engine.can_share({**live, "extra.weight": live[name]})  # a name it does not have
+    assert not engine.can_share({**live, name: live[name].double()})
+    assert not engine.can_share({**live, name: live[name].reshape(-1)})
+    assert not engine.can_share({**live, name: live[name].to("meta")})
+    worker = infer.handles[0]
+    assert worker.can_share_weights(live)
+    worker.merger = object()  # LoRA adapters arrive to be merged onto a base: the engine keeps its own weights
+    assert not worker.can_share_weights(live) and not worker.share_weights(1, live)
+
+
+def test_only_the_plain_hf_trainer_hands_out_its_live_tensors(workers):
+    from roll_core.strategies.fsdp2 import FSDP2TrainStrategy
+
+    cfg, executor, train, infer = workers
+    trainer = train.handles[0].strategy
+    live = trainer.shared_parameters()
+    assert {n: t.data_ptr() for n, t in live.items()} == {n: p.data_ptr() for n, p in trainer.model.named_parameters()}
+    assert not any(t.requires_grad for t in live.values())  # detached: the engine cannot reach the graph
+    sharded = object.__new__(FSDP2TrainStrategy)  # gathers shards in full_parameters: copies, never live
+    sharded.lora = None
+    assert sharded.shared_parameters() is None
+    trainer.lora = object()  # under LoRA the engine gets merged weights, never the trainer's base
+    assert trainer.shared_parameters() is None
 
 
 def test_explicit_shared_memory_says_how_much_dev_shm_it_needs(workers, monkeypatch):

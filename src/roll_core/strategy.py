@@ -87,6 +87,19 @@ class InferStrategy(Colocatable, ABC):
         """Every bucket of the update is loaded: drop cached prefixes computed with the old weights
         and resume generation."""
 
+    def can_share(self, parameters: dict[str, torch.Tensor]) -> bool:
+        """Whether :meth:`share` can take ``parameters`` (a trainer's own tensors in this process, by
+        Hugging Face name) as the model's weights. False, the default: the engine keeps a copy of its
+        own and gets :meth:`load`."""
+        return False
+
+    def share(self, parameters: dict[str, torch.Tensor]) -> None:
+        """Compute with ``parameters`` from now on instead of a copy (called where :meth:`can_share`
+        is true, between ``begin_update`` and ``end_update``). The hybrid engine's weight sync does
+        this; its rollouts never overlap an update, so the weights change only while the engine is
+        idle (:class:`roll_core.runtime.weight_sync.InProcessSync`)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps its own weights (can_share is False)")
+
     def rng_state(self) -> Any:
         """Sampling RNG state, saved in checkpoints so a resumed run draws the same samples."""
         return None
@@ -194,6 +207,13 @@ class TrainStrategy(Trainable):
         ``(name, tensor)`` of about ``bucket_bytes`` each. Called on every rank at once (gathering
         collectives are allowed); a rank that owns nothing (a data-parallel replica other than
         rank 0) yields nothing. Every name must be yielded by exactly one rank."""
+
+    def shared_parameters(self) -> dict[str, torch.Tensor] | None:
+        """The model's own parameter tensors by Hugging Face name, for an inference engine in this
+        process to compute with instead of a copy (:meth:`InferStrategy.share`). Only where they are
+        whole tensors that the updates change in place, the names and shapes of :meth:`weight_buckets`;
+        None, the default, anywhere else (sharded parameters, adapters merged on the way out)."""
+        return None
 
 
 class CriticStrategy(Trainable):

@@ -45,6 +45,7 @@ def test_every_stage_computes_what_hf_computes(tiny_model_path, options):
     metrics = assert_trainer_matches_hf(trainer, reference, cfg)
     assert metrics["train/grad_norm"] > cfg.algorithm.max_grad_norm  # so clipping really acted
     assert trainer.engine.optimizer.optimizer.defaults["fused"] is True  # stepped ZeRO's partitions fused, as hf
+    assert trainer.shared_parameters() is None  # ZeRO owns the tensors: a hybrid engine gets gathered copies
 
 
 def test_bf16_trains_near_the_fp32_result(tiny_model_path):

@@ -24,7 +24,10 @@ of a cluster roll starts itself and ``collective`` otherwise; ``object_store`` f
   until every read of the last update is done;
 * ``object_store``: the buckets travel as call arguments (Ray's object store; memory when local);
 * ``in_process``: under the hybrid engine (``ray.hybrid_engine``) the inference worker lives in the
-  trainer's process, which hands it the buckets in memory in one call (``auto`` picks it there).
+  trainer's process (``auto`` picks it there). Where both strategies allow it (``shared_parameters``,
+  ``can_share``: ``hf`` on both sides without LoRA), the engine computes with the trainer's own
+  parameter tensors, so the process holds the weights once and an update copies nothing; otherwise
+  the trainer hands it the buckets in memory in one call.
 
 A backend is constructed as ``cls(config, executor, trainer_group, infer_group, colocated)`` and
 implements :meth:`WeightSync.push`; pipelines call :meth:`WeightSync.update`, which counts versions
@@ -127,7 +130,12 @@ class CollectiveSync(WeightSync):
 
 
 class InProcessSync(WeightSync):
-    """The trainer's worker loads the buckets into the inference worker it hosts (the hybrid engine)."""
+    """The inference worker the trainer's worker hosts (the hybrid engine) computes with the trainer's
+    own parameter tensors where both strategies allow it (``hf`` on both sides, without LoRA): one copy
+    of the weights in memory instead of two, and nothing to copy. Safe because the hybrid engine only
+    runs rollouts that wait for the update, in one process that runs one call at a time: the weights
+    change in place only while the engine is idle, and each update re-points the engine at the
+    trainer's current tensors. Elsewhere the trainer hands it the buckets in memory to copy."""
 
     queues_behind_update = True  # one call on the trainer's own workers, which run it after the update
 
@@ -137,6 +145,8 @@ class InProcessSync(WeightSync):
             raise RollError(f"runtime.weight_sync: in_process needs every {self.infer.role} worker built inside "
                             f"a {self.trainer.role} worker (ray.hybrid_engine); use auto")
         super().setup()
+        if all(self.executor.get(self.trainer.call("shares_weights_with", self.infer.role))):
+            self.bytes_per_update = 0  # the engine reads the trainer's tensors: no byte moves
 
     def push(self, version: int) -> list:
         return self.trainer.call("pass_weights", self.infer.role, version, self.bucket_bytes)

@@ -224,9 +224,20 @@ class TrainWorker(_TrainedWorker, _WeightGroupMember):
         return sent
 
     def pass_weights(self, role: str, version: int, bucket_bytes: int) -> int:
-        """One update of the inference worker of ``role`` that this process hosts, its buckets handed
-        over in memory (no copy leaves the process); tensors loaded."""
-        return self.hosted[role].update_weights(version, self.weight_bucket_list(bucket_bytes))
+        """One update of the inference worker of ``role`` that this process hosts: it computes with
+        this worker's own parameter tensors where both strategies allow (``shared_parameters``,
+        ``share``; then nothing is copied), else its buckets are handed over in memory. Returns the
+        tensors copied."""
+        hosted, live = self.hosted[role], self.strategy.shared_parameters()
+        if live is not None and hosted.share_weights(version, live):
+            return 0
+        return hosted.update_weights(version, self.weight_bucket_list(bucket_bytes))
+
+    def shares_weights_with(self, role: str) -> bool:
+        """Whether :meth:`pass_weights` shares this worker's tensors with the hosted ``role`` (asked
+        before any update; nothing changes)."""
+        live = self.strategy.shared_parameters()
+        return live is not None and self.hosted[role].can_share_weights(live)
 
     def write_weights(self, bucket_bytes: int) -> int:
         """Write every bucket this rank owns into its shared buffer (laid out by
@@ -310,6 +321,19 @@ class InferWorker(_StrategyWorker, _WeightGroupMember):
                 loaded += len(bucket)
         self._end_update()
         return loaded
+
+    def can_share_weights(self, parameters: dict) -> bool:
+        return self.merger is None and self.strategy.can_share(parameters)  # a merger: adapters arrive
+
+    def share_weights(self, version: int, parameters: dict) -> bool:
+        """One update by taking a trainer's tensors in this process as the weights (the hybrid
+        engine); False, with nothing changed, where the engine keeps its own copy."""
+        if not self.can_share_weights(parameters):
+            return False
+        self.strategy.begin_update(version)
+        self.strategy.share(parameters)
+        self._end_update()
+        return True
 
     def receive_weights(self, version: int, metas: list) -> int:
         """One update from broadcasts: ``metas[g]`` describes the buckets group ``g``'s sender sends; bytes."""

@@ -136,6 +136,18 @@ class HFInferStrategy(_Sampling, InferStrategy):
         for name, tensor in bucket:
             params[name].data.copy_(tensor.to(self.device))
 
+    def can_share(self, parameters: dict[str, torch.Tensor]) -> bool:
+        own = dict(self.model.named_parameters())
+        return own.keys() == parameters.keys() and all(
+            (t.shape, t.dtype, t.device) == (own[name].shape, own[name].dtype, own[name].device)
+            for name, t in parameters.items())
+
+    def share(self, parameters: dict[str, torch.Tensor]) -> None:
+        """Every parameter points at the trainer's tensor of its name; the model's own storage is freed."""
+        own = dict(self.model.named_parameters())
+        for name, tensor in parameters.items():
+            own[name].data = tensor
+
 
 FUSED_ADAMW_DEVICE_TYPES = ("cpu", "cuda")  # where torch has a fused AdamW kernel that roll runs
 
@@ -248,6 +260,13 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
             return
         for name, param in self.model.named_parameters():
             yield name, param.detach().cpu()
+
+    def shared_parameters(self) -> dict[str, torch.Tensor] | None:
+        # the live tensors where full_parameters yields them as they are: no adapters to merge, and
+        # not a subclass that gathers shards there (fsdp2, deepspeed)
+        if self.lora is not None or type(self).full_parameters is not HFTrainStrategy.full_parameters:
+            return None
+        return {name: param.detach() for name, param in self.model.named_parameters()}
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         # On every rank (sharded subclasses gather here); replicas are identical: rank 0 sends for all.
