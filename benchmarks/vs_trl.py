@@ -4,8 +4,9 @@ Both libraries train the same model from the same checkpoint on the same prompts
 settings (the quickstart's: ``--prompts`` prompts x 8 samples per step, lr 3e-4 constant, clip
 0.2, no KL, token-mean loss over the batch, group-normalised advantages, temperature 1, grad-norm
 clip 1, AdamW with torch's default settings on its fused kernel, one forward-backward pass over the step's samples), for each seed, alternating libraries so drift of the
-machine hits both alike. Each run is its own process; this script samples the resident memory of
-its whole process tree (for roll on Ray: the driver, Ray's daemons and every worker).
+machine hits both alike. Each run is its own process; this script samples the memory of its whole
+process tree (for roll on Ray: the driver, Ray's daemons and every worker), resident (RSS) and
+proportional (PSS: a page that several processes map, as torch's libraries, counted once in all).
 
 Two sizes:
 
@@ -19,7 +20,7 @@ Two sizes:
 
 Printed per seed and as mean (min-max) over seeds, roll / TRL as ratios (above 1: roll better):
 seconds per RL step (median of the steps between the first and the last), generated tokens per second, trained
-tokens per second (prompt + response tokens of the batch per step second), peak memory, and for
+tokens per second (prompt + response tokens of the batch per step second), peak memory (RSS and PSS), and for
 ``tiny`` the held-out accuracy curve and the time (sum of step seconds) each library needs to reach
 TRL's final accuracy. To measure that time rather than cut it off, roll's tiny run goes on for
 ``--extra-steps`` steps past ``--steps`` (evaluated alike): a seed where roll gets there only after
@@ -138,12 +139,15 @@ def trl_worker(spec_path: str) -> None:
 
 # -- the driver --------------------------------------------------------------------------------------
 class PeakMemory:
-    """The largest summed resident set of a process and all its descendants, sampled every 0.2 s."""
+    """The largest summed memory of a process and all its descendants, sampled every 0.2 s: resident
+    set (RSS, which counts a page every process maps, such as torch's libraries, once per process)
+    and proportional set (PSS, which splits each shared page among the processes that map it: what
+    the process tree takes from the machine)."""
 
     def __init__(self, pid: int):
         import psutil
 
-        self.root, self.peak, self.done = psutil.Process(pid), 0, threading.Event()
+        self.root, self.peak, self.done = psutil.Process(pid), {"rss": 0, "pss": 0}, threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.thread.start()
 
@@ -153,12 +157,14 @@ class PeakMemory:
         while not self.done.is_set():
             try:
                 procs = [self.root, *self.root.children(recursive=True)]
-                self.peak = max(self.peak, sum(p.memory_info().rss for p in procs if p.is_running()))
+                infos = [p.memory_full_info() for p in procs if p.is_running()]
+                for key in self.peak:
+                    self.peak[key] = max(self.peak[key], sum(getattr(info, key) for info in infos))
             except psutil.Error:
                 pass
             self.done.wait(0.2)
 
-    def stop(self) -> int:
+    def stop(self) -> dict[str, int]:
         self.done.set()
         self.thread.join()
         return self.peak
@@ -181,7 +187,7 @@ class BackgroundLoad:
             proc.wait()
 
 
-def run_measured(cmd: list[str], log: Path, load: int = 0) -> int:
+def run_measured(cmd: list[str], log: Path, load: int = 0) -> dict[str, int]:
     with open(log, "w") as out, BackgroundLoad(load):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         memory = PeakMemory(proc.pid)
@@ -369,7 +375,8 @@ def main() -> None:
             row = {"seed": seed, "roll": rs, "trl": ts, "mem": (mem_roll, mem_trl), "wall": (t2 - t1, t1 - t0)}
             line = (f"seed {seed}: s/step roll {rs['step_s']:.3f} TRL {ts['step_s']:.3f} -> {ts['step_s'] / rs['step_s']:.2f}x; "
                     f"gen tok/s {rs['gen_tok_s']:.0f} vs {ts['gen_tok_s']:.0f}; train tok/s {rs['train_tok_s']:.0f} vs "
-                    f"{ts['train_tok_s']:.0f}; peak memory {mem_roll / 2**20:.0f} vs {mem_trl / 2**20:.0f} MiB; "
+                    f"{ts['train_tok_s']:.0f}; peak memory {mem_roll['rss'] / 2**20:.0f} vs {mem_trl['rss'] / 2**20:.0f} MiB "
+                    f"(PSS {mem_roll['pss'] / 2**20:.0f} vs {mem_trl['pss'] / 2**20:.0f}); "
                     f"wall {t2 - t1:.0f} s ({roll_steps} steps) vs {t1 - t0:.0f} s ({steps})")
             if eval_every:
                 target = t["accuracy"][max(t["accuracy"])]
@@ -387,7 +394,9 @@ def main() -> None:
         print(f"   seconds per step      {spread([x['trl']['step_s'] / x['roll']['step_s'] for x in per_seed])}")
         print(f"   generated tokens/s    {spread([x['roll']['gen_tok_s'] / x['trl']['gen_tok_s'] for x in per_seed])}")
         print(f"   trained tokens/s      {spread([x['roll']['train_tok_s'] / x['trl']['train_tok_s'] for x in per_seed])}")
-        print(f"   peak memory           {spread([x['mem'][1] / x['mem'][0] for x in per_seed])} (TRL / roll)")
+        for key in ("rss", "pss"):
+            print(f"   peak memory ({key.upper()})    {spread([x['mem'][1][key] / x['mem'][0][key] for x in per_seed])}"
+                  " (TRL / roll)")
         if eval_every:
             finals = [[curve[max(curve)] for curve in x["curves"]] for x in per_seed]  # at step --steps
             print(f"   accuracy at step {steps}  roll {statistics.fmean(f[0] for f in finals):.1%}, "
