@@ -12,6 +12,7 @@ import pytest
 
 from roll_core.pipelines.rlvr import RLVRPipeline
 from roll_core.runtime import LocalExecutor
+from roll_core.strategies import cpu_matmul
 
 
 def metrics_of(run_dir):
@@ -183,6 +184,9 @@ def test_same_seed_same_metrics_local_and_ray(tmp_path, layout):
         results[executor] = metrics_of(run_dir)
     placement = json.loads((tmp_path / "ray" / "placement.json").read_text())
     roles = placement["roles"]
+    # every worker records the linear-layer kernel it computes with, as this machine resolves the default
+    assert {w["cpu_matmul"] for workers in roles.values() for w in workers} == {
+        "onednn" if cpu_matmul.onednn_preferred() and cpu_matmul.onednn_available() else "torch"}
     train_pids = {w["pid"] for w in roles["actor_train"]}
     assert ({w["pid"] for w in roles["actor_infer"]} == train_pids) == layout.startswith("hybrid")
     # exact_match is lightweight: one reward worker scores in the driver, two are processes of their own

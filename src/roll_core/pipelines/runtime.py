@@ -191,7 +191,7 @@ class RoleGroups:
 
     def record(self, path: Path) -> None:
         """``placement.json``: the reserved nodes, the driver's pid and where every worker landed (pid, node,
-        devices; a reward role that scores in the driver has the driver's pid)."""
+        devices, the CPU linear-layer kernel; a reward role that scores in the driver has the driver's pid)."""
         where = {name: group.executor.get(group.call("placement")) for name, group in self.groups.items()}
         path.write_text(json.dumps({"nodes": self.node_ids, "driver_pid": os.getpid(), "roles": where}, indent=2))
 

@@ -45,7 +45,8 @@ class _Worker:
         return torch.get_num_threads()
 
     def placement(self) -> dict:
-        """Where this worker runs: Ray node id (when on Ray) and its visible devices."""
+        """Where this worker runs: Ray node id (when on Ray), its visible devices, and the kernel its
+        models' linear layers use on CPU (``runtime.cpu_matmul`` as resolved on this machine)."""
         node = None
         try:
             import ray
@@ -54,7 +55,8 @@ class _Worker:
                 node = ray.get_runtime_context().get_node_id()
         except ImportError:
             pass
-        return {"pid": os.getpid(), "node_id": node, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        return {"pid": os.getpid(), "node_id": node, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "cpu_matmul": "onednn" if cpu_matmul.uses_onednn() else "torch"}
 
     # -- hosting another role's worker in this process (the hybrid engine, executor ray) ----------
     def host(self, role: str, cls: type, args: tuple) -> None:

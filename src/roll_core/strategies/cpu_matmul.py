@@ -26,7 +26,8 @@ a subclass whose forward (and backward, :class:`_OneDNNLinearFunction`) calls
 Parameters, their names, tied weights, hooks and state dicts stay as they were: only each module's
 class changes, so checkpoints, weight sync and adapters (``peft`` wraps the layer as before) do not
 notice. The choice is made once per process (:func:`configure`, called by every worker with the run's
-config, as it sets torch's threads), so the ``local`` and ``ray`` executors compute alike.
+config, as it sets torch's threads), so the ``local`` and ``ray`` executors compute alike. A run
+records each worker's resolved choice in ``placement.json`` (``cpu_matmul``).
 """
 
 from __future__ import annotations
