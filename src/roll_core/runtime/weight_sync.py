@@ -144,9 +144,10 @@ class InProcessSync(WeightSync):
         if hosts != list(self.trainer.handles):
             raise RollError(f"runtime.weight_sync: in_process needs every {self.infer.role} worker built inside "
                             f"a {self.trainer.role} worker (ray.hybrid_engine); use auto")
-        super().setup()
         if all(self.executor.get(self.trainer.call("shares_weights_with", self.infer.role))):
             self.bytes_per_update = 0  # the engine reads the trainer's tensors: no byte moves
+        else:
+            super().setup()  # measures the buckets the trainer hands over
 
     def push(self, version: int) -> list:
         return self.trainer.call("pass_weights", self.infer.role, version, self.bucket_bytes)
