@@ -1,19 +1,23 @@
-"""The hybrid engine's weights: one copy shared by trainer and engine, against a copy of their own.
+"""The weights of an engine in the trainer's process: one copy shared by trainer and engine, against
+a copy of their own.
 
 Under the hybrid engine (``ray.hybrid_engine``) actor_infer's worker lives in actor_train's process,
-and the ``in_process`` weight sync has it compute with the trainer's own parameter tensors
-(``TrainStrategy.shared_parameters``, ``InferStrategy.can_share``) instead of copying them into a
-model of its own after every update. This script shows what that is worth: each variant runs in a
-fresh child process, alternating for ``--rounds`` rounds. A child builds the trainer's worker and the
-engine's worker it hosts, as the Ray executor does, on the 95M model of ``large_model.py``, with the
-run's defaults (``runtime.cpu_matmul``, ``runtime.reuse_freed_memory``), and runs ``--steps`` steps of
+and on the local executor both are objects in the driver; there the ``in_process`` weight sync has
+the engine compute with the trainer's own parameter tensors (``TrainStrategy.shared_parameters``,
+``InferStrategy.can_share``) instead of copying them into a model of its own after every update.
+This script shows what that is worth: each variant runs in a fresh child process, alternating for
+``--rounds`` rounds. A child builds the trainer's worker and the engine's worker, hosted by it as
+the Ray executor does (``--layout hosted``) or beside it as the local executor does (``--layout
+local``), on the 95M model of ``large_model.py`` (on CUDA where there is a GPU, as a run puts it), with
+the run's defaults (``runtime.cpu_matmul``, ``runtime.reuse_freed_memory``), and runs ``--steps`` steps of
 what a synchronous RL step does in that process: generate 8 prompts x 8 samples of up to ``--tokens``
 tokens, one training pass over them (forward, token log-probs, backward, gradient clipping, AdamW),
 then the weight sync. The ``copy`` variant is the same code with the trainer's ``shared_parameters``
 returning None, so the engine keeps its model and gets the buckets copied in. Printed: the process's
-peak resident memory, the median seconds of a step and of a weight sync after the first step.
+peak resident memory (on a GPU, the peak of CUDA memory allocated), the median seconds of a step and
+of a weight sync after the first step.
 
-    python benchmarks/bench_shared_weights.py [--rounds 2] [--steps 4] [--tokens 64] [--threads 2]
+    python benchmarks/bench_shared_weights.py [--layout hosted|local] [--rounds 2] [--steps 4] [--tokens 64]
 
 Run nothing else CPU-heavy beside it.
 """
@@ -46,7 +50,7 @@ class _NegativeLogLikelihood:
         return -(out["log_probs"] * micro["response_mask"]).sum() / tokens, {}
 
 
-def child(model: str, variant: str, steps: int, tokens: int, threads: int) -> None:
+def child(model: str, variant: str, layout: str, steps: int, tokens: int, threads: int) -> None:
     """Steps in this process; prints ``{"step_s": [...], "sync_s": [...], "peak_mb": ..., "bytes": ...}``."""
     import torch
 
@@ -63,13 +67,16 @@ def child(model: str, variant: str, steps: int, tokens: int, threads: int) -> No
     executor = LocalExecutor()
     train = executor.spawn("actor_train", TrainWorker, [("actor_train", model, cfg.roles.actor_train, cfg, 0)])
     executor.get(train.call("setup"))
-    hosted = executor.spawn_hosted("actor_infer", InferWorker, [("actor_infer", model, cfg.roles.actor_infer,
-                                                                 cfg, 1)], train)
-    executor.get(hosted.call("setup"))
-    sync = InProcessSync(cfg, executor, train, hosted, colocated=False)
+    infer_args = [("actor_infer", model, cfg.roles.actor_infer, cfg, 1)]
+    infer = (executor.spawn_hosted("actor_infer", InferWorker, infer_args, train) if layout == "hosted"
+             else executor.spawn("actor_infer", InferWorker, infer_args))
+    executor.get(infer.call("setup"))
+    sync = InProcessSync(cfg, executor, train, infer, colocated=False)
     sync.setup()
     sync.update(new_version=False, wait=True)  # as a run starts: the engine gets the trainer's weights
-    trainer, engine = train.handles[0].strategy, train.handles[0].hosted["actor_infer"]
+    trainer = train.handles[0].strategy
+    engine = train.handles[0].hosted["actor_infer"] if layout == "hosted" else infer.handles[0]
+    cuda = trainer.device.type == "cuda"
     vocab = trainer.model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
     step_s, sync_s = [], []
@@ -87,14 +94,18 @@ def child(model: str, variant: str, steps: int, tokens: int, threads: int) -> No
         end = time.perf_counter()
         step_s.append(end - start)
         sync_s.append(end - synced)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    print(json.dumps({"step_s": step_s, "sync_s": sync_s, "peak_mb": peak_mb, "bytes": sync.bytes_per_update}))
+    peak_mb = (torch.cuda.max_memory_allocated() / 2**20 if cuda
+               else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB on Linux
+    print(json.dumps({"step_s": step_s, "sync_s": sync_s, "peak_mb": peak_mb, "bytes": sync.bytes_per_update,
+                      "memory": "CUDA allocated" if cuda else "resident"}))
 
 
 def main() -> None:
-    if len(sys.argv) == 7 and sys.argv[1] == "--child":
-        return child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+    if len(sys.argv) == 8 and sys.argv[1] == "--child":
+        return child(sys.argv[2], sys.argv[3], sys.argv[4], *map(int, sys.argv[5:]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layout", choices=("hosted", "local"), default="hosted",
+                    help="the engine's worker hosted by the trainer's (Ray's hybrid engine) or beside it (local)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=64)
@@ -103,17 +114,18 @@ def main() -> None:
     from large_model import build_large_model
 
     model = str(build_large_model(scratch_dir("roll-bench-shared-weights-")))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    src = str(Path(__file__).resolve().parents[1] / "src")  # ahead of where the machine installed the rest
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
     results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
         for variant in VARIANTS:
-            out = subprocess.run([sys.executable, __file__, "--child", model, variant, str(args.steps),
+            out = subprocess.run([sys.executable, __file__, "--child", model, variant, args.layout, str(args.steps),
                                   str(args.tokens), str(args.threads)], capture_output=True, text=True, env=env)
             if out.returncode != 0:
                 raise SystemExit(f"{variant} failed:\n{out.stderr[-3000:]}")
             row = json.loads(out.stdout.strip().splitlines()[-1])
             results[variant].append(row)
-            print(f"round {r + 1} {variant:5s}: peak {row['peak_mb']:.0f} MiB, step "
+            print(f"round {r + 1} {variant:5s}: peak {row['memory']} {row['peak_mb']:.0f} MiB, step "
                   f"{statistics.median(row['step_s'][1:]):.2f} s, sync {statistics.median(row['sync_s'][1:]):.4f} s, "
                   f"{row['bytes'] / 2**20:.0f} MiB per update", flush=True)
     summary = {v: (statistics.median(r["peak_mb"] for r in rows),

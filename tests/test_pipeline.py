@@ -200,10 +200,12 @@ def test_same_seed_same_metrics_local_and_ray(tmp_path, layout):
         assert all("eval/accuracy" in r for r in ray)
         state = json.loads((tmp_path / "ray" / "checkpoints" / "step_000002" / "state.json").read_text())
         assert state["data"] == {"epoch": 0, "index": 8}  # 2 steps x 4 prompts: step 3's not drawn yet
-    # the hybrid engine computes with the trainer's own tensors (weight_sync: in_process), so no byte
-    # moves; the local executor copies them: the same weights, and the same numbers everywhere else
+    # the hybrid engine's worker, like the local executor's, computes with the trainer's own tensors
+    # (weight_sync: in_process), so no byte moves; Ray's separate processes copy them: the same
+    # weights, and the same numbers everywhere else
     sent = [r["weight_sync/bytes"] for r in ray if "weight_sync/bytes" in r]
     assert sent and all((b == 0) == layout.startswith("hybrid") for b in sent)
+    assert {r["weight_sync/bytes"] for r in local if "weight_sync/bytes" in r} == {0.0}
     for a, b in zip(local, ray):
         assert set(a) == set(b)
         for key in a:

@@ -124,11 +124,31 @@ def test_in_process_copies_where_the_trainer_cannot_share(workers, hosted, monke
             assert param.data_ptr() != expected[name].data_ptr()  # a copy: the engine never trains
 
 
-def test_in_process_refuses_an_engine_the_trainer_does_not_host(workers):
+def test_in_process_on_the_local_executor_has_every_engine_compute_with_the_trainers_tensors(workers):
+    cfg, executor, train, infer = workers  # two inference workers beside the trainer in the driver
+    trainer = train.handles[0].strategy.model
+    sync = InProcessSync(cfg, executor, train, infer, colocated=False)
+    sync.setup()
+    assert sync.bytes_per_update == 0 and not sync.queues_behind_update  # local calls have run: nothing queues
+    sync.update(new_version=True, wait=True)
+    expected = {name: p.data_ptr() for name, p in trainer.named_parameters()}
+    for worker in infer.handles:
+        assert {name: p.data_ptr() for name, p in worker.strategy.model.named_parameters()} == expected
+    _perturb(trainer, 0)
+    reference = dict(trainer.named_parameters())
+    for worker in infer.handles:
+        assert all(torch.equal(p, reference[name]) for name, p in worker.strategy.model.named_parameters())
+
+
+def test_in_process_refuses_engines_in_other_processes(workers):
     cfg, executor, train, infer = workers
-    with pytest.raises(RollError, match="in_process needs every actor_infer worker built inside a actor_train "
-                                        "worker .ray.hybrid_engine."):
-        InProcessSync(cfg, executor, train, infer, colocated=False).setup()
+
+    class Elsewhere(LocalExecutor):  # workers that are separate processes, as Ray's without the hybrid engine
+        name = "ray"
+
+    with pytest.raises(RollError, match=r"in_process needs every actor_infer worker in a actor_train worker's "
+                                        r"process \(ray.hybrid_engine, or executor: local\)"):
+        InProcessSync(cfg, Elsewhere(), train, infer, colocated=False).setup()
     with pytest.raises(RollError, match="2 workers cannot live in actor_train's 1 worker processes"):
         executor.spawn_hosted("actor_infer", InferWorker, [()] * 2, train)
 
@@ -204,7 +224,10 @@ def test_auto_falls_back_to_collective_when_dev_shm_is_too_small(workers, monkey
     (["executor=ray", "roles.actor_infer.device_mapping=[0]"], False, "collective"),
     (["executor=ray", "roles.actor_train.device_mapping=[0]"], False, "collective"),
     (["executor=ray"], True, "object_store"),  # a scheduler that trains while generating
-    (["executor=local"], False, "object_store"),
+    (["executor=local"], False, "in_process"),  # every worker is an object in the driver's process
+    (["executor=local", "rollout.scheduler=async", "rollout.async_generation_ratio=1"], True, "object_store"),
+    (["executor=local", "pipeline=agentic", "agentic.rollout=async"], False, "object_store"),  # generates meanwhile
+    (["executor=ray", "pipeline=agentic", "agentic.rollout=async"], False, "shared_memory"),  # no hybrid engine
     (["executor=ray", "runtime.weight_sync=collective"], False, "collective"),  # a chosen backend is kept
 ])
 def test_auto_picks_the_backend_for_where_the_workers_are(overrides, overlapping, expected):

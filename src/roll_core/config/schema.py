@@ -719,10 +719,11 @@ class RuntimeConfig(Strict):
         "auto", description="a registered weight-sync backend. collective: buckets broadcast through a "
         "torch.distributed group from each sending training rank to the inference workers; object_store: "
         "buckets passed through Ray / memory; shared_memory: buckets written to a buffer in /dev/shm that every "
-        "inference worker maps (one node); in_process: handed over in memory under ray.hybrid_engine; auto: on "
-        "Ray with a scheduler that waits for the update, in_process under the hybrid engine, else shared_memory "
-        "when actor_train and actor_infer have no device_mapping and ray.address is unset, collective "
-        "otherwise; object_store for the rest")
+        "inference worker maps (one node); in_process: the engine in the trainer's process (ray.hybrid_engine, or "
+        "executor local) computes with the trainer's own tensors, or is handed the buckets in memory; auto: for a "
+        "rollout that waits for the update, in_process on the local executor and under the hybrid engine, else "
+        "shared_memory when actor_train and actor_infer have no device_mapping and ray.address is unset, "
+        "collective otherwise; object_store where a scheduler generates while the policy trains")
     weight_bucket_mb: float = Field(64, gt=0, description="size of one weight-sync bucket")
     max_restarts: int = Field(1, ge=0, description="restarts of the workers from the last checkpoint after "
                               "a worker process dies or stops answering; 0 = stop at the first failure")

@@ -58,6 +58,9 @@ def check_mappings(cfg) -> None:
         if cfg.runtime.weight_sync == "collective":
             raise ValueError("runtime.weight_sync: collective needs executor: ray (the local executor runs every "
                              "worker in one process); use object_store or auto")
+    if cfg.runtime.weight_sync == "in_process" and (overlap := generates_while_training(cfg)):
+        raise ValueError(f"runtime.weight_sync: in_process hands the engine the trainer's weights in its process, "
+                         f"but {overlap}; use object_store or auto")
     samples = cfg.rollout.prompts_per_step * cfg.rollout.num_return_sequences
     for name in [n for n, r in roles.items() if r.kind in _TRAINED_KINDS]:
         if roles[name].num_workers == 1:
@@ -90,6 +93,16 @@ def check_mappings(cfg) -> None:
             raise ValueError(problems[0])
 
 
+def generates_while_training(cfg) -> str | None:
+    """Why actor_infer may generate while actor_train updates the policy (None: every rollout waits
+    for the update): ``rollout.scheduler``, and for the agentic pipeline ``agentic.rollout``."""
+    if _overlaps_training(cfg):
+        return f"the '{cfg.rollout.scheduler}' scheduler generates while the policy trains"
+    if cfg.pipeline == "agentic" and cfg.agentic.rollout == "async":
+        return "agentic.rollout: async generates while the policy trains"
+    return None
+
+
 def hybrid_engine_blocker(cfg) -> str | None:
     """Why actor_infer's worker cannot live in actor_train's worker process on Ray (None: it can).
 
@@ -101,10 +114,8 @@ def hybrid_engine_blocker(cfg) -> str | None:
     from roll_core.plugins import get_plugins
 
     train, infer = cfg.roles.actor_train, cfg.roles.actor_infer
-    if _overlaps_training(cfg):
-        return f"the '{cfg.rollout.scheduler}' scheduler generates while the policy trains"
-    if cfg.pipeline == "agentic" and cfg.agentic.rollout == "async":
-        return "agentic.rollout: async generates while the policy trains"
+    if overlap := generates_while_training(cfg):
+        return overlap
     if train.device_mapping is not None or infer.device_mapping is not None:
         return "it runs CPU workers only (actor_train and actor_infer without a device_mapping)"
     if train.num_workers != 1 or infer.num_workers != 1:

@@ -10,9 +10,10 @@ On the training side every rank iterates ``weight_buckets`` (sharded strategies 
 collectives there) and yields the buckets of the weights it owns: one rank of replicated data
 parallelism, every pipeline stage's first rank once stages split the layers. A backend moves those
 buckets; backends are a registered plugin kind (``roll_register_weight_syncs``), chosen with
-``runtime.weight_sync`` (``auto``: on Ray, for schedulers that wait for the update,
-``in_process`` under the hybrid engine, else ``shared_memory`` when both roles run on CPU workers
-of a cluster roll starts itself and ``collective`` otherwise; ``object_store`` for the rest):
+``runtime.weight_sync`` (``auto``: ``object_store`` for a scheduler that generates while the
+policy trains, and on the local executor for any rollout that does; else ``in_process`` on the local
+executor and under Ray's hybrid engine, ``shared_memory`` when both roles run on CPU workers of a
+cluster roll starts itself, and ``collective`` otherwise):
 
 * ``collective``: each sending rank and every inference worker form a ``torch.distributed`` group of
   their own and each bucket is one broadcast (nccl when both sides are on GPUs and not colocated,
@@ -23,11 +24,12 @@ of a cluster roll starts itself and ``collective`` otherwise; ``object_store`` f
   read is ordered after the writes by taking their results as arguments; the next write waits
   until every read of the last update is done;
 * ``object_store``: the buckets travel as call arguments (Ray's object store; memory when local);
-* ``in_process``: under the hybrid engine (``ray.hybrid_engine``) the inference worker lives in the
-  trainer's process (``auto`` picks it there). Where both strategies allow it (``shared_parameters``,
-  ``can_share``: ``hf`` on both sides without LoRA), the engine computes with the trainer's own
-  parameter tensors, so the process holds the weights once and an update copies nothing; otherwise
-  the trainer hands it the buckets in memory in one call.
+* ``in_process``: the inference worker lives in the trainer's process, under the hybrid engine
+  (``ray.hybrid_engine``) or on the local executor (``auto`` picks it there, for rollouts that wait
+  for the update). Where both strategies allow it (``shared_parameters``, ``can_share``: ``hf`` on
+  both sides without LoRA), the engine computes with the trainer's own parameter tensors, so the
+  process holds the weights once and an update copies nothing; otherwise the trainer hands it the
+  buckets in memory in one call.
 
 A backend is constructed as ``cls(config, executor, trainer_group, infer_group, colocated)`` and
 implements :meth:`WeightSync.push`; pipelines call :meth:`WeightSync.update`, which counts versions
@@ -44,7 +46,7 @@ from abc import ABC, abstractmethod
 from roll_core.errors import RollError
 from roll_core.runtime import distributed
 from roll_core.runtime.executor import Executor, Hosted, WorkerGroup
-from roll_core.runtime.placement import colocated, hybrid_engine
+from roll_core.runtime.placement import colocated, generates_while_training, hybrid_engine
 
 SHARED_MEMORY = "/dev/shm"
 
@@ -130,27 +132,36 @@ class CollectiveSync(WeightSync):
 
 
 class InProcessSync(WeightSync):
-    """The inference worker the trainer's worker hosts (the hybrid engine) computes with the trainer's
-    own parameter tensors where both strategies allow it (``hf`` on both sides, without LoRA): one copy
-    of the weights in memory instead of two, and nothing to copy. Safe because the hybrid engine only
-    runs rollouts that wait for the update, in one process that runs one call at a time: the weights
-    change in place only while the engine is idle, and each update re-points the engine at the
-    trainer's current tensors. Elsewhere the trainer hands it the buckets in memory to copy."""
-
-    queues_behind_update = True  # one call on the trainer's own workers, which run it after the update
+    """An inference worker in the trainer's process computes with the trainer's own parameter tensors
+    where both strategies allow it (``hf`` on both sides, without LoRA): one copy of the weights in
+    memory instead of two, and nothing to copy. The worker is either hosted by the trainer's worker
+    (the hybrid engine on Ray) or, on the local executor, an object beside it in the driver. Safe
+    because only rollouts that wait for the update qualify (config checks), in a process that runs
+    one call at a time: the weights change in place only while the engine is idle, and each update
+    re-points the engine at the trainer's current tensors. Elsewhere the trainer hands it the buckets
+    in memory to copy."""
 
     def setup(self) -> None:
-        hosts = [h.host if isinstance(h, Hosted) else None for h in self.infer.handles]
-        if hosts != list(self.trainer.handles):
-            raise RollError(f"runtime.weight_sync: in_process needs every {self.infer.role} worker built inside "
-                            f"a {self.trainer.role} worker (ray.hybrid_engine); use auto")
-        if all(self.executor.get(self.trainer.call("shares_weights_with", self.infer.role))):
+        ex = self.executor
+        if [h.host if isinstance(h, Hosted) else None for h in self.infer.handles] == list(self.trainer.handles):
+            # trainer worker i passes to the worker it hosts; the hand-over is one more call on the
+            # trainer's own workers, which run it after the update
+            self.receivers = [(host, self.infer.role) for host in self.trainer.handles]
+            self.queues_behind_update = True
+        elif ex.name == "local" and len(self.trainer) == 1:
+            # the local executor has made every call by the time the next is sent: nothing to queue
+            self.receivers = [(self.trainer.handles[0], worker) for worker in self.infer.handles]
+        else:
+            raise RollError(f"runtime.weight_sync: in_process needs every {self.infer.role} worker in a "
+                            f"{self.trainer.role} worker's process (ray.hybrid_engine, or executor: local); use auto")
+        if all(ex.get([ex.invoke(sender, "shares_weights_with", (to,), {}) for sender, to in self.receivers])):
             self.bytes_per_update = 0  # the engine reads the trainer's tensors: no byte moves
         else:
             super().setup()  # measures the buckets the trainer hands over
 
     def push(self, version: int) -> list:
-        return self.trainer.call("pass_weights", self.infer.role, version, self.bucket_bytes)
+        return [self.executor.invoke(sender, "pass_weights", (to, version, self.bucket_bytes), {})
+                for sender, to in self.receivers]
 
 
 class SharedMemoryUnavailable(RollError):
@@ -203,8 +214,10 @@ def choose(config, overlaps_training: bool) -> str:
     mode = config.runtime.weight_sync
     if mode != "auto":
         return mode
-    if config.executor != "ray" or overlaps_training:
+    if overlaps_training:
         return "object_store"
+    if config.executor != "ray":  # every worker is an object in the driver's process
+        return "object_store" if generates_while_training(config) else "in_process"
     if hybrid_engine(config):
         return "in_process"
     on_cpu = config.roles.actor_train.device_mapping is None and config.roles.actor_infer.device_mapping is None

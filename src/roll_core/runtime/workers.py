@@ -225,21 +225,24 @@ class TrainWorker(_TrainedWorker, _WeightGroupMember):
             sent += flat.numel()
         return sent
 
-    def pass_weights(self, role: str, version: int, bucket_bytes: int) -> int:
-        """One update of the inference worker of ``role`` that this process hosts: it computes with
-        this worker's own parameter tensors where both strategies allow (``shared_parameters``,
-        ``share``; then nothing is copied), else its buckets are handed over in memory. Returns the
-        tensors copied."""
-        hosted, live = self.hosted[role], self.strategy.shared_parameters()
-        if live is not None and hosted.share_weights(version, live):
+    def pass_weights(self, to, version: int, bucket_bytes: int) -> int:
+        """One update of an inference worker in this process, ``to``: the role of the one this worker
+        hosts (the hybrid engine), or the worker itself (the local executor). It computes with this
+        worker's own parameter tensors where both strategies allow (``shared_parameters``, ``share``;
+        then nothing is copied), else the buckets are handed over in memory. Returns the tensors copied."""
+        receiver, live = self._in_process(to), self.strategy.shared_parameters()
+        if live is not None and receiver.share_weights(version, live):
             return 0
-        return hosted.update_weights(version, self.weight_bucket_list(bucket_bytes))
+        return receiver.update_weights(version, self.weight_bucket_list(bucket_bytes))
 
-    def shares_weights_with(self, role: str) -> bool:
-        """Whether :meth:`pass_weights` shares this worker's tensors with the hosted ``role`` (asked
-        before any update; nothing changes)."""
+    def shares_weights_with(self, to) -> bool:
+        """Whether :meth:`pass_weights` shares this worker's tensors with ``to`` (asked before any
+        update; nothing changes)."""
         live = self.strategy.shared_parameters()
-        return live is not None and self.hosted[role].can_share_weights(live)
+        return live is not None and self._in_process(to).can_share_weights(live)
+
+    def _in_process(self, to):
+        return self.hosted[to] if isinstance(to, str) else to
 
     def write_weights(self, bucket_bytes: int) -> int:
         """Write every bucket this rank owns into its shared buffer (laid out by
