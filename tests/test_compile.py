@@ -4,6 +4,7 @@ without recompiling; the config asks for a strategy that compiles and a C++ comp
 
 from __future__ import annotations
 
+import platform
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from roll_core.strategies import cpu_matmul
 from roll_core.strategies.compiled import compile_layers, decoder_layers
 from roll_core.strategies.cpu_matmul import OneDNNLinear
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
+from roll_core.strategies.models import load_causal_lm
 from roll_core.testing import full_weights, training_batch
 from roll_core.training import UpdateSpec, update
 
@@ -39,6 +41,17 @@ def test_each_decoder_layer_is_compiled_and_nothing_else(tiny_model_path):
 def test_a_model_without_decoder_layers_is_refused():
     with pytest.raises(ValueError, match="Linear names no decoder layer .* set compile: false"):
         compile_layers(torch.nn.Linear(2, 2))
+
+
+def test_a_worker_without_a_cpp_compiler_refuses_before_compiling(tiny_model_path, monkeypatch):
+    # the config check ran on the driver's machine; a Ray worker may run on another that has none
+    model = load_causal_lm(str(tiny_model_path))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr("roll_core.strategies.compiled.shutil.which", lambda name: None)
+    with pytest.raises(ValueError, match=f"compile: true on {platform.node()}: torch.compile needs a C\\+\\+ "
+                                         "compiler and none was found"):
+        compile_layers(model)
+    assert decoder_layers(model) and not any(map(_compiled, decoder_layers(model)))  # nothing was compiled
 
 
 @pytest.fixture
@@ -124,11 +137,11 @@ def test_compile_needs_a_strategy_that_compiles(plain_train_strategy):
 
 def test_compile_needs_a_cpp_compiler(monkeypatch):
     monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setattr("roll_core.config.loader.shutil.which", lambda name: None)
+    monkeypatch.setattr("roll_core.strategies.compiled.shutil.which", lambda name: None)
     with pytest.raises(ConfigError, match="'roles.actor_train.compile': torch.compile needs a C\\+\\+ compiler and "
                                           "none was found .*apt-get install g\\+\\+"):
         load_and_check(None, ["roles.actor_train.compile=true"])
     load_and_check(None, [])  # not asked for, not needed
     monkeypatch.setenv("CXX", "my-c++")
-    monkeypatch.setattr("roll_core.config.loader.shutil.which", lambda name: name if name == "my-c++" else None)
+    monkeypatch.setattr("roll_core.strategies.compiled.shutil.which", lambda name: name if name == "my-c++" else None)
     load_and_check(None, ["roles.actor_train.compile=true"])  # $CXX counts

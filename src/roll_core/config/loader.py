@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +214,8 @@ def _strategy_lacks(plugins, key: str, role, flag: str, ability: str) -> list[st
 def _compile_requirements(cfg: RollConfig, plugins) -> list[str]:
     """A role's ``compile: true`` needs a strategy of its kind registered with ``compiles=True``, and
     a C++ compiler, with which TorchInductor builds its kernels (on GPUs too, for its launchers)."""
+    from roll_core.strategies.compiled import MISSING_COMPILER, cxx_compiler
+
     problems = []
     asked = cfg.compiled_roles()
     for name, role in asked.items():
@@ -224,10 +224,8 @@ def _compile_requirements(cfg: RollConfig, plugins) -> list[str]:
             # measured: compiled layers with peft's adapters gave another gradient norm than eager
             problems.append(f"key 'roles.{name}.compile': not with roles.{name}.lora yet (the compiled adapters' "
                             "gradients did not match the eager ones); set compile: false")
-    if asked and not any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if c):
-        first = next(iter(asked))
-        problems.append(f"key 'roles.{first}.compile': torch.compile needs a C++ compiler and none was found "
-                        "(g++, c++, clang++ or $CXX); install one (apt-get install g++) or set compile: false")
+    if asked and cxx_compiler() is None:  # the workers look again on their own machines (compile_layers)
+        problems.append(f"key 'roles.{next(iter(asked))}.compile': {MISSING_COMPILER}")
     return problems
 
 

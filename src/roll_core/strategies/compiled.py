@@ -19,12 +19,29 @@ oneDNN (``runtime.cpu_matmul``) are called out of the compiled code, which fuses
 
 Compilation happens on the first pass, in the worker (tens of seconds on CPU; TorchInductor caches
 the result under ``/tmp/torchinductor_<user>``, so a later run of the same model starts faster),
-and needs a C++ compiler on CPU (TorchInductor builds its kernels with it).
+and needs a C++ compiler (TorchInductor builds its kernels with it; on GPUs too, for its launchers).
+The config check looks for one on the driver's machine; :func:`compile_layers` looks again on the
+worker's, which on a Ray cluster may be another machine, before anything is compiled.
 """
 
 from __future__ import annotations
 
-import torch
+import os
+import platform
+import shutil
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where a model is compiled: the config check needs none of it
+    import torch
+
+MISSING_COMPILER = ("torch.compile needs a C++ compiler and none was found (g++, c++, clang++ or $CXX); install "
+                    "one (apt-get install g++) or set compile: false")
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler found on this machine: ``$CXX``, else the first of g++, c++ and clang++ on the
+    PATH; None when there is none."""
+    return next((c for c in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if c and shutil.which(c)), None)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -40,12 +57,17 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def compile_layers(model: torch.nn.Module) -> int:
     """Compile each decoder layer of ``model`` in place (dynamic shapes); returns how many.
 
-    Raises ``ValueError`` when the model names no such layer: compiling the whole model instead
-    would also compile what the strategy does around it, and is not what ``compile: true`` says."""
+    Raises ``ValueError`` when the model names no such layer (compiling the whole model instead
+    would also compile what the strategy does around it, and is not what ``compile: true`` says), or
+    when this machine has no C++ compiler."""
+    import torch
+
     layers = decoder_layers(model)
     if not layers:
         raise ValueError(f"compile: true, but {type(model).__name__} names no decoder layer (_no_split_modules) "
                          "to compile; set compile: false")
+    if cxx_compiler() is None:  # else the first pass would fail deep inside TorchInductor
+        raise ValueError(f"compile: true on {platform.node()}: {MISSING_COMPILER}")
     for layer in layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
     return len(layers)
