@@ -93,6 +93,7 @@ def test_in_process_has_the_hosted_engine_compute_with_the_trainers_own_tensors(
     sync = InProcessSync(cfg, executor, train, hosted, colocated=False)
     sync.setup()
     assert sync.bytes_per_update == 0  # nothing is sent
+    assert sync.queues_behind_update is True  # one more call on the trainer's worker, run after its update
     assert {name: p.data_ptr() for name, p in engine.named_parameters()} == own  # setup changes nothing
     sync.update(new_version=True, wait=True)
     expected = dict(trainer.named_parameters())
