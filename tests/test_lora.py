@@ -127,9 +127,16 @@ def test_the_merge_is_w_plus_b_a_and_refuses_half_a_sync(tmp_path):
 
 def test_the_reference_is_the_base_model_with_the_adapters_disabled(tiny_model_path):
     cfg, trainer, batch = _trained(tiny_model_path)
-    base = HFInferStrategy(str(tiny_model_path), cfg.roles.actor_infer, seed=0).compute_log_probs(batch, 1.0)
+    engine = HFInferStrategy(str(tiny_model_path), cfg.roles.actor_infer, seed=0)
+    base = engine.compute_log_probs(batch, 1.0)
     torch.testing.assert_close(trainer.base_log_probs(batch, 1.0), base, atol=0, rtol=0)
     assert float((trainer.compute_log_probs(batch, 1.0) - base).abs().max()) > 1e-2  # the adapters are back on
+    # the full distributions too (a reference for the `full` KL estimator), at the temperature asked for
+    torch.testing.assert_close(trainer.base_log_probs(batch, 0.7, distribution=True),
+                               engine.compute_log_probs(batch, 0.7, distribution=True), atol=0, rtol=0)
+    plain = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train.model_copy(update={"lora": None}), seed=0)
+    with pytest.raises(RuntimeError, match="^base_log_probs needs roles.actor_train.lora$"):
+        plain.base_log_probs(batch, 1.0)
 
 
 def test_a_saved_adapter_loads_with_peft_and_gives_the_same_log_probs(tiny_model_path, tmp_path):
