@@ -10,7 +10,8 @@
 # Every test not marked ray runs (pytest-xdist, WORKERS processes, default 12; tests that need a
 # package the machine lacks are skipped or fail to collect); junit.xml lists each outcome.
 # NO_TESTS=1 skips the tests, NO_BENCH=1 the packed-attention benchmark, NO_RUN=1 the main job; RUN_S (seconds, default 420)
-# bounds the main job; RUN_ARGS adds overrides; PYTEST_ARGS replaces the test selection.
+# bounds the main job; RUN_ARGS adds overrides; PYTEST_ARGS replaces the test selection (split on spaces:
+# deselect with --deselect, or pass a -k expression that has spaces in PYTEST_K).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -35,6 +36,6 @@ fi
 if [ -z "$NO_TESTS" ]; then
   timeout "${TESTS_S:-300}" python3 -m pytest -p no:cacheprovider -q -rfE -m "not ray and not slow" -o addopts="" \
     -W ignore::DeprecationWarning -n "${WORKERS:-12}" --continue-on-collection-errors --junitxml="$OUT/junit.xml" \
-    ${PYTEST_ARGS:-tests plugins/roll_deepspeed/tests plugins/roll_megatron/tests} 2>&1 | tee "$OUT/pytest.txt" \
+    ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-tests plugins/roll_deepspeed/tests plugins/roll_megatron/tests} 2>&1 | tee "$OUT/pytest.txt" \
     | grep -v "Warning\|warn" | tail -60
 fi
