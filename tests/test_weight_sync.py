@@ -141,6 +141,27 @@ def test_in_process_on_the_local_executor_has_every_engine_compute_with_the_trai
         assert all(torch.equal(p, reference[name]) for name, p in worker.strategy.model.named_parameters())
 
 
+def test_in_process_on_the_local_executor_copies_for_every_engine_from_one_gather(workers, monkeypatch):
+    cfg, executor, train, infer = workers
+    strategy = train.handles[0].strategy
+    trainer = strategy.model
+    monkeypatch.setattr(strategy, "shared_parameters", lambda: None)  # as fsdp2 and LoRA
+    gathers = []
+    buckets = strategy.weight_buckets
+    monkeypatch.setattr(strategy, "weight_buckets", lambda size: gathers.append(size) or buckets(size))
+    sync = InProcessSync(cfg, executor, train, infer, colocated=False)
+    sync.setup()
+    assert sync.bytes_per_update == sum(p.numel() * p.element_size() for p in trainer.parameters())
+    gathers.clear()  # setup measured the buckets once
+    _perturb(trainer, 0)
+    sync.update(new_version=True, wait=True)
+    assert len(gathers) == 1  # both engines loaded from one gather, as object_store did
+    expected = dict(trainer.named_parameters())
+    for worker in infer.handles:
+        for name, param in worker.strategy.model.named_parameters():
+            assert torch.equal(param, expected[name]) and param.data_ptr() != expected[name].data_ptr(), name
+
+
 def test_in_process_refuses_engines_in_other_processes(workers):
     cfg, executor, train, infer = workers
 

@@ -146,11 +146,12 @@ class InProcessSync(WeightSync):
         if [h.host if isinstance(h, Hosted) else None for h in self.infer.handles] == list(self.trainer.handles):
             # trainer worker i passes to the worker it hosts; the hand-over is one more call on the
             # trainer's own workers, which run it after the update
-            self.receivers = [(host, self.infer.role) for host in self.trainer.handles]
+            self.receivers = [(host, [self.infer.role]) for host in self.trainer.handles]
             self.queues_behind_update = True
         elif ex.name == "local" and len(self.trainer) == 1:
-            # the local executor has made every call by the time the next is sent: nothing to queue
-            self.receivers = [(self.trainer.handles[0], worker) for worker in self.infer.handles]
+            # the local executor has made every call by the time the next is sent: nothing to queue;
+            # one call serves every inference worker, so a trainer that copies gathers its buckets once
+            self.receivers = [(self.trainer.handles[0], list(self.infer.handles))]
         else:
             raise RollError(f"runtime.weight_sync: in_process needs every {self.infer.role} worker in a "
                             f"{self.trainer.role} worker's process (ray.hybrid_engine, or executor: local); use auto")

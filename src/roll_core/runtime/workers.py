@@ -225,21 +225,26 @@ class TrainWorker(_TrainedWorker, _WeightGroupMember):
             sent += flat.numel()
         return sent
 
-    def pass_weights(self, to, version: int, bucket_bytes: int) -> int:
-        """One update of an inference worker in this process, ``to``: the role of the one this worker
-        hosts (the hybrid engine), or the worker itself (the local executor). It computes with this
-        worker's own parameter tensors where both strategies allow (``shared_parameters``, ``share``;
-        then nothing is copied), else the buckets are handed over in memory. Returns the tensors copied."""
-        receiver, live = self._in_process(to), self.strategy.shared_parameters()
-        if live is not None and receiver.share_weights(version, live):
-            return 0
-        return receiver.update_weights(version, self.weight_bucket_list(bucket_bytes))
+    def pass_weights(self, to: list, version: int, bucket_bytes: int) -> int:
+        """One update of the inference workers in this process, ``to``: each the role of one this
+        worker hosts (the hybrid engine) or the worker itself (the local executor). Each computes with
+        this worker's own parameter tensors where both strategies allow (``shared_parameters``,
+        ``share``; then nothing is copied), else the buckets are handed over in memory, gathered once
+        for all that copy. Returns the tensors copied."""
+        live, buckets, copied = self.strategy.shared_parameters(), None, 0
+        for receiver in map(self._in_process, to):
+            if live is not None and receiver.share_weights(version, live):
+                continue
+            if buckets is None:
+                buckets = self.weight_bucket_list(bucket_bytes)
+            copied += receiver.update_weights(version, buckets)
+        return copied
 
-    def shares_weights_with(self, to) -> bool:
-        """Whether :meth:`pass_weights` shares this worker's tensors with ``to`` (asked before any
-        update; nothing changes)."""
+    def shares_weights_with(self, to: list) -> bool:
+        """Whether :meth:`pass_weights` shares this worker's tensors with every worker of ``to``
+        (asked before any update; nothing changes)."""
         live = self.strategy.shared_parameters()
-        return live is not None and self._in_process(to).can_share_weights(live)
+        return live is not None and all(self._in_process(t).can_share_weights(live) for t in to)
 
     def _in_process(self, to):
         return self.hosted[to] if isinstance(to, str) else to
