@@ -12,7 +12,6 @@ any sandbox pays, how many bare interpreters (``python -I -S -c pass``, no sandb
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -20,6 +19,8 @@ import tempfile
 import time
 from io import BytesIO
 from pathlib import Path
+
+from child_env import child_env  # PYTHONPATH with roll's code under test ahead
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "plugins/roll_rewards/src"
@@ -59,7 +60,7 @@ def extract(revision: str, into: Path) -> Path:
 
 
 def programs_per_second(package: Path, style: str, n: int) -> float | None:
-    env = dict(os.environ, PYTHONPATH=str(package))
+    env = child_env(package)
     out = subprocess.run([sys.executable, "-c", WORKER, style, str(n), json.dumps(TRUTHS[style])],
                          capture_output=True, text=True, env=env)
     if out.returncode != 0:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -46,6 +45,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from child_env import child_env  # PYTHONPATH with roll's code under test ahead
 from scratch import scratch_dir  # a temporary directory, removed at exit
 
 ENGINE = '''
@@ -123,8 +123,7 @@ def main() -> None:
     ap.add_argument("--engine", choices=["sim", "vllm"], default="sim")
     args = ap.parse_args()
     site = plugin_dir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-           "SIM_MEDIAN": str(args.median), "SIM_SIGMA": str(args.sigma), "SIM_MS_PER_TOKEN": str(args.ms_per_token)}
+    env = child_env(site, SIM_MEDIAN=str(args.median), SIM_SIGMA=str(args.sigma), SIM_MS_PER_TOKEN=str(args.ms_per_token))
     if args.engine == "vllm":
         engine = ["roles.actor_infer.strategy=vllm", "roles.actor_infer.num_workers=1",
                   "roles.actor_infer.strategy_options.max_model_len=64"]

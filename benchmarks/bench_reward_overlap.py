@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from child_env import child_env  # PYTHONPATH with roll's code under test ahead
+
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "multi_domain.yaml"
 
 
@@ -46,8 +48,7 @@ def run(out: Path, setting: str, request_size: str, steps: int, latency_ms: floa
            "trackers=[jsonl]", f"rollout.request_size={request_size}"]
     # Ray workers inherit PYTHONPATH (and ROLL_ variables), so they can import this file's reward.
     here = str(Path(__file__).resolve().parent)
-    env = dict(os.environ, BENCH_LATENCY_MS=str(latency_ms),
-               PYTHONPATH=os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
+    env = child_env(here, BENCH_LATENCY_MS=str(latency_ms))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"run failed:\n{proc.stderr[-3000:]}")

@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from child_env import child_env  # PYTHONPATH with roll's code under test ahead
 from scratch import scratch_dir  # a temporary directory, removed at exit
 
 VARIANTS = ("copy", "share")
@@ -115,7 +116,7 @@ def main() -> None:
 
     model = str(build_large_model(scratch_dir("roll-bench-shared-weights-")))
     src = str(Path(__file__).resolve().parents[1] / "src")  # ahead of where the machine installed the rest
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    env = child_env(src)
     results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
         for variant in VARIANTS:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -26,11 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from child_env import child_env  # PYTHONPATH with roll's code under test ahead
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_once(src: Path, out: Path, steps: int, overrides: list[str]) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    env = child_env(src)
     cmd = [sys.executable, "-m", "roll_core.cli", "run", f"output_dir={out}", f"trainer.max_steps={steps}",
            "trainer.resume=never", *overrides]
     t0 = time.perf_counter()

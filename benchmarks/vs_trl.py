@@ -55,6 +55,7 @@ import threading
 import time
 from pathlib import Path
 
+from child_env import child_env  # PYTHONPATH with roll's code under test ahead
 from scratch import runs_dir  # the runs' directory: --keep, or removed at exit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,7 +195,7 @@ class BackgroundLoad:
 
 def run_measured(cmd: list[str], log: Path, load: int = 0) -> dict[str, int]:
     with open(log, "w") as out, BackgroundLoad(load):
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(ROOT / "src"))
         memory = PeakMemory(proc.pid)
         try:
             code = proc.wait()
@@ -284,7 +285,7 @@ def build_inputs(args, tmp: Path) -> dict:
         subprocess.run([sys.executable, "-m", "roll_core.cli", "run", f"output_dir={warm}", "executor=local",
                         f"warmup.steps={args.warmup_steps}", "trainer.max_steps=0", "trainer.eval_every=0",
                         "trackers=[jsonl]", "trainer.resume=never"], check=True, capture_output=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                       env=child_env(ROOT / "src"))
         models["tiny"] = str(warm / "warm-model")
     if "large" in args.sizes:
         from large_model import build_large_model
