@@ -733,6 +733,11 @@ class RuntimeConfig(Strict):
         "oneDNN fp32 kernel (on an AMD EPYC 2-3x the speed of MKL's sgemm, torch's default; on an Intel Xeon level "
         "or slower); torch, torch's default; auto: onednn on AMD CPUs where this torch build offers it, torch "
         "elsewhere. The same fp32 arithmetic either way")
+    cudnn_attention: bool = Field(
+        False, description="workers with a GPU let PyTorch's attention use cuDNN's kernel (bf16 and fp16 inputs). "
+        "Off by default: cuDNN builds a plan for every new shape (tens of ms of CPU each), and RL's shapes change "
+        "at every decoding step and batch; on an H200 it made bf16 generation of a 95M model 4x slower than fp32. "
+        "Off, PyTorch takes its flash or memory-efficient kernels. No effect on CPU or in vLLM, SGLang, Megatron")
     reuse_freed_memory: bool = Field(
         True, description="workers that compute on CPU (no device_mapping) keep the memory they free for their next "
         "allocations instead of handing it back to the kernel (glibc's mallopt: no mmap, no trimming), so a step does "

@@ -21,7 +21,7 @@ from roll_core.plugins import get_plugins
 from roll_core.rewards import RewardInput
 from roll_core.runtime import distributed, host_memory
 from roll_core.runtime.deadline import Hung, call_with_deadline
-from roll_core.strategies import cpu_matmul, lora
+from roll_core.strategies import cpu_matmul, cudnn_attention, lora
 
 
 def _bind_devices(devices) -> None:
@@ -103,6 +103,7 @@ class _StrategyWorker(_Worker):
         _bind_devices(devices)
         torch.set_num_threads(run_config.torch_threads)  # a role's own count applies during RL steps only
         cpu_matmul.configure(run_config.runtime.cpu_matmul)
+        cudnn_attention.configure(run_config.runtime.cudnn_attention)
         if devices is None and run_config.runtime.reuse_freed_memory:  # computes on CPU
             host_memory.keep_freed_memory()
         self.role = role
