@@ -34,13 +34,16 @@ nothing else CPU-heavy beside it.
     python benchmarks/vs_trl.py --size tiny --load 1                # a core taken by another job
     python benchmarks/vs_trl.py --size large --compile              # torch.compile on both sides
     python benchmarks/vs_trl.py --size large --precision bf16       # bfloat16 autocast on both sides
+    python benchmarks/vs_trl.py --executor local --device cuda      # both on one GPU (no Ray there)
 
 ``--compile`` compiles on both sides, each the way its library offers: roll's decoder layers
 (``roles.actor_train.compile``), TRL's whole model (``torch_compile``, through the Trainer). The
 first step, which compiles, is left out of seconds per step as always. ``--precision bf16`` runs
 both in bfloat16 mixed precision the same way: forward passes under ``torch.autocast`` over float32
 weights, for generation and training (roll's ``strategy_options.precision`` of its policy and its
-sampler; TRL's ``bf16=True``, through accelerate).
+sampler; TRL's ``bf16=True``, through accelerate). ``--device cuda`` trains and generates on the
+first GPU on both sides (``cpu``, the default, hides the GPUs from both); the peak of the GPU's used
+memory, less what was in use before the run, is printed beside the host's.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def trl_worker(spec_path: str) -> None:
 
     samples = spec["prompts"] * SAMPLES_PER_PROMPT
     args = GRPOConfig(
-        output_dir=spec["out"], max_steps=spec["steps"], seed=spec["seed"], use_cpu=True, bf16=spec["precision"] == "bf16",
+        output_dir=spec["out"], max_steps=spec["steps"], seed=spec["seed"], use_cpu=spec["device"] == "cpu", bf16=spec["precision"] == "bf16",
         per_device_train_batch_size=samples, num_generations=SAMPLES_PER_PROMPT, generation_batch_size=samples,
         gradient_accumulation_steps=1, max_completion_length=spec["max_new_tokens"], learning_rate=3e-4,
         lr_scheduler_type="constant", warmup_steps=0, beta=0.0, epsilon=0.2, loss_type="dapo",
@@ -139,18 +142,42 @@ def trl_worker(spec_path: str) -> None:
 
 
 # -- the driver --------------------------------------------------------------------------------------
+class GpuMemory:
+    """Memory in use on the first GPU, less what was in use when this was made (NVML, which counts a
+    process's CUDA context and its allocator's cache: what the run takes from the card)."""
+
+    def __init__(self):
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.base = self.used()
+
+    def used(self) -> int:
+        import pynvml
+
+        return pynvml.nvmlDeviceGetMemoryInfo(self.handle).used
+
+    def __call__(self) -> int:
+        return max(0, self.used() - self.base)
+
+
 class PeakMemory:
     """The largest summed memory of a process and all its descendants, sampled every 0.2 s: resident
     set (RSS, which counts a page every process maps, such as torch's libraries, once per process)
     and proportional set (PSS, which splits each shared page among the processes that map it: what
     the process tree takes from the machine). PSS costs the kernel a walk of the page tables (50-70 ms
     for a 5 GB process, a third of a core at this rate), so it is read only when the RSS sum passes
-    its highest yet by 1%: at the peak, and rarely once a run has reached it."""
+    its highest yet by 1%: at the peak, and rarely once a run has reached it. With ``gpu`` (a
+    :class:`GpuMemory`), the GPU's peak too."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, gpu: GpuMemory | None = None):
         import psutil
 
         self.root, self.peak, self.done = psutil.Process(pid), {"rss": 0, "pss": 0}, threading.Event()
+        self.gpu = gpu
+        if gpu:
+            self.peak["gpu"] = 0
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.thread.start()
 
@@ -159,6 +186,8 @@ class PeakMemory:
 
         last_pss_at = 0
         while not self.done.is_set():
+            if self.gpu:
+                self.peak["gpu"] = max(self.peak["gpu"], self.gpu())
             try:
                 procs = [p for p in [self.root, *self.root.children(recursive=True)] if p.is_running()]
                 rss = sum(p.memory_info().rss for p in procs)
@@ -193,10 +222,17 @@ class BackgroundLoad:
             proc.wait()
 
 
-def run_measured(cmd: list[str], log: Path, load: int = 0) -> dict[str, int]:
+def device_env(device: str) -> dict[str, str]:
+    """A child's environment: roll's code ahead on PYTHONPATH and, for ``cpu``, no GPU in sight (roll
+    computes on a GPU whenever torch sees one)."""
+    return child_env(ROOT / "src", **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}))
+
+
+def run_measured(cmd: list[str], log: Path, device: str, load: int = 0) -> dict[str, int]:
+    gpu = GpuMemory() if device == "cuda" else None
     with open(log, "w") as out, BackgroundLoad(load):
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(ROOT / "src"))
-        memory = PeakMemory(proc.pid)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=device_env(device))
+        memory = PeakMemory(proc.pid, gpu)
         try:
             code = proc.wait()
         finally:  # interrupted: the run goes too, before its directory does
@@ -285,7 +321,7 @@ def build_inputs(args, tmp: Path) -> dict:
         subprocess.run([sys.executable, "-m", "roll_core.cli", "run", f"output_dir={warm}", "executor=local",
                         f"warmup.steps={args.warmup_steps}", "trainer.max_steps=0", "trainer.eval_every=0",
                         "trackers=[jsonl]", "trainer.resume=never"], check=True, capture_output=True,
-                       env=child_env(ROOT / "src"))
+                       env=device_env(args.device))
         models["tiny"] = str(warm / "warm-model")
     if "large" in args.sizes:
         from large_model import build_large_model
@@ -295,6 +331,12 @@ def build_inputs(args, tmp: Path) -> dict:
     train, evals = load_rows(load_config(None, [f"data.eval_size={args.eval_size}"]).data, get_plugins(), tokenizer)
     prompt_tokens = statistics.fmean(len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in train)
     return {"models": models, "train": train, "eval": evals, "prompt_tokens": prompt_tokens}
+
+
+def gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0)
 
 
 def parameters(model: str) -> int:
@@ -341,10 +383,20 @@ def main() -> None:
                     help="torch.compile on both sides: roll's roles.actor_train.compile, TRL's torch_compile")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="bf16: bfloat16 autocast on both sides (roll's strategy_options.precision, TRL's bf16)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where both sides compute: the CPU (GPUs hidden) or the first GPU")
     ap.add_argument("--keep", type=Path, help="keep the runs' directories here")
     ap.add_argument("overrides", nargs="*", help="extra roll config overrides")
     args = ap.parse_args()
     args.sizes = ["tiny", "large"] if args.sizes == "both" else [args.sizes]
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("--device cuda: torch sees no GPU on this machine")
+    if args.device == "cuda" and args.executor == "ray":
+        print("note: --device cuda with Ray: roll's workers get the GPU only through roles.<role>.device_mapping "
+              "overrides; the local executor computes on it as is", flush=True)
 
     tmp = runs_dir(args.keep, "roll-vs-trl-")
     inputs = build_inputs(args, tmp)
@@ -357,7 +409,8 @@ def main() -> None:
         samples = prompts * SAMPLES_PER_PROMPT
         print(f"\n== {size}: {parameters(model) / 1e6:.1f}M parameters, {prompts} prompts x {SAMPLES_PER_PROMPT} "
               f"samples, {tokens} new tokens, {steps} steps, roll on the {args.executor} executor, "
-              f"{args.threads} torch threads each{', compiled' if args.compile else ''}, {args.precision}"
+              f"{args.threads} torch threads each{', compiled' if args.compile else ''}, {args.precision}, "
+              f"on the {gpu_name() if args.device == 'cuda' else 'CPU'}"
               f"{f', {args.load} busy process(es) beside each run' if args.load else ''} ==", flush=True)
         per_seed = []
         for seed in args.seeds:
@@ -365,7 +418,7 @@ def main() -> None:
             out_trl.mkdir(parents=True, exist_ok=True)
             spec = {"model": model, "out": str(out_trl), "seed": seed, "steps": steps, "prompts": prompts,
                     "max_new_tokens": tokens, "eval_every": eval_every, "threads": args.threads, "compile": args.compile,
-                    "precision": args.precision,
+                    "precision": args.precision, "device": args.device,
                     "train_rows": inputs["train"], "eval_rows": inputs["eval"] if eval_every else []}
             (out_trl / "spec.json").write_text(json.dumps(spec))
             # roll evaluates once before RL whatever eval_every says: keep that short where nothing is compared
@@ -373,11 +426,11 @@ def main() -> None:
                                               "eval_size": args.eval_size if eval_every else 8})
             t0 = time.perf_counter()
             mem_trl = run_measured([sys.executable, __file__, "--trl-worker", str(out_trl / "spec.json")],
-                                   tmp / f"{size}-trl-{seed}.log", args.load)
+                                   tmp / f"{size}-trl-{seed}.log", args.device, args.load)
             t1 = time.perf_counter()
             roll_steps = steps + (args.extra_steps if eval_every else 0)
             mem_roll = run_measured(roll_cmd(model, out_roll, seed, roll_steps, roll_args, tokens, eval_every),
-                                    tmp / f"{size}-roll-{seed}.log", args.load)
+                                    tmp / f"{size}-roll-{seed}.log", args.device, args.load)
             t2 = time.perf_counter()
             whole, t = roll_result(out_roll), trl_result(out_trl)
             r = first_steps(whole, steps)
@@ -386,7 +439,9 @@ def main() -> None:
             line = (f"seed {seed}: s/step roll {rs['step_s']:.3f} TRL {ts['step_s']:.3f} -> {ts['step_s'] / rs['step_s']:.2f}x; "
                     f"gen tok/s {rs['gen_tok_s']:.0f} vs {ts['gen_tok_s']:.0f}; train tok/s {rs['train_tok_s']:.0f} vs "
                     f"{ts['train_tok_s']:.0f}; peak memory {mem_roll['rss'] / 2**20:.0f} vs {mem_trl['rss'] / 2**20:.0f} MiB "
-                    f"(PSS {mem_roll['pss'] / 2**20:.0f} vs {mem_trl['pss'] / 2**20:.0f}); "
+                    f"(PSS {mem_roll['pss'] / 2**20:.0f} vs {mem_trl['pss'] / 2**20:.0f}"
+                    + (f", GPU {mem_roll['gpu'] / 2**20:.0f} vs {mem_trl['gpu'] / 2**20:.0f}" if "gpu" in mem_roll else "")
+                    + "); "
                     f"wall {t2 - t1:.0f} s ({roll_steps} steps) vs {t1 - t0:.0f} s ({steps})")
             if eval_every:
                 target = t["accuracy"][max(t["accuracy"])]
@@ -404,7 +459,7 @@ def main() -> None:
         print(f"   seconds per step      {spread([x['trl']['step_s'] / x['roll']['step_s'] for x in per_seed])}")
         print(f"   generated tokens/s    {spread([x['roll']['gen_tok_s'] / x['trl']['gen_tok_s'] for x in per_seed])}")
         print(f"   trained tokens/s      {spread([x['roll']['train_tok_s'] / x['trl']['train_tok_s'] for x in per_seed])}")
-        for key in ("rss", "pss"):
+        for key in [k for k in ("rss", "pss", "gpu") if k in per_seed[0]["mem"][0]]:
             print(f"   peak memory ({key.upper()})    {spread([x['mem'][1][key] / x['mem'][0][key] for x in per_seed])}"
                   " (TRL / roll)")
         if eval_every:
