@@ -12,6 +12,9 @@
 # NO_TESTS=1 skips the tests, NO_BENCH=1 the packed-attention benchmark, NO_RUN=1 the main job; RUN_S (seconds, default 420)
 # bounds the main job; RUN_ARGS adds overrides; PYTEST_ARGS replaces the test selection (split on spaces:
 # deselect with --deselect, or pass a -k expression that has spaces in PYTEST_K).
+# VS_TRL="ARGS" runs benchmarks/vs_trl.py --executor local --device cuda ARGS first (VS_TRL_S seconds, default
+# 240), e.g. VS_TRL="--size large --seeds 42 --large-steps 6 --precision bf16"; it needs trl==1.16.0,
+# datasets, dill and multiprocess in .whl/ too (the machine has accelerate, pandas, pyarrow and the rest).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -25,6 +28,10 @@ python3 -c "import torch, transformers, deepspeed, megatron.core as m; print('to
   'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__, 'megatron-core', m.__version__)" \
   2>&1 | tail -1 | tee -a "$OUT/gpu.txt"
 python3 -m roll_core.cli list-plugins 2>&1 | tee -a "$OUT/gpu.txt"
+if [ -n "$VS_TRL" ]; then
+  timeout "${VS_TRL_S:-240}" python3 benchmarks/vs_trl.py --executor local --device cuda $VS_TRL 2>&1 \
+    | grep -v "Loading\|Writing\|arn" | tee "$OUT/vs_trl.txt"
+fi
 if [ -z "$NO_BENCH" ]; then
   timeout "${BENCH_S:-240}" python3 benchmarks/bench_packed_attention.py --rounds 4 2>&1 | grep -v "Warning\|warn" \
     | tee "$OUT/bench_packed_attention.txt"
