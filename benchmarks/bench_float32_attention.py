@@ -67,10 +67,12 @@ def main() -> None:
     from roll_core.data import Batch
     from roll_core.pipelines.runtime import load_tokenizer
     from roll_core.runtime.host_memory import keep_freed_memory
+    from roll_core.strategies import cudnn_attention
     from roll_core.strategies.hf import HFInferStrategy, HFTrainStrategy
     from roll_core.training import UpdateSpec, update
 
     keep_freed_memory()  # as roll's CPU workers do (runtime.reuse_freed_memory)
+    cudnn_attention.configure(False)  # as roll's workers do on a GPU (runtime.cudnn_attention)
     objective = ActorObjective.from_config(AlgorithmConfig())
     print(f"torch {torch.__version__}, {device_label()}, medians of {args.rounds} alternating rounds after one warm-up")
     print(f"{'shape':>6} {'contender':>14} {'tok/s':>8} {'s/update':>9} {'|dlogp| gen':>12} {'d grad norm':>12}")
