@@ -21,6 +21,10 @@ engine generates before a step starts.
     python benchmarks/step_profile.py [--steps 100] [--rounds 2] [--executor both|all|local|ray] [overrides ...]
     python benchmarks/step_profile.py --size large --steps 4 --rounds 2
 
+Both ratios move with the machine: some hosts run a whole process in a fast or a slow mode, tens of
+percent apart, so the script also prints what each executor spends per step outside training and
+generation (as the run timed them), and Ray's iteration at the local run's compute speed.
+
 ``--size large`` profiles the step ``vs_trl.py`` compares at its large size: the 95M-parameter model
 of ``large_model.py`` (random weights, no warm-up), 8 prompts x 8 samples of up to 64 tokens, one
 training pass over the step's samples.
@@ -127,6 +131,12 @@ def phases(steps: list[dict]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in steps) for k in PHASES if all(k in r for r in steps)}
 
 
+def outside_compute(steps: list[dict]) -> float:
+    """Median over steps of the iteration less its training and generation, as the run timed them:
+    what the executor and the pipeline add around the model's work."""
+    return statistics.median(r["time/iteration_s"] - r["time/train_s"] - r.get("time/generate_s", 0.0) for r in steps)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100)
@@ -185,6 +195,15 @@ def main() -> None:
                   f"(round by round: {each}); step time {step_ratio:.2f}x")
         if compute is not None:
             print(f"ray: model compute (as local) {compute / ray:.0%} of the step; overhead {1 - compute / ray:.0%}")
+        # A whole run computes in a fast or a slow mode of the machine (docs/benchmarks.md), which moves the
+        # ratio above by tens of percent; the time around the model's work does not depend on it.
+        rest = {name: outside_compute(rows) for name, rows in steps.items()}
+        print("outside training and generation, per step: "
+              + ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in rest.items()))
+        for name in [n for n in ("ray", "ray-separate") if n in results]:
+            added = rest[name] - rest["local"]
+            print(f"{name} adds {added * 1000:.1f} ms per step: {(local + added) / local:.2f}x the local iteration "
+                  "at the same compute speed")
     if args.keep:
         print(f"runs kept in {root}")
 
