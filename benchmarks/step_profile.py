@@ -131,10 +131,12 @@ def phases(steps: list[dict]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in steps) for k in PHASES if all(k in r for r in steps)}
 
 
-def outside_compute(steps: list[dict]) -> float:
-    """Median over steps of the iteration less its training and generation, as the run timed them:
-    what the executor and the pipeline add around the model's work."""
-    return statistics.median(r["time/iteration_s"] - r["time/train_s"] - r.get("time/generate_s", 0.0) for r in steps)
+def outside_compute(phase: dict[str, float]) -> float:
+    """The median iteration less the median training and generation, as the run timed them: what the
+    executor and the pipeline add around the model's work. Medians of each phase, not of each step's
+    difference: under the hybrid engine an iteration holds one step's update and the next step's
+    generation, so a step's own generation seconds belong to the iteration before it."""
+    return phase["time/iteration_s"] - phase["time/train_s"] - phase.get("time/generate_s", 0.0)
 
 
 def main() -> None:
@@ -197,7 +199,7 @@ def main() -> None:
             print(f"ray: model compute (as local) {compute / ray:.0%} of the step; overhead {1 - compute / ray:.0%}")
         # A whole run computes in a fast or a slow mode of the machine (docs/benchmarks.md), which moves the
         # ratio above by tens of percent; the time around the model's work does not depend on it.
-        rest = {name: outside_compute(rows) for name, rows in steps.items()}
+        rest = {name: outside_compute(phase) for name, phase in results.items()}
         print("outside training and generation, per step: "
               + ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in rest.items()))
         for name in [n for n in ("ray", "ray-separate") if n in results]:
