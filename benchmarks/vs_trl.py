@@ -394,9 +394,9 @@ def main() -> None:
 
         if not torch.cuda.is_available():
             ap.error("--device cuda: torch sees no GPU on this machine")
-    if args.device == "cuda" and args.executor == "ray":
-        print("note: --device cuda with Ray: roll's workers get the GPU only through roles.<role>.device_mapping "
-              "overrides; the local executor computes on it as is", flush=True)
+        if args.executor == "ray":
+            print("note: --device cuda with Ray: roll's workers get the GPU only through roles.<role>.device_mapping "
+                  "overrides; the local executor computes on it as is", flush=True)
 
     tmp = runs_dir(args.keep, "roll-vs-trl-")
     inputs = build_inputs(args, tmp)
