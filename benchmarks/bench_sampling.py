@@ -10,8 +10,14 @@ EOS is suppressed so every row generates exactly ``--new-tokens`` tokens (equal 
 Prompts come in groups of 8 copies, as GRPO samples them. The contenders alternate for
 ``--repeats`` rounds and the median of each is printed.
 
+``--finish`` lets rows end at EOS and leave the batch, as in RL steps, and compares how the cache
+drops them: rows moved inside its buffers, as few as changed places (what roll does), against every
+kept row copied into new buffers (what transformers' ``DynamicLayer`` does, and roll did before).
+The same draws on both sides (the rows' order is the sampler's), so the work is equal.
+
     python benchmarks/bench_sampling.py                      # tiny: batch 256, 8 new tokens
     python benchmarks/bench_sampling.py --size large         # 95M parameters: batch 64, 64 new tokens
+    python benchmarks/bench_sampling.py --finish             # rows end at EOS: how the cache drops them
 """
 
 import argparse
@@ -21,6 +27,7 @@ import time
 import torch
 
 import roll_core.strategies.sequences as sequences
+from roll_core.strategies.kv_cache import GrowingLayer
 from large_model import build_large_model
 from roll_core.embedded.model import build_tiny_model
 from scratch import scratch_dir  # a temporary directory, removed at exit
@@ -32,6 +39,7 @@ def main():
     ap.add_argument("--batch", type=int, help="rows (default 256 tiny, 64 large)")
     ap.add_argument("--new-tokens", type=int, help="tokens per row (default 8 tiny, 64 large)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--finish", action="store_true", help="rows end at EOS; compare how the cache drops them")
     args = ap.parse_args()
     large = args.size == "large"
     batch = args.batch or (64 if large else 256)
@@ -47,25 +55,46 @@ def main():
     ids, mask = enc["input_ids"], enc["attention_mask"]
     in_place = sequences.in_place_cache
 
+    eos = tok.eos_token_id if args.finish else -1
+    tokens = []  # generated per call, the same for every contender
+
     def roll_loop(cache=in_place):
         sequences.in_place_cache = cache
         try:
-            sequences.sample_responses(model, ids, mask, max_new_tokens=new_tokens, eos_token_id=-1,
-                                       pad_token_id=tok.pad_token_id, temperature=1.0,
-                                       generator=torch.Generator().manual_seed(0))
+            _, response_mask, _ = sequences.sample_responses(
+                model, ids, mask, max_new_tokens=new_tokens, eos_token_id=eos, pad_token_id=tok.pad_token_id,
+                temperature=1.0, generator=torch.Generator().manual_seed(0))
+            tokens.append(int(response_mask.sum()))
         finally:
             sequences.in_place_cache = in_place
 
+    moved_in_place = GrowingLayer.batch_select_indices
+
+    def copy_kept_rows(layer, indices):
+        keys, values = layer._filled()
+        indices = indices.to(layer.device)
+        layer._store(keys.index_select(0, indices), values.index_select(0, indices), layer._key_buffer.shape[-2])
+
+    def roll_copying():
+        GrowingLayer.batch_select_indices = copy_kept_rows
+        try:
+            roll_loop()
+        finally:
+            GrowingLayer.batch_select_indices = moved_in_place
+
     def roll_concat():
-        roll_loop(cache=lambda past, new: past)  # transformers' own DynamicCache, as it comes
+        roll_loop(cache=lambda past, new, dtype=None: past)  # transformers' own DynamicCache, as it comes
 
     def hf_generate():
         with torch.no_grad():
             model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
                            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=tok.pad_token_id)
 
-    contenders = {"roll, in-place cache": roll_loop, "roll, concatenating cache": roll_concat,
-                  "transformers generate": hf_generate}
+    if args.finish:
+        contenders = {"roll, rows moved in place": roll_loop, "roll, kept rows copied": roll_copying}
+    else:
+        contenders = {"roll, in-place cache": roll_loop, "roll, concatenating cache": roll_concat,
+                      "transformers generate": hf_generate}
     times = {name: [] for name in contenders}
     for fn in contenders.values():
         fn()  # warm-up
@@ -75,13 +104,17 @@ def main():
             fn()
             times[name].append(time.perf_counter() - t0)
     params = sum(p.numel() for p in model.parameters()) / 1e6
-    print(f"{args.size}: {params:.1f}M parameters, batch {batch} ({batch // 8} prompts x 8), {new_tokens} new tokens, "
-          f"{torch.get_num_threads()} threads, median of {args.repeats}")
-    base = statistics.median(times["roll, in-place cache"])
+    generated = tokens[0]
+    assert set(tokens) == {generated} or not args.finish, f"unequal work: {sorted(set(tokens))} tokens per call"
+    generated = generated if args.finish else batch * new_tokens
+    print(f"{args.size}: {params:.1f}M parameters, batch {batch} ({batch // 8} prompts x 8), up to {new_tokens} new "
+          f"tokens ({generated} generated), {torch.get_num_threads()} threads, median of {args.repeats}")
+    first = next(iter(contenders))
+    base = statistics.median(times[first])
     for name, ts in times.items():
         median = statistics.median(ts)
-        print(f"  {name:26s} {batch * new_tokens / median:9.0f} tokens/s  {median * 1000:9.1f} ms  "
-              f"roll in-place is {median / base:.2f}x faster")
+        print(f"  {name:26s} {generated / median:9.0f} tokens/s  {median * 1000:9.1f} ms  "
+              f"{first} is {median / base:.2f}x faster")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,31 @@ def test_growing_layer_holds_what_concatenation_holds_through_reallocations_and_
         growing.crop(1)
 
 
+def test_dropping_rows_moves_only_the_rows_whose_place_changes_inside_the_same_buffers(monkeypatch):
+    plain, keys, values = DynamicLayer(), *_states(5, 3, 0)
+    plain.update(keys, values)
+    growing = GrowingLayer(keys, values, limit=10)
+    buffer = growing._key_buffer
+    copied = []
+    index_copy = torch.Tensor.index_copy_
+    monkeypatch.setattr(torch.Tensor, "index_copy_", lambda t, dim, index, source: copied.append(index.tolist())
+                        or index_copy(t, dim, index, source))
+    for keep in ([0, 4, 2, 3], [3, 1, 0], [0, 1]):  # fill holes from the end; a swap (sources also targets); a cut
+        plain.reorder_cache(torch.tensor(keep))
+        growing.reorder_cache(torch.tensor(keep))
+        assert torch.equal(plain.keys, growing.keys) and torch.equal(plain.values, growing.values)
+    assert copied == [[1], [1], [0, 2], [0, 2]]  # keys and values each: only the rows that changed; none for the cut
+    assert growing._key_buffer is buffer and growing.keys.data_ptr() == buffer.data_ptr()  # nothing reallocated
+    for step in range(10):  # the smaller batch decodes on, into the same buffers, then past their capacity
+        k, v = _states(2, 1, step + 1)
+        expected, got = plain.update(k, v), growing.update(k, v)
+        assert torch.equal(expected[0], got[0]) and torch.equal(expected[1], got[1])
+    assert growing._key_buffer.shape[:1] == (2,)  # a reallocation keeps only the rows in use
+    growing.reorder_cache(torch.tensor([1, 0, 1]))  # more rows than it holds: gathered into new buffers
+    plain.reorder_cache(torch.tensor([1, 0, 1]))
+    assert torch.equal(plain.keys, growing.keys) and growing.keys.shape[0] == 3
+
+
 def test_growing_layer_writes_in_place_and_repeats_rows():
     growing = GrowingLayer(*_states(2, 3, 0), limit=10)
     buffer = growing._key_buffer

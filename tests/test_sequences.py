@@ -1,8 +1,9 @@
 """The sampling loop against transformers' own generate and forward pass."""
 
+import pytest
 import torch
 
-from roll_core.strategies.sequences import response_log_probs, sample_responses, top_p_filter
+from roll_core.strategies.sequences import response_log_probs, sample_responses, surviving_rows, top_p_filter
 
 
 def _setup(tiny_model_path):
@@ -55,6 +56,17 @@ def test_top_p_keeps_the_smallest_nucleus():
     kept = torch.isfinite(top_p_filter(logits, 0.7))
     assert kept.tolist() == [[True, True, False, False]]  # 0.5 < 0.7, 0.5 + 0.3 >= 0.7
     assert torch.isfinite(top_p_filter(logits, 0.1)).sum() == 1  # the top token always survives
+
+
+@pytest.mark.parametrize("going, rows", [
+    ([1, 0, 1, 0, 1, 1], [0, 4, 2, 5]),  # the finished rows' places filled from the end, in order
+    ([1, 1, 1], [0, 1, 2]),
+    ([0, 0, 1, 1], [2, 3]),
+    ([1, 1, 0, 0], [0, 1]),  # the finished rows are the last ones: nothing moves
+    ([0, 1, 0], [1]),
+])
+def test_surviving_rows_keep_their_places_and_fill_the_finished_ones_from_the_end(going, rows):
+    assert surviving_rows(torch.tensor(going, dtype=torch.bool)).tolist() == rows
 
 
 def test_repeated_prompts_and_early_stops_decode_as_each_row_would_alone(tiny_model_path):

@@ -82,6 +82,20 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def surviving_rows(going: torch.Tensor) -> torch.Tensor:
+    """The rows still decoding after a step, in the order that moves the fewest KV-cache rows.
+
+    ``going`` ``[B]`` is True for rows that continue. With ``k`` of them, the result ``[k]`` keeps
+    each continuing row of the first ``k`` where it is and fills the places of the finished ones
+    among them with the continuing rows from ``k`` on: ``[T, F, T, F, T, T] -> [0, 4, 2, 5]``.
+    A cache that selects rows in place (:class:`~roll_core.strategies.kv_cache.GrowingLayer`) then
+    copies one row per finished row, not every row after the first that finished."""
+    kept = int(going.sum())
+    order = torch.arange(kept, device=going.device)
+    holes = (~going[:kept]).nonzero().squeeze(-1)
+    return order.index_put_((holes,), going[kept:].nonzero().squeeze(-1) + kept)
+
+
 @torch.no_grad()
 def sample_responses(
     model,
@@ -114,7 +128,8 @@ def sample_responses(
     next_pos = mask.sum(-1, keepdim=True)
     device = prompt_ids.device
     # Finished rows leave the decoding batch (and its KV cache): ``rows`` maps the rows still decoding
-    # to their place in the output, which starts as padding.
+    # to their place in the output, which starts as padding. The rows' order in the batch is free, so
+    # the cache moves as few as it can (surviving_rows).
     rows = torch.arange(batch, device=device)
     tokens = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
     logps = torch.zeros(batch, max_new_tokens, device=device)
@@ -135,7 +150,7 @@ def sample_responses(
         if steps == max_new_tokens or not bool(going.any()) or (should_stop is not None and should_stop()):
             break  # the last token's own logits would go unused
         if not bool(going.all()):
-            keep = going.nonzero().squeeze(-1)
+            keep = surviving_rows(going)
             rows, token, mask, next_pos = rows[keep], token[keep], mask[keep], next_pos[keep]
             past.reorder_cache(keep)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
