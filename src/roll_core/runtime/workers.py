@@ -119,6 +119,10 @@ class _StrategyWorker(_Worker):
         layout = getattr(self.strategy, "data_parallel", None)
         return layout()[0] if layout is not None else 0
 
+    def placement(self) -> dict:
+        """Also whether this worker's attention may use cuDNN's kernel on a GPU (``runtime.cudnn_attention``)."""
+        return {**super().placement(), "cudnn_attention": cudnn_attention.enabled()}
+
     def node_address(self) -> tuple[str, int]:
         return distributed.node_address()
 
