@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from roll_core.strategies.sequences import response_log_probs, sample_responses, surviving_rows, top_p_filter
+import roll_core.strategies.sequences as sequences
+from roll_core.strategies.sequences import (draw_tokens, response_log_probs, sample_responses, surviving_rows,
+                                            top_p_filter)
 
 
 def _setup(tiny_model_path):
@@ -56,6 +58,59 @@ def test_top_p_keeps_the_smallest_nucleus():
     kept = torch.isfinite(top_p_filter(logits, 0.7))
     assert kept.tolist() == [[True, True, False, False]]  # 0.5 < 0.7, 0.5 + 0.3 >= 0.7
     assert torch.isfinite(top_p_filter(logits, 0.1)).sum() == 1  # the top token always survives
+
+
+@pytest.mark.parametrize("block", [256, 4, 3], ids=["one-block", "blocks-of-4", "blocks-of-3"])
+def test_draw_tokens_draws_each_token_as_often_as_its_weight_and_never_one_of_weight_zero(block, monkeypatch):
+    monkeypatch.setattr(sequences, "DRAW_BLOCK", block)  # 4: a block of zeros and a short last one
+    weights = torch.tensor([0.1, 0.0, 0.2, 0.7, 0.0, 0.0, 0.0, 0.0, 0.5, 0.5])  # not normalised: the total is 2
+    tokens = draw_tokens(weights.repeat(20_000, 1), torch.Generator().manual_seed(0))
+    shares = torch.bincount(tokens, minlength=10) / 20_000
+    assert shares.tolist() == pytest.approx([0.05, 0, 0.1, 0.35, 0, 0, 0, 0, 0.25, 0.25], abs=0.012)
+    assert shares[weights == 0].sum() == 0
+    again = draw_tokens(weights.repeat(20_000, 1), torch.Generator().manual_seed(0))
+    assert torch.equal(tokens, again)  # the generator decides
+
+
+def test_draw_tokens_finds_the_last_entry_of_a_large_vocabulary():
+    weights = torch.zeros(3, 151_936)  # Qwen2.5's vocabulary: 593 blocks of 256 and a short one of 128
+    weights[0, -1], weights[1, 0], weights[2, 70_000] = 1e-30, 3.0, 1.0
+    weights[2, 150_000] = 1.0
+    tokens = draw_tokens(weights.repeat(200, 1), torch.Generator().manual_seed(1)).view(200, 3)
+    assert (tokens[:, 0] == 151_935).all() and (tokens[:, 1] == 0).all()
+    assert set(tokens[:, 2].tolist()) == {70_000, 150_000}
+
+
+def test_a_target_past_what_a_block_holds_by_its_own_sums_takes_its_last_token_of_weight(monkeypatch):
+    """A block's float32 sum (1e8 + 5 rounds to 1e8 + 8) passes its float64 cumulative weights
+    (1e8 + 5): a target between the two belongs to the block's last token of weight. Not the next
+    block's first, which weighs 0 in the first row; not a position past the vocabulary, in the second
+    row's short last block. The third row's block ends on a token of weight: each row has its own."""
+    monkeypatch.setattr(sequences, "DRAW_BLOCK", 4)  # a vocabulary of 10: blocks of 4, 4 and 2
+    weights = torch.tensor([[1e8, 5.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0],
+                            [0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1e8, 5.0],
+                            [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    block = float(torch.tensor([1e8, 5.0]).sum())  # 1e8 + 8, as draw_tokens sums a block
+    targets = [1e8 + 6, 1 + 1e8 + 6, 3.5]
+    u = torch.tensor([[targets[0] / (block + 1)], [targets[1] / (1 + block)], [targets[2] / 4]], dtype=torch.float64)
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kwargs: u.clone())
+    assert draw_tokens(weights).tolist() == [1, 9, 3]
+
+
+@pytest.mark.parametrize("block", [256, 2])
+@pytest.mark.parametrize("u, token", [(0.0, 3), (1.0, 5)], ids=["u=0", "u rounded up to 1"])
+def test_the_uniform_s_extremes_draw_the_first_and_last_tokens_of_weight(block, u, token, monkeypatch):
+    """A target exactly at a cumulative weight (0 here, before any weight) goes to the block and the
+    token that pass it; ``u`` is below 1, but one that rounds up to it still draws a token of weight."""
+    monkeypatch.setattr(sequences, "DRAW_BLOCK", block)  # 2: the first block weighs 0, the second starts with a 0
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kwargs: torch.full(shape[0], u, dtype=torch.float64))
+    assert draw_tokens(torch.tensor([[0.0, 0.0, 0.0, 0.3, 0.0, 0.7]])).tolist() == [token]
+
+
+@pytest.mark.parametrize("row", [[0.0, 0.0], [float("nan"), 1.0], [float("inf"), 1.0]])
+def test_draw_tokens_refuses_weights_without_a_finite_positive_total(row):
+    with pytest.raises(ValueError, match="^every row's weights must be finite, non-negative and not all zero$"):
+        draw_tokens(torch.tensor([[0.5, 0.5], row]))
 
 
 @pytest.mark.parametrize("going, rows", [

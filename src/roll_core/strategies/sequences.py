@@ -82,6 +82,53 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+DRAW_BLOCK = 256  # vocabulary entries per block of draw_tokens' first search (the fastest of 128-512 here)
+
+
+def draw_tokens(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of ``weights`` ``[B, V]`` (non-negative, not necessarily normalised), drawn
+    with probability proportional to its weight; returns ``[B]``.
+
+    Inverse transform sampling: one uniform ``u ~ U[0, 1)`` per row, and the first token whose
+    cumulative weight exceeds ``u`` times the row's total. A token of weight 0 (cut by top-p) is never
+    drawn: its cumulative weight equals the one before it. Cumulative sums are in float64. A
+    vocabulary of more than ``DRAW_BLOCK`` entries is searched in two steps, so that no pass over all
+    of it is more than a sum: the block where the target falls (from the blocks' sums), then the
+    token inside that block (from its cumulative weights).
+
+    Why not ``torch.multinomial(weights, 1)``: for one sample it draws an exponential variate for
+    every entry (``argmax(w / q)``, ``q ~ Exp(1)``), one after another on the CPU. At a real model's
+    vocabulary that is a large part of a decoding step (``benchmarks/bench_token_draw.py``)."""
+    rows, vocab = weights.shape
+    if vocab <= DRAW_BLOCK:  # one block: its cumulative weights are all the search needs
+        cumulative = weights.double().cumsum(-1)
+        return torch.searchsorted(cumulative, _targets(cumulative[:, -1:], generator), right=True).squeeze(-1)
+    whole = vocab // DRAW_BLOCK * DRAW_BLOCK
+    # each block summed in the weights' dtype (a float64 sum would convert every entry first: 40x slower)
+    sums = weights[:, :whole].reshape(rows, -1, DRAW_BLOCK).sum(-1)  # [B, blocks]
+    if whole < vocab:
+        sums = torch.cat([sums, weights[:, whole:].sum(-1, keepdim=True)], -1)
+    ends = F.pad(sums.double().cumsum(-1), (1, 0))  # [B, blocks + 1]: the weight before each block, and the total
+    target = _targets(ends[:, -1:], generator)
+    chosen = torch.searchsorted(ends[:, 1:].contiguous(), target, right=True)  # [B, 1]: the first block ending past it
+    offsets = torch.arange(DRAW_BLOCK, device=weights.device)
+    positions = chosen * DRAW_BLOCK + offsets  # [B, DRAW_BLOCK]; past the vocabulary in a short last block
+    inside = weights.gather(-1, positions.clamp(max=vocab - 1)).double().masked_fill(positions >= vocab, 0)
+    within = torch.searchsorted(inside.cumsum(-1), target - ends.gather(-1, chosen), right=True)
+    # the block's sum and its cumulative weights round differently: a target at its very end takes
+    # its last token of positive weight
+    last = torch.where(inside > 0, offsets, -1).amax(-1, keepdim=True)
+    return (chosen * DRAW_BLOCK + torch.minimum(within, last)).squeeze(-1)
+
+
+def _targets(totals: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``u * total`` for each row's total weight ``[B, 1]`` and a uniform ``u``, strictly below the total."""
+    if not bool(((totals > 0) & torch.isfinite(totals)).all()):
+        raise ValueError("every row's weights must be finite, non-negative and not all zero")
+    u = torch.rand(totals.shape, dtype=torch.float64, device=totals.device, generator=generator)
+    return torch.minimum(u * totals, torch.nextafter(totals, torch.zeros_like(totals)))
+
+
 def surviving_rows(going: torch.Tensor) -> torch.Tensor:
     """The rows still decoding after a step, in the order that moves the fewest KV-cache rows.
 
@@ -139,7 +186,7 @@ def sample_responses(
         if temperature > 0:
             scaled = logits / temperature
             probs = top_p_filter(scaled, top_p).softmax(-1)
-            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            token = draw_tokens(probs, generator)
             logp = scaled.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
         else:
             token = logits.argmax(-1)
