@@ -18,9 +18,17 @@ The same draws on both sides (the rows' order is the sampler's), so the work is 
     python benchmarks/bench_sampling.py                      # tiny: batch 256, 8 new tokens
     python benchmarks/bench_sampling.py --size large         # 95M parameters: batch 64, 64 new tokens
     python benchmarks/bench_sampling.py --finish             # rows end at EOS: how the cache drops them
+    python benchmarks/bench_sampling.py --rl-step 10         # the quickstart's own generate call
+
+``--rl-step N`` replays the generate call of the quickstart's RL step ``N`` (its policy and prompts,
+captured from a local run as ``bench_hybrid.py`` does) in an inference worker in this process, against
+the sampler as it was before 2026-11-26: tokens drawn by ``torch.multinomial`` and every kept row
+copied when rows finish. Their draws differ, so each prints generated tokens per second over all
+its calls, and the median milliseconds per call.
 """
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -40,7 +48,10 @@ def main():
     ap.add_argument("--new-tokens", type=int, help="tokens per row (default 8 tiny, 64 large)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--finish", action="store_true", help="rows end at EOS; compare how the cache drops them")
+    ap.add_argument("--rl-step", type=int, help="replay the quickstart's generate call of this RL step")
     args = ap.parse_args()
+    if args.rl_step:
+        return rl_step(args)
     large = args.size == "large"
     batch = args.batch or (64 if large else 256)
     new_tokens = args.new_tokens or (64 if large else 8)
@@ -68,19 +79,9 @@ def main():
         finally:
             sequences.in_place_cache = in_place
 
-    moved_in_place = GrowingLayer.batch_select_indices
-
-    def copy_kept_rows(layer, indices):
-        keys, values = layer._filled()
-        indices = indices.to(layer.device)
-        layer._store(keys.index_select(0, indices), values.index_select(0, indices), layer._key_buffer.shape[-2])
-
     def roll_copying():
-        GrowingLayer.batch_select_indices = copy_kept_rows
-        try:
+        with kept_rows_copied():
             roll_loop()
-        finally:
-            GrowingLayer.batch_select_indices = moved_in_place
 
     def roll_concat():
         roll_loop(cache=lambda past, new, dtype=None: past)  # transformers' own DynamicCache, as it comes
@@ -115,6 +116,70 @@ def main():
         median = statistics.median(ts)
         print(f"  {name:26s} {generated / median:9.0f} tokens/s  {median * 1000:9.1f} ms  "
               f"{first} is {median / base:.2f}x faster")
+
+
+def copy_kept_rows(layer, indices):
+    """How the cache dropped finished rows before: every kept row copied into new buffers."""
+    keys, values = layer._filled()
+    indices = indices.to(layer.device)
+    layer._store(keys.index_select(0, indices), values.index_select(0, indices), layer._key_buffer.shape[-2])
+
+
+@contextlib.contextmanager
+def kept_rows_copied():
+    moved_in_place = GrowingLayer.batch_select_indices
+    GrowingLayer.batch_select_indices = copy_kept_rows
+    try:
+        yield
+    finally:
+        GrowingLayer.batch_select_indices = moved_in_place
+
+
+@contextlib.contextmanager
+def sampler_before():
+    """The sampler before 2026-11-26: ``torch.multinomial`` draws, rows kept in order, kept rows copied."""
+    saved = sequences.draw_tokens, sequences.surviving_rows
+    sequences.draw_tokens = lambda probs, generator: torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    sequences.surviving_rows = lambda going: going.nonzero().squeeze(-1)
+    try:
+        with kept_rows_copied():
+            yield
+    finally:
+        sequences.draw_tokens, sequences.surviving_rows = saved
+
+
+def rl_step(args) -> None:
+    from bench_hybrid import capture
+
+    from roll_core.runtime.workers import InferWorker
+
+    calls = capture(args.rl_step, scratch_dir())
+    init_args, init_kwargs = calls["infer"]
+    worker = InferWorker(*init_args, **init_kwargs)
+    worker.setup()
+    worker.strategy.model.load_state_dict(calls["weights"])
+    call_args, call_kwargs = calls["generate"]
+    contenders = {"roll": contextlib.nullcontext, "the sampler before": sampler_before}
+    seconds = {name: [] for name in contenders}
+    tokens = {name: 0 for name in contenders}
+    for round_ in range(args.repeats + 1):  # round 0 warms up
+        for name, context in contenders.items():
+            for _ in range(10):
+                with context():
+                    start = time.perf_counter()
+                    out = worker.generate(*call_args, **call_kwargs)
+                    elapsed = time.perf_counter() - start
+                if round_:
+                    seconds[name].append(elapsed)
+                    tokens[name] += int(out["response_mask"].sum())
+    rows = len(call_args[0])
+    print(f"the quickstart's generate call of RL step {args.rl_step}: {rows} rows, {torch.get_num_threads()} threads, "
+          f"{args.repeats} rounds of 10 calls each")
+    rate = {name: tokens[name] / sum(seconds[name]) for name in contenders}
+    for name in contenders:
+        print(f"  {name:20s} {rate[name]:9.0f} tokens/s  {statistics.median(seconds[name]) * 1000:7.2f} ms per call "
+              f"(median)  {tokens[name] / len(seconds[name]):6.0f} tokens per call  "
+              f"roll is {rate['roll'] / rate[name]:.2f}x faster")
 
 
 if __name__ == "__main__":

@@ -18,3 +18,12 @@ def test_bench_sampling_runs_and_compares_its_contenders(mode):
     rows = [line for line in out.stdout.splitlines() if "tokens/s" in line]
     assert len(rows) == (2 if mode else 3), out.stdout
     assert rows[0].rstrip().endswith("is 1.00x faster")  # the first contender is the reference
+
+
+def test_bench_sampling_replays_the_quickstart_s_generate_call_against_the_sampler_before():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_sampling.py"), "--rl-step", "1", "--repeats", "1"],
+                         capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line for line in out.stdout.splitlines() if "tokens/s" in line]
+    assert [row.split()[0] for row in rows] == ["roll", "the"], out.stdout
+    assert "RL step 1: 256 rows" in out.stdout
