@@ -45,7 +45,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
     print(f"{args.rows} rows, {torch.get_num_threads()} threads, median of {args.rounds} rounds")
-    print(f"{'vocabulary':>10} " + " ".join(f"{name + ' ms':>22}" for name in CONTENDERS) + "   ratio   TV (draw vs multinomial, multinomial vs itself)")
+    print(f"{'vocabulary':>10} " + " ".join(f"{name + ' ms':>22}" for name in CONTENDERS)
+          + "   ratio   TV (draw vs multinomial, multinomial vs itself)")
     for vocab in args.vocab:
         probs = torch.randn(args.rows, vocab, generator=torch.Generator().manual_seed(vocab)).mul(2).softmax(-1)
         generators = {name: torch.Generator().manual_seed(i) for i, name in enumerate(CONTENDERS)}

@@ -83,7 +83,9 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
     def _filled(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.keys, self.values
+        """The keys and values held now: the views :meth:`_expose` made (typed here as never None)."""
+        rows, length = self.rows, self.length
+        return self._key_buffer[:rows, ..., :length, :], self._value_buffer[:rows, ..., :length, :]
 
     def get_seq_length(self) -> int:
         return self.length
