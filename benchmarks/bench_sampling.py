@@ -36,6 +36,7 @@ import torch
 
 import roll_core.strategies.sequences as sequences
 from roll_core.strategies.kv_cache import GrowingLayer
+from bench_token_draw import multinomial
 from large_model import build_large_model
 from roll_core.embedded.model import build_tiny_model
 from scratch import scratch_dir  # a temporary directory, removed at exit
@@ -67,7 +68,7 @@ def main():
     in_place = sequences.in_place_cache
 
     eos = tok.eos_token_id if args.finish else -1
-    tokens = []  # generated per call, the same for every contender
+    tokens = []  # generated per call by roll's contenders
 
     def roll_loop(cache=in_place):
         sequences.in_place_cache = cache
@@ -105,9 +106,8 @@ def main():
             fn()
             times[name].append(time.perf_counter() - t0)
     params = sum(p.numel() for p in model.parameters()) / 1e6
-    generated = tokens[0]
-    assert set(tokens) == {generated} or not args.finish, f"unequal work: {sorted(set(tokens))} tokens per call"
-    generated = generated if args.finish else batch * new_tokens
+    generated = tokens[0]  # roll's contenders draw alike: the same tokens in every call
+    assert set(tokens) == {generated}, f"unequal work: {sorted(set(tokens))} tokens per call"
     print(f"{args.size}: {params:.1f}M parameters, batch {batch} ({batch // 8} prompts x 8), up to {new_tokens} new "
           f"tokens ({generated} generated), {torch.get_num_threads()} threads, median of {args.repeats}")
     first = next(iter(contenders))
@@ -139,13 +139,16 @@ def kept_rows_copied():
 def sampler_before():
     """The sampler before 2026-11-26: ``torch.multinomial`` draws, rows kept in order, kept rows copied."""
     saved = sequences.draw_tokens, sequences.surviving_rows
-    sequences.draw_tokens = lambda probs, generator: torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    sequences.draw_tokens = multinomial
     sequences.surviving_rows = lambda going: going.nonzero().squeeze(-1)
     try:
         with kept_rows_copied():
             yield
     finally:
         sequences.draw_tokens, sequences.surviving_rows = saved
+
+
+CALLS_PER_ROUND = 10  # --rl-step: calls of one contender before the other's
 
 
 def rl_step(args) -> None:
@@ -164,7 +167,7 @@ def rl_step(args) -> None:
     tokens = {name: 0 for name in contenders}
     for round_ in range(args.repeats + 1):  # round 0 warms up
         for name, context in contenders.items():
-            for _ in range(10):
+            for _ in range(CALLS_PER_ROUND):
                 with context():
                     start = time.perf_counter()
                     out = worker.generate(*call_args, **call_kwargs)
@@ -174,7 +177,7 @@ def rl_step(args) -> None:
                     tokens[name] += int(out["response_mask"].sum())
     rows = len(call_args[0])
     print(f"the quickstart's generate call of RL step {args.rl_step}: {rows} rows, {torch.get_num_threads()} threads, "
-          f"{args.repeats} rounds of 10 calls each")
+          f"{args.repeats} rounds of {CALLS_PER_ROUND} calls each")
     rate = {name: tokens[name] / sum(seconds[name]) for name in contenders}
     for name in contenders:
         print(f"  {name:20s} {rate[name]:9.0f} tokens/s  {statistics.median(seconds[name]) * 1000:7.2f} ms per call "
