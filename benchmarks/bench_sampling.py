@@ -18,6 +18,7 @@ The same draws on both sides (the rows' order is the sampler's), so the work is 
     python benchmarks/bench_sampling.py                      # tiny: batch 256, 8 new tokens
     python benchmarks/bench_sampling.py --size large         # 95M parameters: batch 64, 64 new tokens
     python benchmarks/bench_sampling.py --finish             # rows end at EOS: how the cache drops them
+    python benchmarks/bench_sampling.py --size large --vocab 151936 --top-p 0.9   # a real tokenizer's vocabulary
     python benchmarks/bench_sampling.py --rl-step 10         # the quickstart's own generate call
 
 ``--rl-step N`` replays the generate call of the quickstart's RL step ``N`` (its policy and prompts,
@@ -36,6 +37,7 @@ import torch
 
 import roll_core.strategies.sequences as sequences
 from roll_core.strategies.kv_cache import GrowingLayer
+import bench_next_token
 from bench_token_draw import multinomial
 from large_model import build_large_model
 from roll_core.embedded.model import build_tiny_model
@@ -48,6 +50,9 @@ def main():
     ap.add_argument("--batch", type=int, help="rows (default 256 tiny, 64 large)")
     ap.add_argument("--new-tokens", type=int, help="tokens per row (default 8 tiny, 64 large)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--vocab", type=int, help="grow the model's vocabulary to this many entries (random rows), "
+                    "as a real tokenizer's: the sampler's per-token work scales with it")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling on every side")
     ap.add_argument("--finish", action="store_true", help="rows end at EOS; compare how the cache drops them")
     ap.add_argument("--rl-step", type=int, help="replay the quickstart's generate call of this RL step")
     args = ap.parse_args()
@@ -61,6 +66,8 @@ def main():
     tmp = scratch_dir()
     path = build_large_model(tmp) if large else build_tiny_model(tmp + "/tiny")
     model = AutoModelForCausalLM.from_pretrained(path).eval()
+    if args.vocab:
+        model.resize_token_embeddings(args.vocab, mean_resizing=False)
     tok = AutoTokenizer.from_pretrained(path)
     prompts = [f"{i % 100:02d}+{(i * 7) % 100:02d}=" for i in range(batch // 8)]
     enc = tok([p for p in prompts for _ in range(8)], return_tensors="pt", add_special_tokens=False, padding=True)
@@ -75,7 +82,7 @@ def main():
         try:
             _, response_mask, _ = sequences.sample_responses(
                 model, ids, mask, max_new_tokens=new_tokens, eos_token_id=eos, pad_token_id=tok.pad_token_id,
-                temperature=1.0, generator=torch.Generator().manual_seed(0))
+                temperature=1.0, top_p=args.top_p, generator=torch.Generator().manual_seed(0))
             tokens.append(int(response_mask.sum()))
         finally:
             sequences.in_place_cache = in_place
@@ -84,19 +91,23 @@ def main():
         with kept_rows_copied():
             roll_loop()
 
+    def roll_step_before():
+        with step_before():
+            roll_loop()
+
     def roll_concat():
         roll_loop(cache=lambda past, new, dtype=None: past)  # transformers' own DynamicCache, as it comes
 
     def hf_generate():
         with torch.no_grad():
             model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                           max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=tok.pad_token_id)
+                           top_p=args.top_p, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=tok.pad_token_id)
 
     if args.finish:
         contenders = {"roll, rows moved in place": roll_loop, "roll, kept rows copied": roll_copying}
     else:
-        contenders = {"roll, in-place cache": roll_loop, "roll, concatenating cache": roll_concat,
-                      "transformers generate": hf_generate}
+        contenders = {"roll, in-place cache": roll_loop, "roll, decoding step before": roll_step_before,
+                      "roll, concatenating cache": roll_concat, "transformers generate": hf_generate}
     times = {name: [] for name in contenders}
     for fn in contenders.values():
         fn()  # warm-up
@@ -108,8 +119,10 @@ def main():
     params = sum(p.numel() for p in model.parameters()) / 1e6
     generated = tokens[0]  # roll's contenders draw alike: the same tokens in every call
     assert set(tokens) == {generated}, f"unequal work: {sorted(set(tokens))} tokens per call"
-    print(f"{args.size}: {params:.1f}M parameters, batch {batch} ({batch // 8} prompts x 8), up to {new_tokens} new "
-          f"tokens ({generated} generated), {torch.get_num_threads()} threads, median of {args.repeats}")
+    vocab = model.get_output_embeddings().weight.shape[0]
+    print(f"{args.size}: {params:.1f}M parameters, vocabulary {vocab}, top-p {args.top_p}, batch {batch} "
+          f"({batch // 8} prompts x 8), up to {new_tokens} new tokens ({generated} generated), "
+          f"{torch.get_num_threads()} threads, median of {args.repeats}")
     first = next(iter(contenders))
     base = statistics.median(times[first])
     for name, ts in times.items():
@@ -136,13 +149,25 @@ def kept_rows_copied():
 
 
 @contextlib.contextmanager
+def step_before():
+    """The sampler's decoding step before 2026-11-27: new [B, V] tensors, a sort for top-p."""
+    saved = sequences.next_tokens
+    sequences.next_tokens = bench_next_token.step_before
+    try:
+        yield
+    finally:
+        sequences.next_tokens = saved
+
+
+@contextlib.contextmanager
 def sampler_before():
-    """The sampler before 2026-11-26: ``torch.multinomial`` draws, rows kept in order, kept rows copied."""
+    """The sampler before 2026-11-26: ``torch.multinomial`` draws, rows kept in order, kept rows copied,
+    and the decoding step as it was then (:func:`step_before`)."""
     saved = sequences.draw_tokens, sequences.surviving_rows
     sequences.draw_tokens = multinomial
     sequences.surviving_rows = lambda going: going.nonzero().squeeze(-1)
     try:
-        with kept_rows_copied():
+        with kept_rows_copied(), step_before():
             yield
     finally:
         sequences.draw_tokens, sequences.surviving_rows = saved

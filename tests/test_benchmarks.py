@@ -1,5 +1,5 @@
-"""The sampling benchmark still runs against the sampler and cache it measures (it patches both, so a
-changed signature breaks it first). Timings mean nothing here: the smallest batch, one round."""
+"""The sampling benchmarks still run against the sampler and cache they measure (they patch both, so a
+changed signature breaks them first). Timings mean nothing here: the smallest batch, one round."""
 
 import subprocess
 import sys
@@ -10,19 +10,24 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _bench_sampling(*args: str) -> list[str]:
-    """``bench_sampling.py`` run with ``args``; the lines of its contenders."""
-    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_sampling.py"), *args], capture_output=True,
+def _bench(script: str, *args: str) -> list[str]:
+    """The output lines of ``script`` run with ``args``."""
+    out = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True,
                          text=True, timeout=300, cwd=BENCHMARKS)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.splitlines()
 
 
-@pytest.mark.parametrize("mode", [[], ["--finish"]], ids=["equal-work", "finish"])
-def test_bench_sampling_runs_and_compares_its_contenders(mode):
+def _bench_sampling(*args: str) -> list[str]:
+    return _bench("bench_sampling.py", *args)
+
+
+@pytest.mark.parametrize("mode, contenders", [([], 4), (["--vocab", "300", "--top-p", "0.9"], 4), (["--finish"], 2)],
+                         ids=["equal-work", "vocabulary-and-top-p", "finish"])
+def test_bench_sampling_runs_and_compares_its_contenders(mode, contenders):
     lines = _bench_sampling("--batch", "16", "--new-tokens", "4", "--repeats", "1", *mode)
     rows = [line for line in lines if "tokens/s" in line]
-    assert len(rows) == (2 if mode else 3), lines
+    assert len(rows) == contenders, lines
     assert rows[0].rstrip().endswith("is 1.00x faster")  # the first contender is the reference
 
 
@@ -31,3 +36,11 @@ def test_bench_sampling_replays_the_quickstart_s_generate_call_against_the_sampl
     rows = [line for line in lines if "tokens/s" in line]
     assert [row.split()[0] for row in rows] == ["roll", "the"], lines
     assert any("RL step 1: 256 rows" in line for line in lines)
+
+
+def test_bench_next_token_checks_every_draw_against_the_sorted_nucleus():
+    lines = _bench("bench_next_token.py", "--rows", "8", "--vocab", "500", "--top-p", "1.0", "0.5", "--spread", "3",
+                   "--rounds", "1")
+    rows = [line.split() for line in lines if line.startswith("       500")]
+    assert [row[1] for row in rows] == ["1.0", "0.5"], lines
+    assert [row[7] for row in rows] == ["True", "True"] and all(float(row[8]) < 1e-4 for row in rows), lines

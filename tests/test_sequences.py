@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import roll_core.strategies.sequences as sequences
-from roll_core.strategies.sequences import (draw_tokens, response_log_probs, sample_responses, surviving_rows,
-                                            top_p_filter)
+from roll_core.strategies.sequences import (draw_tokens, next_tokens, nucleus_tokens, response_log_probs,
+                                            sample_responses, surviving_rows)
 
 
 def _setup(tiny_model_path):
@@ -53,11 +53,89 @@ def test_same_generator_seed_same_samples(tiny_model_path):
     assert torch.equal(draws[0], draws[1])
 
 
-def test_top_p_keeps_the_smallest_nucleus():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    kept = torch.isfinite(top_p_filter(logits, 0.7))
-    assert kept.tolist() == [[True, True, False, False]]  # 0.5 < 0.7, 0.5 + 0.3 >= 0.7
-    assert torch.isfinite(top_p_filter(logits, 0.1)).sum() == 1  # the top token always survives
+def _shares(tokens: torch.Tensor, vocab: int) -> list[float]:
+    return (torch.bincount(tokens, minlength=vocab) / len(tokens)).tolist()
+
+
+@pytest.mark.parametrize("top_p, shares", [
+    (0.7, [0.625, 0.375, 0, 0]),  # 0.5 < 0.7, 0.5 + 0.3 >= 0.7: the first two, renormalised
+    (0.81, [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0]),  # 0.8 < 0.81: the third joins
+    (0.5, [1, 0, 0, 0]),  # the heaviest alone reaches 0.5
+    (0.1, [1, 0, 0, 0]),  # the heaviest always belongs
+    (1.0, [0.5, 0.3, 0.15, 0.05]),
+])
+def test_nucleus_tokens_draw_the_smallest_nucleus_in_proportion_to_weight(top_p, shares):
+    weights = torch.tensor([[0.05, 0.15, 0.3, 0.5]]).flip(-1).repeat(20_000, 1) * 4  # not normalised
+    tokens = nucleus_tokens(weights, weights.sum(-1, keepdim=True), top_p, torch.Generator().manual_seed(0))
+    assert _shares(tokens, 4) == pytest.approx(shares, abs=0.012)
+
+
+@pytest.mark.parametrize("chunk", [16_384, 7, 3])
+def test_nucleus_tokens_reject_draws_from_a_heavy_tail_until_they_land_inside(chunk, monkeypatch):
+    """Half the weight on token 3, the other half spread over 999 light tokens: the nucleus of 0.5 is
+    token 3 alone, and half the first draws land in the tail and must be drawn again (several times,
+    for some rows); a nucleus of 0.6 takes every tail token, which weigh the same, so 0.75 of draws
+    keep their first token. The rows' weights left behind lose only what was ruled out."""
+    monkeypatch.setattr(sequences, "NUCLEUS_CHUNK", chunk)  # 3 and 7: the passes go chunk by chunk
+    row = torch.full((1000,), 0.5 / 999)
+    row[3] = 0.5
+    weights = row.repeat(4000, 1)
+    tokens = nucleus_tokens(weights, weights.sum(-1, keepdim=True), 0.5, torch.Generator().manual_seed(0))
+    assert (tokens == 3).all()
+    assert ((weights == 0) | (weights == row)).all() and (weights[:, 3] == 0.5).all()
+    rejected = (weights[:, :3] == 0).all(-1)  # the rows whose first draw landed in the tail
+    assert 0.45 < rejected.float().mean() < 0.55 and (weights[rejected].count_nonzero(-1) == 1).all()
+    weights = row.repeat(4000, 1)
+    tokens = nucleus_tokens(weights, weights.sum(-1, keepdim=True), 0.6, torch.Generator().manual_seed(0))
+    assert 0.47 < (tokens == 3).float().mean() < 0.53 and torch.equal(weights, row.repeat(4000, 1))
+
+
+@pytest.mark.parametrize("top_p", [0.5, 1.0])
+def test_next_tokens_draw_from_the_generator_alone_also_when_they_draw_again(top_p):
+    """The same generator seed gives the same tokens whatever the global RNG did. Token 3 weighs 0.45
+    and 999 others about 0.00055 each, so a nucleus of 0.5 holds token 3 and the heaviest 91 others:
+    about half the rows draw a token outside it and draw again, from the same generator."""
+    row = torch.full((1000,), 0.55 / 999).log()
+    row[3] = torch.tensor(0.45).log()
+    logits = row.repeat(2000, 1) + torch.rand(2000, 1000, generator=torch.Generator().manual_seed(0)) * 1e-3
+    draws = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        draws.append(next_tokens(logits.clone(), 1.0, top_p, torch.Generator().manual_seed(7))[0])
+    assert torch.equal(draws[0], draws[1])
+    assert not torch.equal(draws[0], next_tokens(logits.clone(), 1.0, top_p, torch.Generator().manual_seed(8))[0])
+
+
+def test_nucleus_tokens_keep_tokens_as_heavy_as_the_heaviest_and_refuse_a_top_p_of_zero():
+    weights = torch.tensor([[0.4, 0.2, 0.4]]).repeat(20_000, 1)  # a tie at the top: both belong to a nucleus of 0.3
+    tokens = nucleus_tokens(weights, weights.sum(-1, keepdim=True), 0.3, torch.Generator().manual_seed(0))
+    assert _shares(tokens, 3) == pytest.approx([0.5, 0, 0.5], abs=0.012)
+    with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\], got 0.0$"):
+        nucleus_tokens(weights, weights.sum(-1, keepdim=True), 0.0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 2.0, 1e-3])
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_next_tokens_log_probs_are_log_softmax_at_the_temperature_before_top_p(temperature, top_p):
+    logits = torch.randn(64, 50_000, generator=torch.Generator().manual_seed(0)) * 4
+    expected = (logits / temperature).log_softmax(-1)
+    token, logp = next_tokens(logits.clone(), temperature, top_p, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(logp, expected.gather(-1, token[:, None]).squeeze(-1), atol=2e-5, rtol=1e-5)
+    greedy, greedy_logp = next_tokens(logits.clone(), 0.0)
+    assert torch.equal(greedy, logits.argmax(-1))
+    torch.testing.assert_close(greedy_logp, logits.log_softmax(-1).amax(-1), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.5, 1.0), (2.0, 0.9)])
+def test_next_tokens_draw_from_softmax_at_the_temperature(temperature, top_p):
+    logits = torch.tensor([[2.0, 0.0, 1.0, -1.0, 0.5]])
+    probs = (logits / temperature).softmax(-1)[0]
+    if top_p < 1:  # at 2.0 the heaviest four weigh 0.92 >= 0.9 (0.83 before the fourth): the fifth is out
+        assert probs.sort(descending=True).values[:3].sum() < top_p <= probs.sort(descending=True).values[:4].sum()
+        probs[3] = 0
+        probs /= probs.sum()
+    token, _ = next_tokens(logits.repeat(40_000, 1), temperature, top_p, torch.Generator().manual_seed(0))
+    assert _shares(token, 5) == pytest.approx(probs.tolist(), abs=0.01)
 
 
 @pytest.mark.parametrize("block", [256, 4, 3], ids=["one-block", "blocks-of-4", "blocks-of-3"])
