@@ -16,7 +16,13 @@ nucleus' mean size, and two checks over every draw of the new step: its tokens a
 as the old step's sort defines it, and its log-probabilities' largest difference from the old step's
 ``log_softmax`` at the same tokens.
 
+``--keep-freed-memory`` makes the process keep the memory it frees, as roll's CPU workers do
+(``runtime.reuse_freed_memory``, :mod:`roll_core.runtime.host_memory`): a new tensor then reuses the
+heap instead of fresh pages, and the old step's extra tensors cost far less. Without it glibc's
+allocator is as it comes, as in any process outside roll's workers.
+
     python benchmarks/bench_next_token.py [--rows 64] [--vocab 32000 151936] [--top-p 1.0 0.9] [--spread 2 6]
+                                          [--keep-freed-memory]
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import time
 import torch
 
 import roll_core.strategies.sequences as sequences
+from roll_core.runtime.host_memory import keep_freed_memory
 from roll_core.strategies.sequences import next_tokens
 
 TEMPERATURE = 1.0
@@ -62,9 +69,11 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, nargs="+", default=[1.0, 0.9])
     ap.add_argument("--spread", type=float, nargs="+", default=[2.0, 6.0])
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--keep-freed-memory", action="store_true", help="as roll's CPU workers: no fresh pages")
     args = ap.parse_args()
+    kept = args.keep_freed_memory and keep_freed_memory()
     print(f"{args.rows} rows, temperature {TEMPERATURE}, {torch.get_num_threads()} threads, "
-          f"median of {args.rounds} rounds")
+          f"median of {args.rounds} rounds, freed memory {'kept' if kept else 'returned (glibc default)'}")
     print(f"{'vocabulary':>10} {'top_p':>5} {'spread':>6} {'before ms':>10} {'after ms':>9} {'ratio':>7} "
           f"{'nucleus':>8}  all in nucleus  largest log-prob difference")
     for vocab, top_p, spread in itertools.product(args.vocab, args.top_p, args.spread):

@@ -19,6 +19,7 @@ The same draws on both sides (the rows' order is the sampler's), so the work is 
     python benchmarks/bench_sampling.py --size large         # 95M parameters: batch 64, 64 new tokens
     python benchmarks/bench_sampling.py --finish             # rows end at EOS: how the cache drops them
     python benchmarks/bench_sampling.py --size large --vocab 151936 --top-p 0.9   # a real tokenizer's vocabulary
+    python benchmarks/bench_sampling.py ... --keep-freed-memory   # freed memory kept, as in roll's CPU workers
     python benchmarks/bench_sampling.py --rl-step 10         # the quickstart's own generate call
 
 ``--rl-step N`` replays the generate call of the quickstart's RL step ``N`` (its policy and prompts,
@@ -41,6 +42,7 @@ import bench_next_token
 from bench_token_draw import multinomial
 from large_model import build_large_model
 from roll_core.embedded.model import build_tiny_model
+from roll_core.runtime.host_memory import keep_freed_memory
 from scratch import scratch_dir  # a temporary directory, removed at exit
 
 
@@ -53,9 +55,13 @@ def main():
     ap.add_argument("--vocab", type=int, help="grow the model's vocabulary to this many entries (random rows), "
                     "as a real tokenizer's: the sampler's per-token work scales with it")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling on every side")
+    ap.add_argument("--keep-freed-memory", action="store_true",
+                    help="keep freed memory in the process, as roll's CPU workers do (runtime.reuse_freed_memory)")
     ap.add_argument("--finish", action="store_true", help="rows end at EOS; compare how the cache drops them")
     ap.add_argument("--rl-step", type=int, help="replay the quickstart's generate call of this RL step")
     args = ap.parse_args()
+    if args.keep_freed_memory:
+        keep_freed_memory()
     if args.rl_step:
         return rl_step(args)
     large = args.size == "large"

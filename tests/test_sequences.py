@@ -72,22 +72,27 @@ def test_nucleus_tokens_draw_the_smallest_nucleus_in_proportion_to_weight(top_p,
 
 @pytest.mark.parametrize("chunk", [16_384, 7, 3])
 def test_nucleus_tokens_reject_draws_from_a_heavy_tail_until_they_land_inside(chunk, monkeypatch):
-    """Half the weight on token 3, the other half spread over 999 light tokens: the nucleus of 0.5 is
-    token 3 alone, and half the first draws land in the tail and must be drawn again (several times,
-    for some rows); a nucleus of 0.6 takes every tail token, which weigh the same, so 0.75 of draws
-    keep their first token. The rows' weights left behind lose only what was ruled out."""
+    """Half the weight on token 3, the other half spread evenly over 999 light tokens: the nucleus of
+    0.5 is token 3 alone, so half the first draws land in the tail and those rows draw again; a nucleus of 0.6 holds every token (each light one has 0.5 heavier than it), so
+    nothing is drawn twice. The caller's weights stay as they were."""
     monkeypatch.setattr(sequences, "NUCLEUS_CHUNK", chunk)  # 3 and 7: the passes go chunk by chunk
+    rows_drawn = []
+
+    def counted(weights, generator=None):
+        rows_drawn.append(len(weights))
+        return draw_tokens(weights, generator)
+
+    monkeypatch.setattr(sequences, "draw_tokens", counted)
     row = torch.full((1000,), 0.5 / 999)
     row[3] = 0.5
     weights = row.repeat(4000, 1)
     tokens = nucleus_tokens(weights, weights.sum(-1, keepdim=True), 0.5, torch.Generator().manual_seed(0))
-    assert (tokens == 3).all()
-    assert ((weights == 0) | (weights == row)).all() and (weights[:, 3] == 0.5).all()
-    rejected = (weights[:, :3] == 0).all(-1)  # the rows whose first draw landed in the tail
-    assert 0.45 < rejected.float().mean() < 0.55 and (weights[rejected].count_nonzero(-1) == 1).all()
-    weights = row.repeat(4000, 1)
+    assert (tokens == 3).all() and torch.equal(weights, row.repeat(4000, 1))
+    # a rejected row rules out every token as light as its draw: here the whole tail at once
+    assert len(rows_drawn) == 2 and rows_drawn[0] == 4000 and 1800 < rows_drawn[1] < 2200, rows_drawn
+    rows_drawn.clear()
     tokens = nucleus_tokens(weights, weights.sum(-1, keepdim=True), 0.6, torch.Generator().manual_seed(0))
-    assert 0.47 < (tokens == 3).float().mean() < 0.53 and torch.equal(weights, row.repeat(4000, 1))
+    assert 0.47 < (tokens == 3).float().mean() < 0.53 and rows_drawn == [4000]
 
 
 @pytest.mark.parametrize("top_p", [0.5, 1.0])
@@ -104,6 +109,27 @@ def test_next_tokens_draw_from_the_generator_alone_also_when_they_draw_again(top
         draws.append(next_tokens(logits.clone(), 1.0, top_p, torch.Generator().manual_seed(7))[0])
     assert torch.equal(draws[0], draws[1])
     assert not torch.equal(draws[0], next_tokens(logits.clone(), 1.0, top_p, torch.Generator().manual_seed(8))[0])
+
+
+def test_nucleus_tokens_match_the_sorted_nucleus_of_each_row_over_several_rounds(monkeypatch):
+    """Three kinds of row, interleaved, with distinct weights: a rejected draw rules out only the tokens
+    lighter than it, so rows take several rounds, each on the rows still drawing. Every row's tokens
+    must come from its own nucleus (as sorting defines it) in proportion to weight."""
+    rounds = []
+    monkeypatch.setattr(sequences, "draw_tokens", lambda w, g=None: rounds.append(len(w)) or draw_tokens(w, g))
+    steep = torch.exp(-torch.arange(300.0) / 20)
+    kinds = torch.stack([steep, steep.flip(0), 1 + torch.rand(300, generator=torch.Generator().manual_seed(3))])
+    weights = kinds.repeat(6000, 1)
+    tokens = nucleus_tokens(weights, weights.sum(-1, keepdim=True), 0.6, torch.Generator().manual_seed(0)).view(6000, 3)
+    assert len(rounds) >= 3 and rounds[0] == 18_000
+    for kind in range(3):
+        ordered, order = kinds[kind].sort(descending=True)
+        before = ordered.cumsum(0) - ordered
+        nucleus = torch.zeros(300).index_put_((order,), (before < 0.6 * ordered.sum()).float())
+        expected = kinds[kind] * nucleus / (kinds[kind] * nucleus).sum()
+        shares = torch.bincount(tokens[:, kind], minlength=300) / 6000
+        assert shares[nucleus == 0].sum() == 0
+        assert 0.5 * (shares - expected).abs().sum() < 0.05 * (1 + (nucleus.sum() > 50))  # sampling noise
 
 
 def test_nucleus_tokens_keep_tokens_as_heavy_as_the_heaviest_and_refuse_a_top_p_of_zero():

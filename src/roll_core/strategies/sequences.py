@@ -76,12 +76,14 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
     sampling distribution ``softmax(logits / temperature)`` (before top-p); returns ``([B], [B])``.
     ``temperature`` 0 is greedy decoding. **Overwrites** ``logits``: they must be the caller's own.
 
-    Everything happens in ``logits``' memory, because at a real vocabulary a new ``[B, V]`` tensor
-    costs more than the arithmetic: 64 x 151,936 float32 is 39 MB, past glibc's largest mmap threshold
-    (32 MB), so each one comes as fresh pages from the kernel. The division by the temperature, the
-    ``softmax`` and the ``log_softmax`` took about 15 ms each that way here; the in-place chain with
-    the draw takes 8 ms (``benchmarks/bench_next_token.py``). The token's log-probability is read from
-    its weight, ``log(w / sum(w))``, which is what ``log_softmax`` gives to float32 rounding."""
+    Everything happens in ``logits``' memory: at a real vocabulary a new ``[B, V]`` tensor can cost
+    more than its arithmetic. 64 x 151,936 float32 is 39 MB, past glibc's largest mmap threshold, so
+    in a process with glibc's defaults each one is fresh pages from the kernel: the division by the
+    temperature, the ``softmax`` and the ``log_softmax`` took 15 ms each that way here, the in-place
+    chain with the draw 8 ms. Where freed memory is kept (roll's CPU workers,
+    :mod:`roll_core.runtime.host_memory`) the gain is 1.3x (``benchmarks/bench_next_token.py``). The
+    token's log-probability is read from its weight, ``log(w / sum(w))``: ``log_softmax``'s value to
+    float32 rounding."""
     if temperature <= 0:
         token = logits.argmax(-1)
         return token, -token_weights_(logits, 1.0).sum(-1).log()  # the argmax's weight is exp(0)
@@ -94,7 +96,8 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
 def token_weights_(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """``exp((logits - max) / temperature)`` per row of ``[B, V]``, written over ``logits``: the
     unnormalised sampling probabilities, at most 1 (the argmax), without overflow at any temperature."""
-    return logits.sub_(logits.amax(-1, keepdim=True)).div_(temperature).exp_()
+    logits.sub_(logits.amax(-1, keepdim=True))
+    return (logits if temperature == 1.0 else logits.div_(temperature)).exp_()
 
 
 NUCLEUS_CHUNK = 16_384  # vocabulary columns per pass of nucleus_tokens' masked sums: small temporaries
@@ -112,20 +115,24 @@ def nucleus_tokens(weights: torch.Tensor, totals: torch.Tensor, top_p: float,
     all the weights; a row whose token lies outside the nucleus sets every token no heavier than it to
     0 (they lie outside too) and draws again. Each draw is from a set that holds the whole nucleus, in
     proportion to weight, so the token accepted is distributed as the nucleus alone; and it lands
-    inside with probability at least ``top_p``, so a row takes at most ``1 / top_p`` draws on average,
-    each with two passes over its weights. Zeroes the weights it rules out, in place; never the
-    drawn token's."""
+    inside with probability at least ``top_p``, so a row takes at most ``1 / top_p`` draws on average.
+    The first check passes over every row; later rounds work on copies of the rows still drawing,
+    usually a few, and leave ``weights`` as they were."""
     if not 0.0 < top_p:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    bound = top_p * totals
-    token = draw_tokens(weights, generator)
+    drawn = draw_tokens(weights, generator)
+    token = drawn.clone()  # each row's accepted draw, filled in round by round
+    pending = torch.arange(len(weights), device=weights.device)  # the rows whose draw is not yet accepted
+    left, bound = weights, top_p * totals
     while True:
-        drawn = weights.gather(-1, token[:, None])  # [B, 1]
-        outside = _weight_above(weights, drawn) >= bound
+        weight = left.gather(-1, drawn[:, None])  # [b, 1]
+        outside = (_weight_above(left, weight) >= bound).squeeze(-1)
+        token[pending] = drawn
         if not bool(outside.any()):
             return token
-        _zero_up_to(weights, torch.where(outside, drawn, -1.0))  # -1: the accepted rows keep everything
-        token = torch.where(outside.squeeze(-1), draw_tokens(weights, generator), token)
+        pending, left, bound = pending[outside], left[outside], bound[outside]
+        _zero_up_to(left, weight[outside])  # ``left`` is a copy now: the caller's weights stay whole
+        drawn = draw_tokens(left, generator)
 
 
 def _weight_above(weights: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
