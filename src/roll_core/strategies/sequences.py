@@ -80,8 +80,8 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
     more than its arithmetic. 64 x 151,936 float32 is 39 MB, past glibc's largest mmap threshold, so
     in a process with glibc's defaults each one is fresh pages from the kernel: the division by the
     temperature, the ``softmax`` and the ``log_softmax`` took 15 ms each that way here, the in-place
-    chain with the draw 8 ms. Where freed memory is kept (roll's CPU workers,
-    :mod:`roll_core.runtime.host_memory`) the gain is 1.3x (``benchmarks/bench_next_token.py``). The
+    chain with the draw 6.5 ms. Where freed memory is kept (roll's CPU workers,
+    :mod:`roll_core.runtime.host_memory`) the gain is 1.1-1.4x (``benchmarks/bench_next_token.py``). The
     token's log-probability is read from its weight, ``log(w / sum(w))``: ``log_softmax``'s value to
     float32 rounding."""
     if temperature <= 0:
