@@ -107,7 +107,8 @@ def main():
     def hf_generate():
         with torch.no_grad():
             model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                           top_p=args.top_p, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=tok.pad_token_id)
+                           top_p=args.top_p, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                           pad_token_id=tok.pad_token_id)
 
     if args.finish:
         contenders = {"roll, rows moved in place": roll_loop, "roll, kept rows copied": roll_copying}

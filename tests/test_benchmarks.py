@@ -18,21 +18,17 @@ def _bench(script: str, *args: str) -> list[str]:
     return out.stdout.splitlines()
 
 
-def _bench_sampling(*args: str) -> list[str]:
-    return _bench("bench_sampling.py", *args)
-
-
 @pytest.mark.parametrize("mode, contenders", [([], 4), (["--vocab", "300", "--top-p", "0.9"], 4), (["--finish"], 2)],
                          ids=["equal-work", "vocabulary-and-top-p", "finish"])
 def test_bench_sampling_runs_and_compares_its_contenders(mode, contenders):
-    lines = _bench_sampling("--batch", "16", "--new-tokens", "4", "--repeats", "1", *mode)
+    lines = _bench("bench_sampling.py", "--batch", "16", "--new-tokens", "4", "--repeats", "1", *mode)
     rows = [line for line in lines if "tokens/s" in line]
     assert len(rows) == contenders, lines
     assert rows[0].rstrip().endswith("is 1.00x faster")  # the first contender is the reference
 
 
 def test_bench_sampling_replays_the_quickstart_s_generate_call_against_the_sampler_before():
-    lines = _bench_sampling("--rl-step", "1", "--repeats", "1")
+    lines = _bench("bench_sampling.py", "--rl-step", "1", "--repeats", "1")
     rows = [line for line in lines if "tokens/s" in line]
     assert [row.split()[0] for row in rows] == ["roll", "the"], lines
     assert any("RL step 1: 256 rows" in line for line in lines)

@@ -70,19 +70,26 @@ def test_nucleus_tokens_draw_the_smallest_nucleus_in_proportion_to_weight(top_p,
     assert _shares(tokens, 4) == pytest.approx(shares, abs=0.012)
 
 
-@pytest.mark.parametrize("chunk", [16_384, 7, 3])
-def test_nucleus_tokens_reject_draws_from_a_heavy_tail_until_they_land_inside(chunk, monkeypatch):
-    """Half the weight on token 3, the other half spread evenly over 999 light tokens: the nucleus of
-    0.5 is token 3 alone, so half the first draws land in the tail and those rows draw again; a nucleus of 0.6 holds every token (each light one has 0.5 heavier than it), so
-    nothing is drawn twice. The caller's weights stay as they were."""
-    monkeypatch.setattr(sequences, "NUCLEUS_CHUNK", chunk)  # 3 and 7: the passes go chunk by chunk
-    rows_drawn = []
+@pytest.fixture
+def rows_drawn(monkeypatch) -> list[int]:
+    """The number of rows of every ``draw_tokens`` call the sampler makes, in order."""
+    rows: list[int] = []
 
     def counted(weights, generator=None):
-        rows_drawn.append(len(weights))
+        rows.append(len(weights))
         return draw_tokens(weights, generator)
 
     monkeypatch.setattr(sequences, "draw_tokens", counted)
+    return rows
+
+
+@pytest.mark.parametrize("chunk", [16_384, 7, 3])
+def test_nucleus_tokens_reject_draws_from_a_heavy_tail_until_they_land_inside(chunk, monkeypatch, rows_drawn):
+    """Half the weight on token 3, the other half spread evenly over 999 light tokens: the nucleus of
+    0.5 is token 3 alone, so half the first draws land in the tail and those rows draw again; a
+    nucleus of 0.6 holds every token (each light one has 0.5 heavier than it), so nothing is drawn
+    twice. The caller's weights stay as they were."""
+    monkeypatch.setattr(sequences, "NUCLEUS_CHUNK", chunk)  # 3 and 7: the passes go chunk by chunk
     row = torch.full((1000,), 0.5 / 999)
     row[3] = 0.5
     weights = row.repeat(4000, 1)
@@ -111,17 +118,15 @@ def test_next_tokens_draw_from_the_generator_alone_also_when_they_draw_again(top
     assert not torch.equal(draws[0], next_tokens(logits.clone(), 1.0, top_p, torch.Generator().manual_seed(8))[0])
 
 
-def test_nucleus_tokens_match_the_sorted_nucleus_of_each_row_over_several_rounds(monkeypatch):
+def test_nucleus_tokens_match_the_sorted_nucleus_of_each_row_over_several_rounds(rows_drawn):
     """Three kinds of row, interleaved, with distinct weights: a rejected draw rules out only the tokens
     lighter than it, so rows take several rounds, each on the rows still drawing. Every row's tokens
     must come from its own nucleus (as sorting defines it) in proportion to weight."""
-    rounds = []
-    monkeypatch.setattr(sequences, "draw_tokens", lambda w, g=None: rounds.append(len(w)) or draw_tokens(w, g))
     steep = torch.exp(-torch.arange(300.0) / 20)
     kinds = torch.stack([steep, steep.flip(0), 1 + torch.rand(300, generator=torch.Generator().manual_seed(3))])
     weights = kinds.repeat(6000, 1)
     tokens = nucleus_tokens(weights, weights.sum(-1, keepdim=True), 0.6, torch.Generator().manual_seed(0)).view(6000, 3)
-    assert len(rounds) >= 3 and rounds[0] == 18_000
+    assert len(rows_drawn) >= 3 and rows_drawn[0] == 18_000
     for kind in range(3):
         ordered, order = kinds[kind].sort(descending=True)
         before = ordered.cumsum(0) - ordered
