@@ -21,8 +21,11 @@ as the old step's sort defines it, and its log-probabilities' largest difference
 heap instead of fresh pages, and the old step's extra tensors cost far less. Without it glibc's
 allocator is as it comes, as in any process outside roll's workers.
 
+``--device cuda`` runs both on a GPU (synchronising before each reading), where a new tensor comes
+from torch's caching allocator and a sort is fast: whether the rejection still pays there is its question.
+
     python benchmarks/bench_next_token.py [--rows 64] [--vocab 32000 151936] [--top-p 1.0 0.9] [--spread 2 6]
-                                          [--keep-freed-memory]
+                                          [--keep-freed-memory] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -62,6 +65,12 @@ def step_before(logits: torch.Tensor, temperature: float, top_p: float, generato
 CONTENDERS = {"before": step_before, "next_tokens": next_tokens}
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued kernels, so that a reading times the work and not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=64)
@@ -70,24 +79,29 @@ def main() -> None:
     ap.add_argument("--spread", type=float, nargs="+", default=[2.0, 6.0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--keep-freed-memory", action="store_true", help="as roll's CPU workers: no fresh pages")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU")
     args = ap.parse_args()
+    device = torch.device(args.device)
     kept = args.keep_freed_memory and keep_freed_memory()
-    print(f"{args.rows} rows, temperature {TEMPERATURE}, {torch.get_num_threads()} threads, "
-          f"median of {args.rounds} rounds, freed memory {'kept' if kept else 'returned (glibc default)'}")
+    where = (f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}" if device.type == "cuda"
+             else f"{torch.get_num_threads()} threads, freed memory {'kept' if kept else 'returned (glibc default)'}")
+    print(f"{args.rows} rows, temperature {TEMPERATURE}, median of {args.rounds} rounds, {where}")
     print(f"{'vocabulary':>10} {'top_p':>5} {'spread':>6} {'before ms':>10} {'after ms':>9} {'ratio':>7} "
           f"{'nucleus':>8}  all in nucleus  largest log-prob difference")
     for vocab, top_p, spread in itertools.product(args.vocab, args.top_p, args.spread):
-        logits = torch.randn(args.rows, vocab, generator=torch.Generator().manual_seed(vocab)) * spread
+        logits = (torch.randn(args.rows, vocab, generator=torch.Generator().manual_seed(vocab)) * spread).to(device)
         allowed = torch.isfinite(top_p_filter(logits / TEMPERATURE, top_p))
         reference = (logits / TEMPERATURE).log_softmax(-1)
-        generators = {name: torch.Generator().manual_seed(i) for i, name in enumerate(CONTENDERS)}
+        generators = {name: torch.Generator(device).manual_seed(i) for i, name in enumerate(CONTENDERS)}
         times: dict[str, list[float]] = {name: [] for name in CONTENDERS}
         inside, difference = True, 0.0
         for round_ in range(args.rounds + 1):  # the first is a warm-up
             for name, step in CONTENDERS.items():
                 own = logits.clone()  # next_tokens overwrites its logits, as the sampler's own
+                synchronize(device)
                 start = time.perf_counter()
                 token, logp = step(own, TEMPERATURE, top_p, generators[name])
+                synchronize(device)
                 elapsed = time.perf_counter() - start
                 if round_:
                     times[name].append(elapsed)

@@ -21,6 +21,7 @@ The same draws on both sides (the rows' order is the sampler's), so the work is 
     python benchmarks/bench_sampling.py --size large --vocab 151936 --top-p 0.9   # a real tokenizer's vocabulary
     python benchmarks/bench_sampling.py ... --keep-freed-memory   # freed memory kept, as in roll's CPU workers
     python benchmarks/bench_sampling.py --rl-step 10         # the quickstart's own generate call
+    python benchmarks/bench_sampling.py ... --device cuda    # on a GPU, synchronising before each reading
 
 ``--rl-step N`` replays the generate call of the quickstart's RL step ``N`` (its policy and prompts,
 captured from a local run as ``bench_hybrid.py`` does) in an inference worker in this process, against
@@ -59,6 +60,7 @@ def main():
                     help="keep freed memory in the process, as roll's CPU workers do (runtime.reuse_freed_memory)")
     ap.add_argument("--finish", action="store_true", help="rows end at EOS; compare how the cache drops them")
     ap.add_argument("--rl-step", type=int, help="replay the quickstart's generate call of this RL step")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU (not with --rl-step)")
     args = ap.parse_args()
     if args.keep_freed_memory:
         keep_freed_memory()
@@ -71,13 +73,15 @@ def main():
 
     tmp = scratch_dir()
     path = build_large_model(tmp) if large else build_tiny_model(tmp + "/tiny")
+    device = torch.device(args.device)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     if args.vocab:
         model.resize_token_embeddings(args.vocab, mean_resizing=False)
+    model.to(device)
     tok = AutoTokenizer.from_pretrained(path)
     prompts = [f"{i % 100:02d}+{(i * 7) % 100:02d}=" for i in range(batch // 8)]
     enc = tok([p for p in prompts for _ in range(8)], return_tensors="pt", add_special_tokens=False, padding=True)
-    ids, mask = enc["input_ids"], enc["attention_mask"]
+    ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
     in_place = sequences.in_place_cache
 
     eos = tok.eos_token_id if args.finish else -1
@@ -88,7 +92,7 @@ def main():
         try:
             _, response_mask, _ = sequences.sample_responses(
                 model, ids, mask, max_new_tokens=new_tokens, eos_token_id=eos, pad_token_id=tok.pad_token_id,
-                temperature=1.0, top_p=args.top_p, generator=torch.Generator().manual_seed(0))
+                temperature=1.0, top_p=args.top_p, generator=torch.Generator(device).manual_seed(0))
             tokens.append(int(response_mask.sum()))
         finally:
             sequences.in_place_cache = in_place
@@ -120,8 +124,10 @@ def main():
         fn()  # warm-up
     for _ in range(args.repeats):
         for name, fn in contenders.items():
+            bench_next_token.synchronize(device)
             t0 = time.perf_counter()
             fn()
+            bench_next_token.synchronize(device)
             times[name].append(time.perf_counter() - t0)
     params = sum(p.numel() for p in model.parameters()) / 1e6
     generated = tokens[0]  # roll's contenders draw alike: the same tokens in every call
@@ -129,7 +135,8 @@ def main():
     vocab = model.get_output_embeddings().weight.shape[0]
     print(f"{args.size}: {params:.1f}M parameters, vocabulary {vocab}, top-p {args.top_p}, batch {batch} "
           f"({batch // 8} prompts x 8), up to {new_tokens} new tokens ({generated} generated), "
-          f"{torch.get_num_threads()} threads, median of {args.repeats}")
+          f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else f'{torch.get_num_threads()} threads'}, "
+          f"median of {args.repeats}")
     first = next(iter(contenders))
     base = statistics.median(times[first])
     for name, ts in times.items():

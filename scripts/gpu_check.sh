@@ -15,6 +15,8 @@
 # VS_TRL="ARGS" runs benchmarks/vs_trl.py --executor local --device cuda ARGS first (VS_TRL_S seconds, default
 # 240), e.g. VS_TRL="--size large --seeds 42 --large-steps 6 --precision bf16"; it needs trl==1.16.0,
 # datasets, dill and multiprocess in .whl/ too (the machine has accelerate, pandas, pyarrow and the rest).
+# SAMPLER=1 runs benchmarks/bench_next_token.py and bench_sampling.py (95M, vocabulary 151,936, top-p 0.9)
+# with --device cuda after it (SAMPLER_S seconds each, default 60 and 90).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -31,6 +33,12 @@ python3 -m roll_core.cli list-plugins 2>&1 | tee -a "$OUT/gpu.txt"
 if [ -n "$VS_TRL" ]; then
   timeout "${VS_TRL_S:-240}" python3 benchmarks/vs_trl.py --executor local --device cuda $VS_TRL 2>&1 \
     | grep -v "Loading\|Writing\|arn" | tee "$OUT/vs_trl.txt"
+fi
+if [ -n "$SAMPLER" ]; then  # the decoding step's sampling at Qwen2.5's vocabulary: one step, then whole generate calls
+  timeout "${SAMPLER_S:-60}" python3 benchmarks/bench_next_token.py --device cuda --rounds 20 2>&1 \
+    | tee "$OUT/bench_next_token.txt"
+  timeout "${SAMPLER_S:-90}" python3 benchmarks/bench_sampling.py --device cuda --size large --vocab 151936 \
+    --top-p 0.9 --new-tokens 32 --repeats 3 2>&1 | grep -v "Loading" | tee "$OUT/bench_sampling.txt"
 fi
 if [ -z "$NO_BENCH" ]; then
   timeout "${BENCH_S:-240}" python3 benchmarks/bench_packed_attention.py --rounds 4 2>&1 | grep -v "Warning\|warn" \
