@@ -14,7 +14,9 @@ vocabulary, 6 puts most of the weight on a few hundred tokens), the two alternat
 rounds on copies of the same logits, and it prints the median milliseconds of each, their ratio, the
 nucleus' mean size, and two checks over every draw of the new step: its tokens all lie in the nucleus
 as the old step's sort defines it, and its log-probabilities' largest difference from the old step's
-``log_softmax`` at the same tokens.
+``log_softmax`` at the same tokens. The new step runs twice, with each of its nucleus draws:
+``nucleus_tokens`` (rejection, what it uses on the CPU) and ``sorted_nucleus_tokens`` (a sort of the
+weights in place of the old step's sort of logits and softmax; what it uses on a GPU).
 
 ``--keep-freed-memory`` makes the process keep the memory it frees, as roll's CPU workers do
 (``runtime.reuse_freed_memory``, :mod:`roll_core.runtime.host_memory`): a new tensor then reuses the
@@ -39,7 +41,7 @@ import torch
 
 import roll_core.strategies.sequences as sequences
 from roll_core.runtime.host_memory import keep_freed_memory
-from roll_core.strategies.sequences import next_tokens
+from roll_core.strategies.sequences import next_tokens, nucleus_tokens, sorted_nucleus_tokens
 
 TEMPERATURE = 1.0
 
@@ -62,7 +64,19 @@ def step_before(logits: torch.Tensor, temperature: float, top_p: float, generato
     return token, scaled.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
 
 
-CONTENDERS = {"before": step_before, "next_tokens": next_tokens}
+def step_with(nucleus):
+    """``next_tokens`` drawing its nucleus with ``nucleus`` on every device (it picks one by device)."""
+    def step(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator):
+        chosen = sequences.nucleus_sampler
+        sequences.nucleus_sampler = lambda device: nucleus
+        try:
+            return next_tokens(logits, temperature, top_p, generator)
+        finally:
+            sequences.nucleus_sampler = chosen
+    return step
+
+
+CONTENDERS = {"before": step_before, "rejection": step_with(nucleus_tokens), "sort": step_with(sorted_nucleus_tokens)}
 
 
 def synchronize(device: torch.device) -> None:
@@ -86,8 +100,8 @@ def main() -> None:
     where = (f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}" if device.type == "cuda"
              else f"{torch.get_num_threads()} threads, freed memory {'kept' if kept else 'returned (glibc default)'}")
     print(f"{args.rows} rows, temperature {TEMPERATURE}, median of {args.rounds} rounds, {where}")
-    print(f"{'vocabulary':>10} {'top_p':>5} {'spread':>6} {'before ms':>10} {'after ms':>9} {'ratio':>7} "
-          f"{'nucleus':>8}  all in nucleus  largest log-prob difference")
+    print(f"{'vocabulary':>10} {'top_p':>5} {'spread':>6} {'before ms':>10} {'rejection ms':>12} {'sort ms':>8} "
+          f"{'before / rejection':>18} {'before / sort':>13} {'nucleus':>8}  all in nucleus  largest log-prob difference")
     for vocab, top_p, spread in itertools.product(args.vocab, args.top_p, args.spread):
         logits = (torch.randn(args.rows, vocab, generator=torch.Generator().manual_seed(vocab)) * spread).to(device)
         allowed = torch.isfinite(top_p_filter(logits / TEMPERATURE, top_p))
@@ -105,12 +119,13 @@ def main() -> None:
                 elapsed = time.perf_counter() - start
                 if round_:
                     times[name].append(elapsed)
-                if name == "next_tokens":
+                if name != "before":
                     inside &= bool(allowed.gather(-1, token[:, None]).all())
                     expected = reference.gather(-1, token[:, None]).squeeze(-1)
                     difference = max(difference, float((logp - expected).abs().max()))
-        before, after = (statistics.median(times[name]) * 1000 for name in CONTENDERS)
-        print(f"{vocab:>10} {top_p:>5} {spread:>6} {before:>10.2f} {after:>9.2f} {before / after:>6.1f}x "
+        before, rejection, sort = (statistics.median(times[name]) * 1000 for name in CONTENDERS)
+        print(f"{vocab:>10} {top_p:>5} {spread:>6} {before:>10.2f} {rejection:>12.2f} {sort:>8.2f} "
+              f"{before / rejection:>17.1f}x {before / sort:>12.1f}x "
               f"{float(allowed.sum(-1).float().mean()):>8.0f}  {str(inside):>14}  {difference:.1e}")
 
 

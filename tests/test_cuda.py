@@ -3,8 +3,9 @@
 On a GPU the strategies put their models on ``cuda`` and their process groups on nccl; on this
 project's CI machines they never do. What must hold on one GPU: the ``hf`` strategy on CUDA computes
 the CPU model's log-probs (fp32), ``fsdp2`` over nccl matches ``hf`` through one core update, bf16
-stays near fp32, AdamW steps on torch's fused CUDA kernel as its loop would, and a whole ``rlvr`` run
-on the ``local`` executor trains. Run::
+stays near fp32, AdamW steps on torch's fused CUDA kernel as its loop would, the sampler's decoding
+step draws top-p from the nucleus (by sort there), and a whole ``rlvr`` run on the ``local`` executor
+trains. Run::
 
     pytest tests/test_cuda.py -v
 """
@@ -77,3 +78,22 @@ def test_a_local_rlvr_run_trains_on_the_gpu(tmp_path):
     accuracy = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     print("held-out accuracy on CUDA:", accuracy)
     assert len(accuracy) >= 2 and accuracy[-1] > accuracy[0]
+
+
+def test_next_tokens_on_cuda_draw_from_the_nucleus_in_proportion_with_log_softmax_log_probs():
+    from roll_core.strategies.sequences import next_tokens
+
+    shares = torch.tensor([0.5, 0.3, 0.15, 0.05])  # a nucleus of 0.81 holds the first three
+    tokens, _ = next_tokens(shares.log().repeat(40_000, 1).cuda(), 1.0, 0.81, torch.Generator("cuda").manual_seed(0))
+    drawn = torch.bincount(tokens.cpu(), minlength=4) / 40_000
+    torch.testing.assert_close(drawn, torch.tensor([0.5, 0.3, 0.15, 0.0]) / 0.95, atol=0.01, rtol=0)
+    # a real vocabulary: every token from its row's nucleus (as a sort defines it), log_softmax's log-probs
+    logits = torch.randn(64, 151_936, generator=torch.Generator().manual_seed(0)).cuda() * 6
+    probs, order = (logits / 0.7).softmax(-1).sort(-1, descending=True)
+    ahead = probs.cumsum(-1) - probs  # the mass of the tokens before each in the order
+    outside = (ahead >= 0.9).scatter(-1, order, ahead >= 0.9)
+    for seed in range(5):
+        token, logp = next_tokens(logits.clone(), 0.7, 0.9, torch.Generator("cuda").manual_seed(seed))
+        assert not outside.gather(-1, token[:, None]).any()
+        expected = (logits / 0.7).log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
+        torch.testing.assert_close(logp, expected, atol=2e-5, rtol=1e-5)

@@ -4,8 +4,11 @@ import pytest
 import torch
 
 import roll_core.strategies.sequences as sequences
-from roll_core.strategies.sequences import (draw_tokens, next_tokens, nucleus_tokens, response_log_probs,
-                                            sample_responses, surviving_rows)
+from roll_core.strategies.sequences import (draw_tokens, next_tokens, nucleus_sampler, nucleus_tokens,
+                                            response_log_probs, sample_responses, sorted_nucleus_tokens,
+                                            surviving_rows)
+
+NUCLEUS_DRAWS = pytest.mark.parametrize("nucleus", [nucleus_tokens, sorted_nucleus_tokens], ids=["rejection", "sort"])
 
 
 def _setup(tiny_model_path):
@@ -64,10 +67,12 @@ def _shares(tokens: torch.Tensor, vocab: int) -> list[float]:
     (0.1, [1, 0, 0, 0]),  # the heaviest always belongs
     (1.0, [0.5, 0.3, 0.15, 0.05]),
 ])
-def test_nucleus_tokens_draw_the_smallest_nucleus_in_proportion_to_weight(top_p, shares):
+@NUCLEUS_DRAWS
+def test_nucleus_tokens_draw_the_smallest_nucleus_in_proportion_to_weight(top_p, shares, nucleus):
     weights = torch.tensor([[0.05, 0.15, 0.3, 0.5]]).flip(-1).repeat(20_000, 1) * 4  # not normalised
-    tokens = nucleus_tokens(weights, weights.sum(-1, keepdim=True), top_p, torch.Generator().manual_seed(0))
+    tokens = nucleus(weights, weights.sum(-1, keepdim=True), top_p, torch.Generator().manual_seed(0))
     assert _shares(tokens, 4) == pytest.approx(shares, abs=0.012)
+    assert torch.equal(weights, torch.tensor([[2.0, 1.2, 0.6, 0.2]]).repeat(20_000, 1))  # left as they were
 
 
 @pytest.fixture
@@ -118,15 +123,17 @@ def test_next_tokens_draw_from_the_generator_alone_also_when_they_draw_again(top
     assert not torch.equal(draws[0], next_tokens(logits.clone(), 1.0, top_p, torch.Generator().manual_seed(8))[0])
 
 
-def test_nucleus_tokens_match_the_sorted_nucleus_of_each_row_over_several_rounds(rows_drawn):
+@NUCLEUS_DRAWS
+def test_nucleus_tokens_match_the_sorted_nucleus_of_each_row_over_several_rounds(nucleus, rows_drawn):
     """Three kinds of row, interleaved, with distinct weights: a rejected draw rules out only the tokens
     lighter than it, so rows take several rounds, each on the rows still drawing. Every row's tokens
-    must come from its own nucleus (as sorting defines it) in proportion to weight."""
+    must come from its own nucleus (as sorting defines it) in proportion to weight; the sort's own
+    draw is one round over every row."""
     steep = torch.exp(-torch.arange(300.0) / 20)
     kinds = torch.stack([steep, steep.flip(0), 1 + torch.rand(300, generator=torch.Generator().manual_seed(3))])
     weights = kinds.repeat(6000, 1)
-    tokens = nucleus_tokens(weights, weights.sum(-1, keepdim=True), 0.6, torch.Generator().manual_seed(0)).view(6000, 3)
-    assert len(rows_drawn) >= 3 and rows_drawn[0] == 18_000
+    tokens = nucleus(weights, weights.sum(-1, keepdim=True), 0.6, torch.Generator().manual_seed(0)).view(6000, 3)
+    assert rows_drawn[0] == 18_000 and (len(rows_drawn) >= 3 if nucleus is nucleus_tokens else len(rows_drawn) == 1)
     for kind in range(3):
         ordered, order = kinds[kind].sort(descending=True)
         before = ordered.cumsum(0) - ordered
@@ -137,12 +144,25 @@ def test_nucleus_tokens_match_the_sorted_nucleus_of_each_row_over_several_rounds
         assert 0.5 * (shares - expected).abs().sum() < 0.05 * (1 + (nucleus.sum() > 50))  # sampling noise
 
 
-def test_nucleus_tokens_keep_tokens_as_heavy_as_the_heaviest_and_refuse_a_top_p_of_zero():
+@NUCLEUS_DRAWS
+def test_nucleus_tokens_keep_tokens_as_heavy_as_the_heaviest_and_refuse_a_top_p_of_zero(nucleus):
     weights = torch.tensor([[0.4, 0.2, 0.4]]).repeat(20_000, 1)  # a tie at the top: both belong to a nucleus of 0.3
-    tokens = nucleus_tokens(weights, weights.sum(-1, keepdim=True), 0.3, torch.Generator().manual_seed(0))
+    tokens = nucleus(weights, weights.sum(-1, keepdim=True), 0.3, torch.Generator().manual_seed(0))
     assert _shares(tokens, 3) == pytest.approx([0.5, 0, 0.5], abs=0.012)
     with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\], got 0.0$"):
-        nucleus_tokens(weights, weights.sum(-1, keepdim=True), 0.0)
+        nucleus(weights, weights.sum(-1, keepdim=True), 0.0)
+
+
+def test_next_tokens_draw_the_nucleus_by_rejection_on_the_cpu_and_by_sort_on_a_gpu(monkeypatch):
+    """A sort of the vocabulary is slow on the CPU and fast on a GPU, where each rejection round waits
+    for the device (``benchmarks/bench_next_token.py``). next_tokens asks for the draw by its logits' device."""
+    assert nucleus_sampler(torch.device("cpu")) is nucleus_tokens
+    assert nucleus_sampler(torch.device("cuda", 0)) is sorted_nucleus_tokens
+    asked = []
+    monkeypatch.setattr(sequences, "nucleus_sampler", lambda device: asked.append(device) or nucleus_tokens)
+    next_tokens(torch.zeros(2, 5), 1.0, 0.5)
+    next_tokens(torch.zeros(2, 5), 1.0, 1.0)  # no nucleus to draw
+    assert asked == [torch.device("cpu")]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 2.0, 1e-3])

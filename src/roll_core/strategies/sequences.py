@@ -89,7 +89,10 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
         return token, -token_weights_(logits, 1.0).sum(-1).log()  # the argmax's weight is exp(0)
     weights = token_weights_(logits, temperature)
     totals = weights.sum(-1, keepdim=True)
-    token = draw_tokens(weights, generator) if top_p >= 1.0 else nucleus_tokens(weights, totals, top_p, generator)
+    if top_p >= 1.0:
+        token = draw_tokens(weights, generator)
+    else:
+        token = nucleus_sampler(weights.device)(weights, totals, top_p, generator)
     return token, (weights.gather(-1, token[:, None]) / totals).log().squeeze(-1)
 
 
@@ -118,8 +121,7 @@ def nucleus_tokens(weights: torch.Tensor, totals: torch.Tensor, top_p: float,
     inside with probability at least ``top_p``, so a row takes at most ``1 / top_p`` draws on average.
     The first check passes over every row; later rounds work on copies of the rows still drawing,
     usually a few, and leave ``weights`` as they were."""
-    if not 0.0 < top_p:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    _check_top_p(top_p)
     drawn = draw_tokens(weights, generator)
     token = drawn.clone()  # each row's accepted draw, filled in round by round
     pending = torch.arange(len(weights), device=weights.device)  # the rows whose draw is not yet accepted
@@ -133,6 +135,35 @@ def nucleus_tokens(weights: torch.Tensor, totals: torch.Tensor, top_p: float,
         pending, left, bound = pending[outside], left[outside], bound[outside]
         _zero_up_to(left, weight[outside])  # ``left`` is a copy now: the caller's weights stay whole
         drawn = draw_tokens(left, generator)
+
+
+def sorted_nucleus_tokens(weights: torch.Tensor, totals: torch.Tensor, top_p: float,
+                          generator: torch.Generator | None = None) -> torch.Tensor:
+    """:func:`nucleus_tokens`' draw, arguments and nucleus, found by sorting each row: in descending
+    order, the tokens whose heavier neighbours weigh less than ``top_p * total`` form a prefix, and the
+    nucleus is every token at least as heavy as its last one (so tied tokens stay together, as by
+    rejection). Then one draw from the weights outside it set to 0; ``weights`` stay as they were.
+
+    The way on a GPU, where a sort of 64 x 151,936 takes about a millisecond and each of rejection's
+    rounds waits for the device to say which rows are left: the decoding step took 1.9 ms this way
+    and 3.6-3.7 ms by rejection on an H200 (``benchmarks/bench_next_token.py --device cuda``)."""
+    _check_top_p(top_p)
+    ordered = weights.sort(-1, descending=True).values
+    heavier = ordered.cumsum(-1) - ordered  # [B, V]: the weight ahead of each place in the order
+    last = (heavier < top_p * totals).sum(-1, keepdim=True) - 1  # [B, 1]: at least the first place
+    return draw_tokens(torch.where(weights >= ordered.gather(-1, last), weights, 0.0), generator)
+
+
+def nucleus_sampler(device: torch.device):
+    """The faster of the two nucleus draws on ``device``: :func:`nucleus_tokens` (by rejection) on the
+    CPU, where sorting the vocabulary takes hundreds of milliseconds, :func:`sorted_nucleus_tokens`
+    elsewhere, where a sort is fast and each of rejection's rounds waits for the device."""
+    return nucleus_tokens if device.type == "cpu" else sorted_nucleus_tokens
+
+
+def _check_top_p(top_p: float) -> None:
+    if not 0.0 < top_p:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
 
 def _weight_above(weights: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
