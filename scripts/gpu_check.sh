@@ -17,6 +17,7 @@
 # datasets, dill and multiprocess in .whl/ too (the machine has accelerate, pandas, pyarrow and the rest).
 # SAMPLER=1 runs benchmarks/bench_next_token.py and bench_sampling.py (95M, vocabulary 151,936, top-p 0.9)
 # with --device cuda after it (SAMPLER_S seconds each, default 60 and 90).
+# CUDNN=1 runs benchmarks/bench_cudnn_attention.py (bf16 with cuDNN's attention on and off; CUDNN_S, default 90).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -39,6 +40,10 @@ if [ -n "$SAMPLER" ]; then  # the decoding step's sampling at Qwen2.5's vocabula
     | tee "$OUT/bench_next_token.txt"
   timeout "${SAMPLER_S:-90}" python3 benchmarks/bench_sampling.py --device cuda --size large --vocab 151936 \
     --top-p 0.9 --new-tokens 32 --repeats 3 2>&1 | grep -v "Loading" | tee "$OUT/bench_sampling.txt"
+fi
+if [ -n "$CUDNN" ]; then
+  timeout "${CUDNN_S:-90}" python3 benchmarks/bench_cudnn_attention.py 2>&1 | grep -v "Loading\|Writing\|arn" \
+    | tee "$OUT/bench_cudnn_attention.txt"
 fi
 if [ -z "$NO_BENCH" ]; then
   timeout "${BENCH_S:-240}" python3 benchmarks/bench_packed_attention.py --rounds 4 2>&1 | grep -v "Warning\|warn" \
