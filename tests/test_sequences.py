@@ -107,11 +107,13 @@ def test_nucleus_tokens_reject_draws_from_a_heavy_tail_until_they_land_inside(ch
     assert 0.47 < (tokens == 3).float().mean() < 0.53 and rows_drawn == [4000]
 
 
+@NUCLEUS_DRAWS
 @pytest.mark.parametrize("top_p", [0.5, 1.0])
-def test_next_tokens_draw_from_the_generator_alone_also_when_they_draw_again(top_p):
+def test_next_tokens_draw_from_the_generator_alone_also_when_they_draw_again(top_p, nucleus, monkeypatch):
     """The same generator seed gives the same tokens whatever the global RNG did. Token 3 weighs 0.45
     and 999 others about 0.00055 each, so a nucleus of 0.5 holds token 3 and the heaviest 91 others:
-    about half the rows draw a token outside it and draw again, from the same generator."""
+    by rejection, about half the rows draw a token outside it and draw again, from the same generator."""
+    monkeypatch.setattr(sequences, "nucleus_sampler", lambda device: nucleus)
     row = torch.full((1000,), 0.55 / 999).log()
     row[3] = torch.tensor(0.45).log()
     logits = row.repeat(2000, 1) + torch.rand(2000, 1000, generator=torch.Generator().manual_seed(0)) * 1e-3
