@@ -36,6 +36,7 @@ import argparse
 import itertools
 import statistics
 import time
+from unittest.mock import patch
 
 import torch
 
@@ -67,12 +68,8 @@ def step_before(logits: torch.Tensor, temperature: float, top_p: float, generato
 def step_with(nucleus):
     """``next_tokens`` drawing its nucleus with ``nucleus`` on every device (it picks one by device)."""
     def step(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator):
-        chosen = sequences.nucleus_sampler
-        sequences.nucleus_sampler = lambda device: nucleus
-        try:
+        with patch.object(sequences, "nucleus_sampler", lambda device: nucleus):
             return next_tokens(logits, temperature, top_p, generator)
-        finally:
-            sequences.nucleus_sampler = chosen
     return step
 
 

@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import statistics
 import time
+from unittest.mock import patch
 
 import torch
 
@@ -152,39 +153,24 @@ def copy_kept_rows(layer, indices):
     layer._store(keys.index_select(0, indices), values.index_select(0, indices), layer._key_buffer.shape[-2])
 
 
-@contextlib.contextmanager
 def kept_rows_copied():
-    moved_in_place = GrowingLayer.batch_select_indices
-    GrowingLayer.batch_select_indices = copy_kept_rows
-    try:
-        yield
-    finally:
-        GrowingLayer.batch_select_indices = moved_in_place
+    """The cache dropping finished rows as before 2026-11-26 (:func:`copy_kept_rows`), for a ``with`` block."""
+    return patch.object(GrowingLayer, "batch_select_indices", copy_kept_rows)
 
 
-@contextlib.contextmanager
 def step_before():
     """The sampler's decoding step before 2026-11-27: new [B, V] tensors, a sort for top-p."""
-    saved = sequences.next_tokens
-    sequences.next_tokens = bench_next_token.step_before
-    try:
-        yield
-    finally:
-        sequences.next_tokens = saved
+    return patch.object(sequences, "next_tokens", bench_next_token.step_before)
 
 
 @contextlib.contextmanager
 def sampler_before():
     """The sampler before 2026-11-26: ``torch.multinomial`` draws, rows kept in order, kept rows copied,
     and the decoding step as it was then (:func:`step_before`)."""
-    saved = sequences.draw_tokens, sequences.surviving_rows
-    sequences.draw_tokens = multinomial
-    sequences.surviving_rows = lambda going: going.nonzero().squeeze(-1)
-    try:
-        with kept_rows_copied(), step_before():
-            yield
-    finally:
-        sequences.draw_tokens, sequences.surviving_rows = saved
+    with (patch.object(sequences, "draw_tokens", multinomial),
+          patch.object(sequences, "surviving_rows", lambda going: going.nonzero().squeeze(-1)),
+          kept_rows_copied(), step_before()):
+        yield
 
 
 CALLS_PER_ROUND = 10  # --rl-step: calls of one contender before the other's
