@@ -13,7 +13,7 @@ it drew, which asynchronous training keeps for off-policy corrections.
 from __future__ import annotations
 
 import inspect
-from typing import Collection
+from typing import Callable, Collection
 
 import torch
 import torch.nn.functional as F
@@ -154,7 +154,10 @@ def sorted_nucleus_tokens(weights: torch.Tensor, totals: torch.Tensor, top_p: fl
     return draw_tokens(torch.where(weights >= ordered.gather(-1, last), weights, 0.0), generator)
 
 
-def nucleus_sampler(device: torch.device):
+NucleusDraw = Callable[[torch.Tensor, torch.Tensor, float, "torch.Generator | None"], torch.Tensor]
+
+
+def nucleus_sampler(device: torch.device) -> NucleusDraw:
     """The faster of the two nucleus draws on ``device``: :func:`nucleus_tokens` (by rejection) on the
     CPU, where sorting the vocabulary takes hundreds of milliseconds, :func:`sorted_nucleus_tokens`
     elsewhere, where a sort is fast and each of rejection's rounds waits for the device."""
@@ -162,6 +165,7 @@ def nucleus_sampler(device: torch.device):
 
 
 def _check_top_p(top_p: float) -> None:
+    """The nucleus draws' one argument check: a nucleus of ``top_p`` 0 or less would hold no token."""
     if not 0.0 < top_p:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
