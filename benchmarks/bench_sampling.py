@@ -63,6 +63,8 @@ def main():
     ap.add_argument("--rl-step", type=int, help="replay the quickstart's generate call of this RL step")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU (not with --rl-step)")
     args = ap.parse_args()
+    if args.rl_step and args.device != "cpu":
+        ap.error("--rl-step replays the quickstart's CPU worker: it takes no --device")
     if args.keep_freed_memory:
         keep_freed_memory()
     if args.rl_step:
