@@ -1,5 +1,6 @@
 """The sampling benchmarks still run against the sampler and cache they measure (they patch both, so a
-changed signature breaks them first). Timings mean nothing here: the smallest batch, one round."""
+changed signature breaks them first), and the GPU's cuDNN A/B against the strategies it drives (on the
+CPU). Timings mean nothing here: the smallest batch, one round."""
 
 import subprocess
 import sys
@@ -40,3 +41,10 @@ def test_bench_next_token_checks_every_draw_against_the_sorted_nucleus():
     rows = [line.split() for line in lines if line.startswith("       500")]
     assert [row[1] for row in rows] == ["1.0", "0.5"], lines
     assert [row[-2] for row in rows] == ["True", "True"] and all(float(row[-1]) < 1e-4 for row in rows), lines
+
+
+def test_bench_cudnn_attention_times_each_setting_on_the_strategies():
+    """The GPU A/B of cuDNN's attention runs on any device (on a CPU the switch changes nothing)."""
+    lines = _bench("bench_cudnn_attention.py", "--rounds", "1", "--new-tokens", "2")
+    (round_,) = [line for line in lines if line.startswith("round 0: ")]
+    assert round_.count("generate ") == 3 and round_.count("update bf16 ") == 2, lines
