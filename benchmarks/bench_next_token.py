@@ -35,12 +35,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import time
 from unittest.mock import patch
 
 import torch
 
 import roll_core.strategies.sequences as sequences
+from bench_packed_attention import timed
 from roll_core.runtime.host_memory import keep_freed_memory
 from roll_core.strategies.sequences import next_tokens, nucleus_tokens, sorted_nucleus_tokens
 
@@ -76,12 +76,6 @@ def step_with(nucleus):
 CONTENDERS = {"before": step_before, "rejection": step_with(nucleus_tokens), "sort": step_with(sorted_nucleus_tokens)}
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued kernels, so that a reading times the work and not its launch."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=64)
@@ -109,11 +103,7 @@ def main() -> None:
         for round_ in range(args.rounds + 1):  # the first is a warm-up
             for name, step in CONTENDERS.items():
                 own = logits.clone()  # next_tokens overwrites its logits, as the sampler's own
-                synchronize(device)
-                start = time.perf_counter()
-                token, logp = step(own, TEMPERATURE, top_p, generators[name])
-                synchronize(device)
-                elapsed = time.perf_counter() - start
+                elapsed, (token, logp) = timed(lambda: step(own, TEMPERATURE, top_p, generators[name]))
                 if round_:
                     times[name].append(elapsed)
                 if name != "before":

@@ -41,6 +41,7 @@ import torch
 import roll_core.strategies.sequences as sequences
 from roll_core.strategies.kv_cache import GrowingLayer
 import bench_next_token
+from bench_packed_attention import timed
 from bench_token_draw import multinomial
 from large_model import build_large_model
 from roll_core.embedded.model import build_tiny_model
@@ -127,11 +128,7 @@ def main():
         fn()  # warm-up
     for _ in range(args.repeats):
         for name, fn in contenders.items():
-            bench_next_token.synchronize(device)
-            t0 = time.perf_counter()
-            fn()
-            bench_next_token.synchronize(device)
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(timed(fn)[0])
     params = sum(p.numel() for p in model.parameters()) / 1e6
     generated = tokens[0]  # roll's contenders draw alike: the same tokens in every call
     assert set(tokens) == {generated}, f"unequal work: {sorted(set(tokens))} tokens per call"
