@@ -275,3 +275,32 @@ def test_a_strategy_whose_engine_is_not_installed_is_rejected_with_its_install_h
     assert error(None, ["roles.actor_infer.strategy=warp"]) == (
         "config error in the default config: key 'roles.actor_infer.strategy': infer strategy 'warp' needs the 'roll_no_such_engine' "
         "package, which is not installed: pip install 'roll-warp[engine]'")
+
+
+class _EngineWithoutTopK:
+    """An inference strategy written before ``top_k`` existed: its generate takes the older keywords only."""
+
+    def generate(self, batch, *, max_new_tokens, temperature, top_p):
+        raise AssertionError("validation must stop the run before any generate call")
+
+
+def test_top_k_needs_a_generate_that_takes_it_and_is_not_sent_unless_it_cuts(roll_plugins):
+    import types
+
+    from roll_core import hookimpl
+
+    def register(register):
+        register("older", _EngineWithoutTopK, kind="infer")
+
+    roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(register))))
+    assert error(None, ["roles.actor_infer.strategy=older", "rollout.top_k=50"]) == (
+        "config error in the default config: key 'rollout.top_k': roles.actor_infer's infer strategy 'older' cannot "
+        "sample with top-k (its generate() takes no top_k); set rollout.top_k=0, or use a strategy whose generate() "
+        "takes it (roll's hf, vllm and sglang do)")
+    teacher = ["pipeline=distill", "distill.responses=teacher", "roles.reference.strategy=older", "rollout.top_k=5"]
+    assert "key 'rollout.top_k': roles.reference's infer strategy 'older'" in error(None, teacher)
+    cfg = load_and_check(None, ["roles.actor_infer.strategy=older"])  # top_k 0: the older keywords alone
+    assert cfg.rollout.sampling() == {"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0}
+    cfg = load_and_check(None, ["rollout.top_k=50", "rollout.top_p=0.9", "rollout.temperature=0.7"])
+    assert cfg.rollout.sampling(0.0) == {"max_new_tokens": 8, "temperature": 0.0, "top_p": 0.9, "top_k": 50}
+    assert "rollout.top_k" in error(None, ["rollout.top_k=-1"])

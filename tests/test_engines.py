@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from roll_core.strategies.engines import check_engine_args, check_engine_version, import_engine
+from roll_core.strategies.engines import check_engine_args, check_engine_version, engine_cuts, import_engine
 
 
 def test_a_missing_engine_gets_the_install_hint_and_a_present_one_imports():
@@ -47,3 +47,13 @@ def test_engine_args_are_checked_against_the_engines_own_names():
         check_engine_args({"max_model_len": 64}, known, ["max_model_len"], "vLLM engine")
     assert str(err.value) == ("'max_model_len' is an option of its own: set strategy_options.max_model_len, "
                               "not engine_args.max_model_len")
+
+
+@pytest.mark.parametrize("temperature, top_p, top_k, expected", [
+    (1.0, 1.0, 0, None),  # no cut asked for: the engine's own log-probs are roll's
+    (0.0, 0.5, 20, None),  # greedy decoding cuts nothing
+    (0.7, 0.9, 0, (0.9, -1)),  # top_k 0 is -1 for the engines
+    (1.0, 1.0, 20, (1.0, 20)),
+])
+def test_engine_cuts_are_the_engines_parameters_when_a_draw_cuts_the_distribution(temperature, top_p, top_k, expected):
+    assert engine_cuts(temperature, top_p, top_k) == expected

@@ -340,3 +340,38 @@ def test_the_sampler_runs_no_forward_pass_whose_logits_go_unused(tiny_model_path
     hook.remove()
     assert int(rmask.sum()) == rmask.numel() == 3 * 6  # every row ran to the limit
     assert passes == [ids.shape[1]] + [1] * 5  # the prefill gives the first token, 5 decoding steps the rest
+
+
+@pytest.mark.parametrize("top_k, top_p, shares", [
+    (2, 1.0, [0.5 / 0.8, 0.3 / 0.8, 0, 0]),  # the two heaviest, renormalised
+    (3, 0.7, [0.5 / 0.8, 0.3 / 0.8, 0, 0]),  # the top 3 weigh 0.95; its nucleus of 0.7 of that is the first two
+    (2, 0.6, [1, 0, 0, 0]),  # 0.6 of the two's 0.8 is 0.48, which the heaviest alone reaches (not 0.6 of 1)
+    (1, 1.0, [1, 0, 0, 0]),  # top-k 1 is greedy
+    (4, 1.0, [0.5, 0.3, 0.15, 0.05]),  # the whole vocabulary: no cut
+])
+def test_next_tokens_cut_to_the_top_k_then_to_the_nucleus_of_what_is_left(top_k, top_p, shares):
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    token, logp = next_tokens(logits.repeat(40_000, 1), 1.0, top_p, torch.Generator().manual_seed(0), top_k)
+    assert _shares(token, 4) == pytest.approx(shares, abs=0.01)
+    # each drawn token's log-prob is that of the whole distribution, before the cuts
+    torch.testing.assert_close(logp, logits[0].log_softmax(-1)[token])
+
+
+def test_a_top_k_tie_keeps_every_tied_token_and_a_negative_top_k_is_refused():
+    logits = torch.tensor([[0.4, 0.2, 0.4]]).log().repeat(20_000, 1)  # a tie for the top: both stay at top_k=1
+    token, _ = next_tokens(logits.clone(), 1.0, 1.0, torch.Generator().manual_seed(0), top_k=1)
+    assert _shares(token, 3) == pytest.approx([0.5, 0, 0.5], abs=0.012)
+    for temperature in (1.0, 0.0):
+        with pytest.raises(ValueError, match=r"^top_k must be 0 \(all tokens\) or more, got -1$"):
+            next_tokens(logits.clone(), temperature, top_k=-1)
+
+
+def test_the_hf_engine_cuts_the_draw_and_keeps_the_log_probs_before_the_cuts(tiny_model_path):
+    from roll_core.config import load_config
+    from roll_core.strategies.hf import HFInferStrategy, HFTrainStrategy
+    from roll_core.testing import assert_engine_cuts_before_log_probs
+
+    cfg = load_config(None)
+    engine = HFInferStrategy(str(tiny_model_path), cfg.roles.actor_infer, seed=0)
+    assert_engine_cuts_before_log_probs(engine, HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0),
+                                        atol=1e-4)

@@ -64,10 +64,15 @@ class InferStrategy(Colocatable, ABC):
     sharded: bool = False
 
     @abstractmethod
-    def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
+    def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float,
+                 top_k: int = 0) -> Batch:
         """Add ``responses``, ``response_mask`` and ``infer_log_probs`` ``[B, R]`` to ``batch``
-        (which carries ``prompt_ids`` and ``prompt_mask``) and return it. ``temperature=0`` is greedy.
-        An engine should stop early once :func:`request_cancelled` is true (the result is discarded)."""
+        (which carries ``prompt_ids`` and ``prompt_mask``) and return it. ``temperature=0`` is greedy;
+        otherwise each token is drawn from ``softmax(logits / temperature)`` cut to its ``top_k``
+        heaviest tokens (0: no cut), then to the nucleus of ``top_p`` of what is left.
+        ``infer_log_probs`` are the drawn tokens' log-probs at the temperature before either cut, as
+        the trainer computes them. An engine should stop early once :func:`request_cancelled` is true
+        (the result is discarded)."""
 
     @abstractmethod
     def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:

@@ -7,6 +7,8 @@
 * ``left_padded_prompts(...)``: a batch of prompts in roll's layout, for inference-engine tests.
 * ``assert_engine_matches_trainer(engine, trainer, temperature, atol)``: the contract of an
   inference strategy's log-probs, for engine plugins' tests.
+* ``assert_engine_cuts_before_log_probs(engine, trainer, atol)``: ``top_k`` and ``top_p`` cut an
+  inference strategy's draw, and its log-probs are those before the cuts.
 * ``training_batch(vocab)``: a fixed PPO batch (padding on both sides, a masked-out sample).
 * ``assert_trainer_matches_hf(trainer, reference, cfg)``: the contract of a training backend: the
   same log-probs and, after one core update, the same weights as the ``hf`` strategy.
@@ -100,6 +102,24 @@ def assert_engine_matches_trainer(engine, trainer, temperature: float, atol: flo
     expected_dist = trainer.forward(small, ("log_dist",), temperature)["log_dist"]
     got = engine.compute_log_probs(small, temperature, distribution=True)
     torch.testing.assert_close(got * dist_mask, expected_dist * dist_mask, atol=atol, rtol=0)
+
+
+def assert_engine_cuts_before_log_probs(engine, trainer, atol: float, max_new_tokens: int = 6):
+    """An inference strategy's ``top_k`` and ``top_p`` cut the draw, not the log-probs: with
+    ``top_k=1`` it decodes as it does greedily, and with either cut the sampled tokens'
+    ``infer_log_probs`` are the trainer's at the temperature, before the cuts (a log-prob of the cut
+    distribution would be 0 at ``top_k=1``)."""
+    import torch
+
+    greedy = engine.generate(left_padded_prompts(), max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0)
+    for temperature, top_p, top_k in ((1.0, 1.0, 1), (0.7, 0.3, 0), (1.0, 0.9, 3)):
+        batch = engine.generate(left_padded_prompts(), max_new_tokens=max_new_tokens, temperature=temperature,
+                                top_p=top_p, top_k=top_k)
+        mask = batch["response_mask"]
+        if top_k == 1:
+            assert torch.equal(batch["responses"], greedy["responses"]), "top_k=1 must decode as greedy decoding does"
+        expected = trainer.forward(batch, ("log_probs",), temperature)["log_probs"]
+        torch.testing.assert_close(batch["infer_log_probs"] * mask, expected * mask, atol=atol, rtol=0)
 
 
 def training_batch(vocab: int):

@@ -77,9 +77,11 @@ class Engine:
             if temperature == 0:
                 token = int(logits.argmax())
                 log_probs = logits
-            else:
-                log_probs = torch.log_softmax(logits / temperature, -1)
-                token = int(torch.multinomial(log_probs.exp(), 1, generator=self.generator))
+            else:  # like SGLang, the log-probs of the distribution drawn from: after the top-k and top-p cuts
+                probs = _cut(torch.softmax(logits / temperature, -1), sampling.get("top_k", -1),
+                             sampling.get("top_p", 1.0))
+                log_probs = probs.log()
+                token = int(torch.multinomial(probs, 1, generator=self.generator))
             meta["output_token_logprobs"].append((float(log_probs[token]), token, None))
             ids.append(token)
             if token == eos:
@@ -120,3 +122,14 @@ class Engine:
 
     def shutdown(self):
         self.loop.close()
+
+
+def _cut(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``probs`` ``[V]`` cut to the ``top_k`` heaviest (-1: all), then to the nucleus of ``top_p``, renormalised."""
+    if top_k > 0:
+        probs = torch.where(probs >= probs.topk(top_k).values[-1], probs, 0.0)
+    if top_p < 1.0:
+        ordered = probs.sort(descending=True).values
+        last = ordered[int(((ordered.cumsum(0) - ordered) < top_p * probs.sum()).sum()) - 1]
+        probs = torch.where(probs >= last, probs, 0.0)
+    return probs / probs.sum()

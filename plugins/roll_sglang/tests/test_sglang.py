@@ -20,7 +20,7 @@ import torch
 
 from roll_core.config import load_and_check
 from roll_core.errors import ConfigError
-from roll_core.testing import assert_engine_matches_trainer, left_padded_prompts
+from roll_core.testing import assert_engine_cuts_before_log_probs, assert_engine_matches_trainer, left_padded_prompts
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fake_sglang  # noqa: E402
@@ -60,6 +60,10 @@ def trainer_log_probs(trainer, batch, temperature):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_log_probs_and_distributions_equal_the_trainers_for_the_same_weights(engine, trainer, temperature):
     assert_engine_matches_trainer(engine, trainer, temperature, atol=1e-4)
+
+
+def test_top_k_and_top_p_cut_the_draw_and_leave_the_log_probs_as_the_trainer_computes_them(engine, trainer):
+    assert_engine_cuts_before_log_probs(engine, trainer, atol=1e-4)
 
 
 def test_a_weight_update_reaches_the_engine(engine, trainer):

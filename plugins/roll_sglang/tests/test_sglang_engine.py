@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 
 from test_sglang import prompts, trainer_log_probs  # noqa: E402
 
-from roll_core.testing import assert_engine_matches_trainer  # noqa: E402
+from roll_core.testing import assert_engine_cuts_before_log_probs, assert_engine_matches_trainer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,10 @@ def trainer(tiny_model_path):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_real_engine_log_probs_equal_the_trainers(engine, trainer, temperature):
     assert_engine_matches_trainer(engine, trainer, temperature, atol=1e-3)
+
+
+def test_top_k_and_top_p_cut_the_draw_and_leave_the_log_probs_as_the_trainer_computes_them(engine, trainer):
+    assert_engine_cuts_before_log_probs(engine, trainer, atol=1e-3)
 
 
 def test_real_engine_weight_update(engine, trainer):

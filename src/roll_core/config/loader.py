@@ -177,6 +177,32 @@ def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
     return problems
 
 
+def _top_k_requirements(cfg: RollConfig, plugins) -> list[str]:
+    """``rollout.top_k`` reaches ``generate`` only when it is set (:meth:`RolloutConfig.sampling`), so
+    an inference strategy written before it existed runs the default settings; with it set, every
+    role that generates from the rollout settings needs a ``generate`` that takes it."""
+    if not cfg.rollout.top_k:
+        return []
+    generating = ["actor_infer"]
+    if cfg.pipeline == "distill" and cfg.distill.responses == "teacher":
+        generating.append(cfg.distill.teacher)
+    problems = []
+    for name in generating:
+        role = cfg.model_roles().get(name)
+        if not isinstance(role, InferRoleConfig):
+            continue  # a missing or misplaced role is reported by its own check
+        try:
+            cls = plugins.infer_strategies.get(role.strategy)
+        except RegistryError:
+            continue  # already reported as an unknown name
+        params = inspect.signature(cls.generate).parameters.values()
+        if not any(p.name == "top_k" or p.kind is p.VAR_KEYWORD for p in params):
+            problems.append(f"key 'rollout.top_k': roles.{name}'s infer strategy '{role.strategy}' cannot sample with "
+                            f"top-k (its generate() takes no top_k); set rollout.top_k=0, or use a strategy whose "
+                            f"generate() takes it (roll's hf, vllm and sglang do)")
+    return problems
+
+
 def _registered_with(plugins, registry: str, flag: str, default: bool = False) -> list[str]:
     """Names in ``registry`` whose registration metadata sets ``flag`` (``default`` when it says nothing)."""
     entries = plugins.registry(registry)
@@ -432,6 +458,7 @@ def check_registry_names(cfg: RollConfig, plugins=None, where: str = "the config
             continue
         problems += _missing_packages(key, plugins.registry(registry), name)
     problems += _role_requirements(cfg, plugins)
+    problems += _top_k_requirements(cfg, plugins)
     problems += _lora_requirements(cfg, plugins)
     problems += _packing_requirements(cfg, plugins)
     problems += _compile_requirements(cfg, plugins)

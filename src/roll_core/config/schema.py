@@ -257,6 +257,17 @@ class RolloutConfig(Strict):
     top_p: float = Field(
         1.0, gt=0, le=1, description="nucleus sampling: draw from the smallest set of tokens whose probability "
         "reaches top_p")
+    top_k: int = Field(
+        0, ge=0, description="top-k sampling: draw from the top_k most probable tokens only (0 = all), before "
+        "top_p; log-probs stay those of the whole distribution, as the trainer computes them")
+
+    def sampling(self, temperature: float | None = None) -> dict:
+        """The keyword arguments of an inference strategy's ``generate`` for these settings, at
+        ``temperature`` (None: this config's). ``top_k`` only when it cuts, so a strategy written
+        before it existed still takes the default settings."""
+        t = self.temperature if temperature is None else temperature
+        return {"max_new_tokens": self.max_new_tokens, "temperature": t, "top_p": self.top_p,
+                **({"top_k": self.top_k} if self.top_k else {})}
 
 
 class RewardNormConfig(Strict):

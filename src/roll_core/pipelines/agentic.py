@@ -230,9 +230,7 @@ class AgenticPipeline(WarmStart, TrainingLoop):
         def generate(batch: Batch, **sampling) -> Batch:
             return Batch.concat(self.executor.get(self.infer.per_replica("generate", batch, **sampling)))
 
-        r = self.config.rollout
-        return engine_policy(generate, self.tokenizer.pad_token_id, max_new_tokens=r.max_new_tokens,
-                             temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0)
+        return engine_policy(generate, self.tokenizer.pad_token_id, **self.config.rollout.sampling(temperature))
 
     def push_weights(self, policy_update: bool = False) -> None:
         self.roles.use("actor_train", "actor_infer")

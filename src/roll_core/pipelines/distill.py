@@ -63,11 +63,9 @@ class DistillPipeline(ActorLoop):
     def _responses(self, rows: list[dict]) -> Batch:
         if self.config.distill.responses == "given":
             return demonstration_batch(self.tokenizer, _given(rows), target="target")
-        rollout = self.config.rollout
         prompt_ids, prompt_mask = tokenize_prompts(self.tokenizer, [r["prompt"] for r in rows])
         parts = self.executor.get(self.teacher.per_replica(
-            "generate", Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask}),
-            max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p))
+            "generate", Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask}), **self.config.rollout.sampling()))
         return Batch.concat(parts)
 
     def _with_teacher(self, batch: Batch) -> Batch:

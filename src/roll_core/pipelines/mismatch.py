@@ -48,9 +48,7 @@ def initial_mismatch(executor, infer, actor, prompts: Batch, rollout, use=lambda
     use(infer.role)
     states = executor.get(infer.call("rng_state"))
     try:
-        samples = Batch.concat(executor.get(infer.per_replica(
-            "generate", prompts, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
-            top_p=rollout.top_p)))
+        samples = Batch.concat(executor.get(infer.per_replica("generate", prompts, **rollout.sampling())))
     finally:
         executor.get([executor.invoke(h, "set_rng_state", (s,), {}) for h, s in zip(infer.handles, states)])
     use(actor.role)
@@ -68,5 +66,5 @@ def check_mismatch(gap: float, limit: float | None) -> None:
         f"Both roles hold the same weights now, so the engines compute different distributions; usual causes: "
         f"different dtypes (bf16 against fp32) or attention kernels in roles.actor_train and roles.actor_infer, "
         f"weights that did not reach the engine (a model_path of its own, a failed weight sync), a tokenizer or "
-        f"chat template that differs, or a sampling setting (top_p, temperature) the log-probs do not apply. "
+        f"chat template that differs, or a temperature the log-probs do not apply. "
         f"Raise or unset the limit to train anyway.")

@@ -110,8 +110,7 @@ class SyncRolloutScheduler(RolloutScheduler):
 
     def _sampling(self, temperature: float) -> dict:
         """Keyword arguments of every ``generate`` request."""
-        rollout = self.config.rollout
-        return {"max_new_tokens": rollout.max_new_tokens, "temperature": temperature, "top_p": rollout.top_p}
+        return self.config.rollout.sampling(temperature)
 
     def _finish_request(self, part: Batch) -> tuple[Batch, list[RewardInput]]:
         """Decode one finished request, mark truncations, and build its reward inputs."""

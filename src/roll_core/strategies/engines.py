@@ -53,3 +53,16 @@ def check_engine_args(args: dict, known: Iterable[str], own_options: Iterable[st
         if key not in known:
             raise ValueError(f"unknown {engine} argument '{key}'.{did_you_mean(key, sorted(known))}")
     return args
+
+
+def engine_cuts(temperature: float, top_p: float, top_k: int) -> tuple[float, int] | None:
+    """``(top_p, top_k)`` as vLLM's and SGLang's sampling parameters take them when a draw at these
+    settings cuts the distribution (``top_k`` 0 becomes -1, which both take for "every token"), or
+    None when it does not (greedy decoding, or no cut asked for).
+
+    Both engines report the sampled tokens' log-probs after their cuts, renormalised over the tokens
+    kept; roll's ``infer_log_probs`` are before them (:meth:`~roll_core.strategy.InferStrategy.generate`),
+    so an engine that cuts recomputes them with its ``compute_log_probs``."""
+    if temperature <= 0 or (top_p >= 1.0 and top_k <= 0):
+        return None
+    return top_p, top_k if top_k > 0 else -1

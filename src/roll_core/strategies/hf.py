@@ -112,7 +112,8 @@ class HFInferStrategy(_Sampling, InferStrategy):
     """Generation with a KV-cached sampling loop; log-probs with one forward pass."""
 
     @torch.no_grad()
-    def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
+    def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float,
+                 top_k: int = 0) -> Batch:
         self.model.eval()
         cfg = self.model.config
         with precision.autocast(self.device, self.precision):  # sampling itself is on float32 logits
@@ -125,6 +126,7 @@ class HFInferStrategy(_Sampling, InferStrategy):
                 pad_token_id=cfg.pad_token_id,
                 temperature=temperature,
                 top_p=top_p,
+                top_k=top_k,
                 generator=self.generator,
                 should_stop=request_cancelled,
             )

@@ -71,10 +71,13 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_toke
 
 
 def next_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                generator: torch.Generator | None = None, top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's next token from its logits ``[B, V]``, and the token's log-probability under the
-    sampling distribution ``softmax(logits / temperature)`` (before top-p); returns ``([B], [B])``.
-    ``temperature`` 0 is greedy decoding. **Overwrites** ``logits``: they must be the caller's own.
+    sampling distribution ``softmax(logits / temperature)`` (before top-k and top-p: the distribution
+    the trainer computes); returns ``([B], [B])``. ``temperature`` 0 is greedy decoding. The draw is
+    from that distribution cut to its ``top_k`` heaviest tokens (0: all of them), then to the nucleus
+    of ``top_p`` of what is left, in that order, as ``transformers`` and vLLM apply them.
+    **Overwrites** ``logits``: they must be the caller's own.
 
     Everything happens in ``logits``' memory: at a real vocabulary a new ``[B, V]`` tensor can cost
     more than its arithmetic. 64 x 151,936 float32 is 39 MB, past glibc's largest mmap threshold, so
@@ -84,16 +87,29 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
     :mod:`roll_core.runtime.host_memory`) the gain is 1.1-1.4x (``benchmarks/bench_next_token.py``). The
     token's log-probability is read from its weight, ``log(w / sum(w))``: ``log_softmax``'s value to
     float32 rounding."""
+    if top_k < 0:
+        raise ValueError(f"top_k must be 0 (all tokens) or more, got {top_k}")
     if temperature <= 0:
         token = logits.argmax(-1)
         return token, -token_weights_(logits, 1.0).sum(-1).log()  # the argmax's weight is exp(0)
     weights = token_weights_(logits, temperature)
-    totals = weights.sum(-1, keepdim=True)
+    totals = weights.sum(-1, keepdim=True)  # the log-probability's normaliser: the whole vocabulary
+    kept = top_k_weights_(weights, top_k) if 0 < top_k < weights.shape[-1] else totals
     if top_p >= 1.0:
         token = draw_tokens(weights, generator)
     else:
-        token = nucleus_sampler(weights.device)(weights, totals, top_p, generator)
+        token = nucleus_sampler(weights.device)(weights, kept, top_p, generator)
+    # a drawn token is one of the top k, whose weights top_k_weights_ left as they were
     return token, (weights.gather(-1, token[:, None]) / totals).log().squeeze(-1)
+
+
+def top_k_weights_(weights: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Top-k sampling (Fan et al. 2018, "Hierarchical Neural Story Generation"): every weight of
+    ``weights`` ``[B, V]`` lighter than its row's ``top_k``-th heaviest set to 0, in place (a tie with
+    the ``top_k``-th stays, as in ``transformers``' top-k warper); returns the rows' new sums ``[B, 1]``."""
+    kth = weights.topk(top_k, dim=-1, sorted=False).values.amin(-1, keepdim=True)  # [B, 1]
+    weights.masked_fill_(weights < kth, 0.0)
+    return weights.sum(-1, keepdim=True)
 
 
 def token_weights_(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -257,6 +273,7 @@ def sample_responses(
     pad_token_id: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
+    top_k: int = 0,
     generator: torch.Generator | None = None,
     should_stop=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -265,11 +282,14 @@ def sample_responses(
     Args:
         prompt_ids, prompt_mask: ``[B, P]`` left-padded prompts.
         temperature: 0 means greedy decoding.
+        top_p, top_k: the nucleus and the number of heaviest tokens each draw keeps (1.0 and 0: all);
+            see :func:`next_tokens`.
         should_stop: checked before every decoding step; when it returns True, decoding ends there
             (an aborted request: :func:`roll_core.strategy.request_cancelled`).
     Returns:
         ``(response_ids [B, R], response_mask [B, R], log_probs [B, R])`` with ``R <= max_new_tokens``;
-        log-probs are those of the sampling distribution (after temperature, before top-p), 0 on padding.
+        log-probs are those of the sampling distribution (after temperature, before top-k and top-p), 0 on
+        padding.
     """
     batch = prompt_ids.shape[0]
     mask = prompt_mask.long()
@@ -286,7 +306,7 @@ def sample_responses(
     lengths = torch.zeros(batch, dtype=torch.long, device=device)
     steps = 0
     for step in range(max_new_tokens):
-        token, logp = next_tokens(logits, temperature, top_p, generator)  # logits: this step's own
+        token, logp = next_tokens(logits, temperature, top_p, generator, top_k)  # logits: this step's own
         tokens[rows, step], logps[rows, step], lengths[rows] = token, logp, step + 1
         steps = step + 1
         going = token != eos_token_id

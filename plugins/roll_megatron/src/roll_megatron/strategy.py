@@ -339,7 +339,8 @@ class MegatronReferenceStrategy(_MegatronModel, InferStrategy):
 
     sharded = True  # the role's workers hold one model: they join one process group
 
-    def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
+    def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float,
+                 top_k: int = 0) -> Batch:
         raise NotImplementedError("the megatron inference strategy computes log-probs only (roles.reference); "
                                   "generation needs hf, vllm or sglang")
 

@@ -11,6 +11,9 @@ public API:
 
 * ``generate``: ``async_generate(input_ids=..., sampling_params=..., return_logprob=True, rid=...)``,
   one request per row; the sampled tokens' log-probs are ``meta_info["output_token_logprobs"]``.
+  SGLang computes those where it samples, after its top-k and top-p cuts; roll's are before the
+  cuts, so with ``rollout.top_k`` or ``rollout.top_p < 1`` they are recomputed by
+  ``compute_log_probs`` (:func:`~roll_core.strategies.engines.engine_cuts`).
 * ``compute_log_probs``: the sequences as prompts with ``logprob_start_len`` at the response, read
   from ``meta_info["input_token_logprobs"]``; at a temperature other than 1 (or for distributions)
   the whole vocabulary (``top_logprobs_num``) re-normalised at the temperature.
@@ -38,7 +41,7 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.strategies.engine_loop import EngineLoop
-from roll_core.strategies.engines import check_engine_version, import_engine
+from roll_core.strategies.engines import check_engine_version, engine_cuts, import_engine
 from roll_core.strategies.sequences import packed_responses, prompt_token_lists, rescaled_log_probs
 from roll_core.strategy import InferStrategy, request_cancelled
 from roll_sglang import SUPPORTED_SGLANG
@@ -110,9 +113,11 @@ class SGLangInferStrategy(InferStrategy):
         outputs = self.loop.run(sequences, params, cancelled=request_cancelled)
         return [None if out is None else out.task.result() for out in outputs]
 
-    def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
-        sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature,
-                    "top_p": top_p if temperature > 0 else 1.0}
+    def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float,
+                 top_k: int = 0) -> Batch:
+        cut = engine_cuts(temperature, top_p, top_k)
+        top_p, top_k = cut or (1.0, -1)
+        sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k}
         prompts = prompt_token_lists(batch["prompt_ids"], batch["prompt_mask"])
         params = [{"sampling_params": sampling, "return_logprob": True}] * len(prompts)
         tokens, log_probs = [], []
@@ -124,7 +129,10 @@ class SGLangInferStrategy(InferStrategy):
             pairs = _pairs(out["meta_info"]["output_token_logprobs"])
             tokens.append([t for _, t in pairs])
             log_probs.append([lp for lp, _ in pairs])
-        return batch.update(**packed_responses(tokens, log_probs, self.pad_token_id))
+        batch.update(**packed_responses(tokens, log_probs, self.pad_token_id))
+        if cut:  # SGLang's log-probs are those of the cut distribution; roll's are before the cuts
+            batch.update(infer_log_probs=self.compute_log_probs(batch, temperature))
+        return batch
 
     def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
         prompts, responses = prompt_token_lists(batch["prompt_ids"], batch["prompt_mask"]), batch["responses"]

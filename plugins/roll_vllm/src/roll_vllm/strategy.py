@@ -4,8 +4,11 @@
   ``num_return_sequences`` times), all submitted at once so vLLM batches them continuously; each
   request's seed is drawn from the worker's generator, so a run is reproducible and a checkpoint
   saves the sampling state. The sampled tokens' log-probs come back with the samples
-  (``logprobs_mode=processed_logprobs``: after temperature, before top-p, as the hf engine and the
-  trainer compute them), so ``tis`` and the train/inference mismatch metric use them.
+  (``logprobs_mode=processed_logprobs``: after temperature, as the hf engine and the trainer compute
+  them), so ``tis`` and the train/inference mismatch metric use them. vLLM computes those after its
+  top-k and top-p cuts, renormalised over the tokens they keep; roll's are before the cuts, so with
+  ``rollout.top_k`` or ``rollout.top_p < 1`` the samples' log-probs are recomputed by
+  ``compute_log_probs`` (one prefill pass more).
 * ``compute_log_probs``: the sequences as prompts with ``prompt_logprobs``; vLLM reports those from
   the raw logits, so at a temperature other than 1 (or for full distributions) the whole vocabulary
   is requested and re-normalised: ``log_softmax(raw / T) = log_softmax(logits / T)``.
@@ -41,8 +44,9 @@ from typing import Any
 import torch
 
 from roll_core.data import Batch
+from roll_core.errors import RollError
 from roll_core.strategies.engine_loop import EngineLoop
-from roll_core.strategies.engines import check_engine_version, import_engine
+from roll_core.strategies.engines import check_engine_version, engine_cuts, import_engine
 from roll_core.strategies.sequences import packed_responses, prompt_token_lists, rescaled_log_probs
 from roll_core.strategy import InferStrategy, request_cancelled
 from roll_vllm import SUPPORTED_VLLM
@@ -139,7 +143,8 @@ class VLLMInferStrategy(InferStrategy):
         params = params if isinstance(params, list) else [params] * len(sequences)
         return self.loop.run([{"prompt_token_ids": s} for s in sequences], params, cancelled=request_cancelled)
 
-    def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float) -> Batch:
+    def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float,
+                 top_k: int = 0) -> Batch:
         prompts = prompt_token_lists(batch["prompt_ids"], batch["prompt_mask"])
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=self.generator).tolist()
         if self.options.partial_rollout:
@@ -147,8 +152,14 @@ class VLLMInferStrategy(InferStrategy):
             # vLLM's CPU build cannot do ("CPU Generator does not use offset"): sample from the
             # engine's own generator (seeded with the worker's seed) instead.
             seeds = [None] * len(prompts)
-        params = [self._sampling(n=1, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
-                                 max_tokens=max_new_tokens, logprobs=0, seed=s) for s in seeds]
+        cut = engine_cuts(temperature, top_p, top_k)
+        if cut and self.options.partial_rollout:
+            raise RollError("the vllm strategy's partial_rollout cannot sample with rollout.top_p < 1 or "
+                            "rollout.top_k: vLLM reports log-probs after those cuts, roll's are before them, and "
+                            "recomputing them would score tokens drawn before a weight update with the new weights")
+        top_p, top_k = cut or (1.0, -1)
+        params = [self._sampling(n=1, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_new_tokens,
+                                 logprobs=0, seed=s) for s in seeds]
         tokens, logps = [], []
         for out in self._run(prompts, params):
             if out is None:  # aborted: the scheduler discards this call's result
@@ -158,7 +169,10 @@ class VLLMInferStrategy(InferStrategy):
             sample = out.outputs[0]
             tokens.append(list(sample.token_ids))
             logps.append([step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids)])
-        return batch.update(**packed_responses(tokens, logps, self.pad_token_id))
+        batch.update(**packed_responses(tokens, logps, self.pad_token_id))
+        if cut:  # vLLM's log-probs are renormalised over what the cuts keep; roll's are before them
+            batch.update(infer_log_probs=self.compute_log_probs(batch, temperature))
+        return batch
 
     def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
         prompts, responses = prompt_token_lists(batch["prompt_ids"], batch["prompt_mask"]), batch["responses"]
