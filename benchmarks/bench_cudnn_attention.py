@@ -23,14 +23,12 @@ import torch
 
 from bench_packed_attention import build, device_label, timed
 from bench_packing import rl_batch
+from bench_precision import hf_roles
 from scratch import scratch_dir
-from roll_core.algorithms.objective import ActorObjective
-from roll_core.config.schema import AlgorithmConfig, InferRoleConfig, TrainRoleConfig
 from roll_core.data import Batch
 from roll_core.pipelines.runtime import load_tokenizer
 from roll_core.strategies import cudnn_attention
-from roll_core.strategies.hf import HFInferStrategy, HFTrainStrategy
-from roll_core.training import UpdateSpec, update
+from roll_core.training import update
 
 GENERATIONS = (("fp32", False), ("bf16", True), ("bf16", False))  # (precision, cuDNN's attention)
 
@@ -44,12 +42,8 @@ def main() -> None:
     tokenizer = load_tokenizer(path)
     batches = [rl_batch(tokenizer, 8, 64, 48.0, seed) for seed in range(args.rounds)]  # a new shape each round
     rows = len(batches[0])
-    spec = UpdateSpec(max_grad_norm=1.0, micro_batch_size=rows)
-    objective = ActorObjective.from_config(AlgorithmConfig())
-    trainer = HFTrainStrategy(path, TrainRoleConfig(micro_batch_size=rows, strategy_options={"precision": "bf16"}),
-                              seed=0)
-    engines = {p: HFInferStrategy(path, InferRoleConfig(strategy_options={"precision": p}), seed=0)
-               for p in ("fp32", "bf16")}
+    trainers, engines, objective, spec = hf_roles(path, rows, trained=("bf16",))
+    trainer = trainers["bf16"]
     print(f"{device_label()}, torch {torch.__version__}: {rows} rows, {args.new_tokens} new tokens, seconds")
     try:
         for round_, batch in enumerate(batches):

@@ -38,6 +38,23 @@ SHAPES = {  # model, prompts per step, longest response, mean response length
 PRECISIONS = ("fp32", "bf16")
 
 
+def hf_roles(path: str, rows: int, precisions=PRECISIONS, trained=PRECISIONS):
+    """roll's ``hf`` engine at each of ``precisions`` and trainer at each of ``trained``, and what one
+    update of ``rows`` samples takes besides (the default actor objective, one micro-batch):
+    ``(trainers, engines, objective, spec)``, the trainers and engines keyed by precision."""
+    from roll_core.algorithms.objective import ActorObjective
+    from roll_core.config.schema import AlgorithmConfig, InferRoleConfig, TrainRoleConfig
+    from roll_core.strategies.hf import HFInferStrategy, HFTrainStrategy
+    from roll_core.training import UpdateSpec
+
+    trainers = {p: HFTrainStrategy(path, TrainRoleConfig(micro_batch_size=rows, strategy_options={"precision": p}),
+                                   seed=0) for p in trained}
+    engines = {p: HFInferStrategy(path, InferRoleConfig(strategy_options={"precision": p}), seed=0)
+               for p in precisions}
+    return trainers, engines, ActorObjective.from_config(AlgorithmConfig()), UpdateSpec(max_grad_norm=1.0,
+                                                                                         micro_batch_size=rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=[*SHAPES, "all"], default="all")
@@ -48,18 +65,14 @@ def main() -> None:
 
     from bench_packed_attention import build, device_label, timed
     from bench_packing import rl_batch
-    from roll_core.algorithms.objective import ActorObjective
-    from roll_core.config.schema import AlgorithmConfig, InferRoleConfig, TrainRoleConfig
     from roll_core.data import Batch
     from roll_core.pipelines.runtime import load_tokenizer
     from roll_core.runtime.host_memory import keep_freed_memory
     from roll_core.strategies import cudnn_attention
-    from roll_core.strategies.hf import HFInferStrategy, HFTrainStrategy
-    from roll_core.training import UpdateSpec, update
+    from roll_core.training import update
 
     keep_freed_memory()  # as roll's CPU workers do (runtime.reuse_freed_memory)
     cudnn_attention.configure(False)  # as roll's workers do on a GPU (runtime.cudnn_attention)
-    objective = ActorObjective.from_config(AlgorithmConfig())
     print(f"torch {torch.__version__}, {device_label()}, medians of {args.rounds} alternating rounds after one warm-up")
     print(f"{'shape':>6} {'fp32 s/update':>14} {'bf16 s/update':>14} {'speed-up':>8} {'fp32 tok/s':>11} "
           f"{'bf16 tok/s':>11} {'speed-up':>8} {'|dlogp|':>8}")
@@ -68,13 +81,7 @@ def main() -> None:
         path = build(kind, Path(scratch_dir()))
         batch = rl_batch(load_tokenizer(path), prompts, longest, mean, args.seed)
         prompts_only = {key: batch[key] for key in ("prompt_ids", "prompt_mask")}  # generate() fills in a batch
-        samples = len(batch)
-        spec = UpdateSpec(max_grad_norm=1.0, micro_batch_size=samples)
-        trainers = {p: HFTrainStrategy(path, TrainRoleConfig(micro_batch_size=samples,
-                                                             strategy_options={"precision": p}), seed=0)
-                    for p in PRECISIONS}
-        engines = {p: HFInferStrategy(path, InferRoleConfig(strategy_options={"precision": p}), seed=0)
-                   for p in PRECISIONS}
+        trainers, engines, objective, spec = hf_roles(path, len(batch))
         log_probs = {p: trainers[p].compute_log_probs(batch, 1.0) for p in PRECISIONS}
         drift = float((log_probs["bf16"] - log_probs["fp32"]).abs().sum() / batch["response_mask"].sum())
         updates: dict[str, list[float]] = {p: [] for p in PRECISIONS}
