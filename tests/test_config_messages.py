@@ -299,6 +299,12 @@ def test_top_k_needs_a_generate_that_takes_it_and_is_not_sent_unless_it_cuts(rol
         "takes it (roll's hf, vllm and sglang do)")
     teacher = ["pipeline=distill", "distill.responses=teacher", "roles.reference.strategy=older", "rollout.top_k=5"]
     assert "key 'rollout.top_k': roles.reference's infer strategy 'older'" in error(None, teacher)
+    # the teacher is still checked when actor_infer's strategy is unknown (reported as such)
+    both = error(None, [*teacher, "roles.actor_infer.strategy=nope"])
+    assert "unknown infer strategy 'nope'" in both and "roles.reference's infer strategy 'older'" in both
+    # a teacher generates only in the distill pipeline with responses: teacher
+    load_and_check(None, ["distill.responses=teacher", "roles.reference.strategy=older", "rollout.top_k=5"])
+    load_and_check(None, ["pipeline=distill", "roles.reference.strategy=older", "rollout.top_k=5"])
     cfg = load_and_check(None, ["roles.actor_infer.strategy=older"])  # top_k 0: the older keywords alone
     assert cfg.rollout.sampling() == {"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0}
     cfg = load_and_check(None, ["rollout.top_k=50", "rollout.top_p=0.9", "rollout.temperature=0.7"])

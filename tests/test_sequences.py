@@ -357,6 +357,17 @@ def test_next_tokens_cut_to_the_top_k_then_to_the_nucleus_of_what_is_left(top_k,
     torch.testing.assert_close(logp, logits[0].log_softmax(-1)[token])
 
 
+def test_top_k_weights_zero_each_row_below_its_own_kth_heaviest_in_place():
+    weights = torch.tensor([[0.4, 0.35, 0.25, 0.0], [0.9, 0.05, 0.03, 0.02]])  # row 2's 2nd is below row 1's 3rd
+    kept = sequences.top_k_weights_(weights, 2)
+    torch.testing.assert_close(weights, torch.tensor([[0.4, 0.35, 0, 0], [0.9, 0.05, 0, 0]]), atol=0, rtol=0)
+    torch.testing.assert_close(kept, torch.tensor([[0.75], [0.95]]))
+    # fewer rows than top_k: the cut is against the vocabulary's width alone
+    draws = [next_tokens(torch.tensor([[0.1, 0.2, 0.3, 0.4]]).log(), 1.0, 1.0, torch.Generator().manual_seed(s),
+                         top_k=1)[0] for s in range(30)]
+    assert torch.cat(draws).tolist() == [3] * 30
+
+
 def test_a_top_k_tie_keeps_every_tied_token_and_a_negative_top_k_is_refused():
     logits = torch.tensor([[0.4, 0.2, 0.4]]).log().repeat(20_000, 1)  # a tie for the top: both stay at top_k=1
     token, _ = next_tokens(logits.clone(), 1.0, 1.0, torch.Generator().manual_seed(0), top_k=1)
