@@ -57,9 +57,11 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
 
 
-def step_before(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator):
+def step_before(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator, top_k: int = 0):
     """The sampler's decoding step before 2026-11-27: a new [B, V] tensor at each stage. It draws
-    with the module's ``draw_tokens`` as it is at the call (``bench_sampling`` swaps in an older one)."""
+    with the module's ``draw_tokens`` as it is at the call (``bench_sampling`` swaps in an older one).
+    It had no top-k: ``top_k`` is taken as ``next_tokens`` takes it, and must be 0."""
+    assert top_k == 0, "the step before had no top-k"
     scaled = logits / temperature
     token = sequences.draw_tokens(top_p_filter(scaled, top_p).softmax(-1), generator)
     return token, scaled.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
