@@ -386,3 +386,72 @@ def test_the_hf_engine_cuts_the_draw_and_keeps_the_log_probs_before_the_cuts(tin
     engine = HFInferStrategy(str(tiny_model_path), cfg.roles.actor_infer, seed=0)
     assert_engine_cuts_before_log_probs(engine, HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0),
                                         atol=1e-4)
+
+
+def test_the_ids_that_end_and_pad_a_response_come_from_both_configs():
+    from types import SimpleNamespace as Config
+
+    from roll_core.strategies.sequences import end_token_ids, padding_id, token_ids
+
+    assert token_ids(7, None, [9, 7], (3,)) == [7, 9, 3]
+    llama = Config(eos_token_id=[128001, 128008, 128009], pad_token_id=None)  # Llama 3.1 Instruct's config
+    assert end_token_ids(llama, Config(eos_token_id=[128001, 128008, 128009])) == [128001, 128008, 128009]
+    assert padding_id(llama) == 128001  # no padding id: the first end id
+    qwen = Config(eos_token_id=151645, pad_token_id=None)  # Qwen2.5 Instruct: a second end id in its generation config
+    assert end_token_ids(qwen, Config(eos_token_id=[151645, 151643], pad_token_id=151643)) == [151645, 151643]
+    assert padding_id(qwen, Config(eos_token_id=[151645, 151643], pad_token_id=151643)) == 151643
+    assert padding_id(Config(eos_token_id=2, pad_token_id=0)) == 0
+    assert end_token_ids(Config()) == [] and padding_id(Config()) == 0
+
+
+def model_without_padding_ending_at(tiny_model_path, directory, also_ends: list[int]):
+    """The tiny model saved again with no padding id and, as Qwen2.5 Instruct's files do, ``also_ends``
+    among the end ids of its generation config."""
+    import json
+    import shutil
+
+    shutil.copytree(tiny_model_path, directory)
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((directory / name).read_text())
+        config.pop("pad_token_id")
+        if name == "generation_config.json":
+            config["eos_token_id"] = [config["eos_token_id"], *also_ends]
+        (directory / name).write_text(json.dumps(config))
+    return directory
+
+
+def test_the_hf_engine_stops_at_every_end_id_and_pads_without_a_padding_id(tiny_model_path, tmp_path):
+    from roll_core.config.schema import InferRoleConfig
+    from roll_core.strategies.hf import HFInferStrategy
+    from roll_core.testing import left_padded_prompts
+
+    greedy = dict(max_new_tokens=5, temperature=0.0, top_p=1.0)
+    plain = HFInferStrategy(str(tiny_model_path), InferRoleConfig(), seed=0).generate(left_padded_prompts(), **greedy)
+    first = plain["responses"][0, 0].item()  # the first token row 0 decodes greedily
+    assert plain["response_mask"][0].sum() > 1 and first != 2  # it went on past it, and is not EOS
+    path = model_without_padding_ending_at(tiny_model_path, tmp_path / "model", [first])
+    out = HFInferStrategy(str(path), InferRoleConfig(), seed=0).generate(left_padded_prompts(), **greedy)
+    lengths = out["response_mask"].sum(-1)
+    assert out["responses"][0].tolist()[:1] == [first] and lengths[0] == 1  # it ends at the model's second end id
+    ends = torch.tensor([2, first])
+    for row, n in zip(out["responses"], lengths.tolist()):  # every row stops at its first end id, padded after it
+        assert not torch.isin(row[: n - 1], ends).any() and (n == 5 or row[n - 1] in ends)
+        assert (row[n:] == 2).all()  # padded with the first end id
+
+
+def test_a_response_that_fills_max_new_tokens_is_truncated_unless_it_ends_at_an_end_id(tiny_model_path, tmp_path):
+    from roll_core.config import load_config
+    from roll_core.data import Batch
+    from roll_core.pipelines.runtime import load_tokenizer
+    from roll_core.rollout.sync import SyncRolloutScheduler
+    from roll_core.runtime.executor import LocalExecutor
+
+    path = model_without_padding_ending_at(tiny_model_path, tmp_path / "model", [9])
+    scheduler = SyncRolloutScheduler(load_config(None, ["rollout.max_new_tokens=3"]), LocalExecutor(), None, None,
+                                     load_tokenizer(str(path)))
+    rows = Batch({"responses": torch.tensor([[5, 6, 9], [5, 6, 7], [5, 2, 0], [5, 6, 2]]),
+                  "response_mask": torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 1]])},
+                 {"prompt": ["p"] * 4, "ground_truth": ["g"] * 4, "domain": ["default"] * 4})
+    part, samples = scheduler._finish_request(rows)
+    assert scheduler.end_ids.tolist() == [2, 9]  # the tokenizer's EOS, and the generation config's other end id
+    assert part["truncated"].tolist() == [False, True, False, False] and len(samples) == 4

@@ -60,7 +60,7 @@ class RolloutScheduler(ABC):
         """Generate ``num_return_sequences`` responses per row, score them and return the batch with
         ``prompt_ids``, ``prompt_mask``, ``responses``, ``response_mask``, ``infer_log_probs``,
         ``token_level_rewards`` ``[B, R]``, ``scores`` ``[B]``, ``group_index`` ``[B]`` and ``truncated``
-        ``[B]`` (bool: cut off at ``max_new_tokens`` without EOS)."""
+        ``[B]`` (bool: cut off at ``max_new_tokens`` without an id that ends a response)."""
 
     def wait(self, future):
         """The result of ``future`` (a training call); a scheduler that overlaps training keeps

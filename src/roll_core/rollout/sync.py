@@ -20,8 +20,10 @@ logs the step and prepares the next. Measured by ``benchmarks/ray_calls.py``.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -30,6 +32,7 @@ from roll_core.data import Batch
 from roll_core.rewards import RewardInput
 from roll_core.rollout import RolloutScheduler
 from roll_core.rollout.dynamic_sampling import DynamicSampling
+from roll_core.strategies.sequences import model_end_token_ids, token_ids
 
 
 def tokenize_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,13 +115,21 @@ class SyncRolloutScheduler(RolloutScheduler):
         """Keyword arguments of every ``generate`` request."""
         return self.config.rollout.sampling(temperature)
 
+    @functools.cached_property
+    def end_ids(self) -> torch.Tensor:
+        """The ids that end a response: the tokenizer's EOS and every one the model's files name
+        (:func:`~roll_core.strategies.sequences.model_end_token_ids`), at each of which the engines stop."""
+        directory = Path(self.tokenizer.name_or_path)
+        model = model_end_token_ids(directory) if (directory / "config.json").is_file() else []
+        return torch.tensor(token_ids(self.tokenizer.eos_token_id, model), dtype=torch.long)
+
     def _finish_request(self, part: Batch) -> tuple[Batch, list[RewardInput]]:
         """Decode one finished request, mark truncations, and build its reward inputs."""
         max_new = self.config.rollout.max_new_tokens
         lengths = part["response_mask"].sum(-1)
         last = part["responses"].gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
-        # Cut off at max_new_tokens without EOS (for algorithm.max_length_mask).
-        part.update(truncated=(lengths >= max_new) & (last != self.tokenizer.eos_token_id))
+        # Cut off at max_new_tokens without ending (for algorithm.max_length_mask).
+        part.update(truncated=(lengths >= max_new) & ~torch.isin(last, self.end_ids))
         texts = self.tokenizer.batch_decode(part["responses"], skip_special_tokens=True)
         part.update(response_text=texts)
         samples = [RewardInput(p, t, g, d)

@@ -22,8 +22,8 @@ from roll_core.strategies import cpu_matmul, float32_attention, lora, precision
 from roll_core.strategies.compiled import compile_layers
 from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
 from roll_core.strategies.packing import packed_forward, packed_inputs
-from roll_core.strategies.sequences import (causal_lm_outputs, position_ids_from_mask, response_outputs,
-                                            sample_responses)
+from roll_core.strategies.sequences import (causal_lm_outputs, end_token_ids, padding_id, position_ids_from_mask,
+                                            response_outputs, sample_responses)
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy, request_cancelled
 from roll_core.training import micro_batches
 
@@ -115,15 +115,15 @@ class HFInferStrategy(_Sampling, InferStrategy):
     def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float,
                  top_k: int = 0) -> Batch:
         self.model.eval()
-        cfg = self.model.config
+        cfg, generation = self.model.config, getattr(self.model, "generation_config", None)
         with precision.autocast(self.device, self.precision):  # sampling itself is on float32 logits
             responses, mask, logp = sample_responses(
                 self.model,
                 self._to(batch["prompt_ids"]),
                 self._to(batch["prompt_mask"]),
                 max_new_tokens=max_new_tokens,
-                eos_token_id=cfg.eos_token_id,
-                pad_token_id=cfg.pad_token_id,
+                eos_token_id=end_token_ids(cfg, generation),
+                pad_token_id=padding_id(cfg, generation),
                 temperature=temperature,
                 top_p=top_p,
                 top_k=top_k,

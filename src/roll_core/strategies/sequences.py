@@ -262,6 +262,47 @@ def surviving_rows(going: torch.Tensor) -> torch.Tensor:
     return order.index_put_((holes,), going[kept:].nonzero().squeeze(-1) + kept)
 
 
+# -- the ids that end and pad a response -------------------------------------------------------------
+def token_ids(*values) -> list[int]:
+    """Every id of ``values`` (each an id, a list of ids or None), in order, each once."""
+    ids: list[int] = []
+    for value in values:
+        for i in [] if value is None else [value] if isinstance(value, int) else value:
+            if int(i) not in ids:
+                ids.append(int(i))
+    return ids
+
+
+def end_token_ids(config, generation_config=None) -> list[int]:
+    """The ids that end a response of the model with this ``config`` and ``generation_config``: the
+    ``eos_token_id`` of each (an id, a list of ids or None). Chat models often end a turn with an id
+    besides the tokenizer's EOS and list every such id there: Llama 3.1 Instruct's config three
+    (``<|end_of_text|>``, ``<|eom_id|>``, ``<|eot_id|>``), Qwen2.5 Instruct's generation config two.
+    vLLM and SGLang stop at each of them as well."""
+    return token_ids(getattr(config, "eos_token_id", None), getattr(generation_config, "eos_token_id", None))
+
+
+def model_end_token_ids(directory) -> list[int]:
+    """:func:`end_token_ids` of the model saved in ``directory``, from its ``config.json`` and
+    ``generation_config.json`` (when it has one)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        generation = GenerationConfig.from_pretrained(directory)
+    except OSError:  # no generation_config.json
+        generation = None
+    return end_token_ids(AutoConfig.from_pretrained(directory), generation)
+
+
+def padding_id(config, generation_config=None) -> int:
+    """The id that right-pads responses (always masked out): the ``pad_token_id`` of ``config``, else
+    of ``generation_config``, else the first id that ends a response, else 0. Many models name no
+    padding id (Llama 3's config has none)."""
+    ids = token_ids(getattr(config, "pad_token_id", None), getattr(generation_config, "pad_token_id", None),
+                    end_token_ids(config, generation_config))
+    return ids[0] if ids else 0
+
+
 @torch.no_grad()
 def sample_responses(
     model,
@@ -269,7 +310,7 @@ def sample_responses(
     prompt_mask: torch.Tensor,
     *,
     max_new_tokens: int,
-    eos_token_id: int,
+    eos_token_id: int | Collection[int] | None,
     pad_token_id: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
@@ -281,6 +322,7 @@ def sample_responses(
 
     Args:
         prompt_ids, prompt_mask: ``[B, P]`` left-padded prompts.
+        eos_token_id: the id, or ids, that end a response (:func:`end_token_ids`); None: none do.
         temperature: 0 means greedy decoding.
         top_p, top_k: the nucleus and the number of heaviest tokens each draw keeps (1.0 and 0: all);
             see :func:`next_tokens`.
@@ -297,6 +339,7 @@ def sample_responses(
     cache = cache_keyword(model)  # once: the signature does not change between decoding steps
     next_pos = mask.sum(-1, keepdim=True)
     device = prompt_ids.device
+    ends = torch.tensor(token_ids(eos_token_id), dtype=torch.long, device=device)
     # Finished rows leave the decoding batch (and its KV cache): ``rows`` maps the rows still decoding
     # to their place in the output, which starts as padding. The rows' order in the batch is free, so
     # the cache moves as few as it can (surviving_rows).
@@ -309,7 +352,7 @@ def sample_responses(
         token, logp = next_tokens(logits, temperature, top_p, generator, top_k)  # logits: this step's own
         tokens[rows, step], logps[rows, step], lengths[rows] = token, logp, step + 1
         steps = step + 1
-        going = token != eos_token_id
+        going = ~torch.isin(token, ends)
         if steps == max_new_tokens or not bool(going.any()) or (should_stop is not None and should_stop()):
             break  # the last token's own logits would go unused
         if not bool(going.all()):

@@ -42,7 +42,7 @@ import torch
 from roll_core.data import Batch
 from roll_core.strategies.engine_loop import EngineLoop
 from roll_core.strategies.engines import check_engine_version, engine_cuts, import_engine
-from roll_core.strategies.sequences import packed_responses, prompt_token_lists, rescaled_log_probs
+from roll_core.strategies.sequences import packed_responses, padding_id, prompt_token_lists, rescaled_log_probs
 from roll_core.strategy import InferStrategy, request_cancelled
 from roll_sglang import SUPPORTED_SGLANG
 from roll_sglang.options import SGLangOptions
@@ -104,7 +104,7 @@ class SGLangInferStrategy(InferStrategy):
         self.loop = EngineLoop(SGLangSteps(self.engine), name="sglang-engine-loop")
         hf_config = AutoConfig.from_pretrained(model_path)
         self.vocab_size = hf_config.vocab_size
-        self.pad_token_id = hf_config.pad_token_id if hf_config.pad_token_id is not None else hf_config.eos_token_id
+        self.pad_token_id = padding_id(hf_config)
         self.released = False
         self.version = 0
 

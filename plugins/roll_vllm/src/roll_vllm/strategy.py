@@ -47,7 +47,7 @@ from roll_core.data import Batch
 from roll_core.errors import RollError
 from roll_core.strategies.engine_loop import EngineLoop
 from roll_core.strategies.engines import check_engine_version, engine_cuts, import_engine
-from roll_core.strategies.sequences import packed_responses, prompt_token_lists, rescaled_log_probs
+from roll_core.strategies.sequences import packed_responses, padding_id, prompt_token_lists, rescaled_log_probs
 from roll_core.strategy import InferStrategy, request_cancelled
 from roll_vllm import SUPPORTED_VLLM
 from roll_vllm.options import VLLMOptions
@@ -126,7 +126,7 @@ class VLLMInferStrategy(InferStrategy):
         self.loop = EngineLoop(self.llm.llm_engine)
         self.asleep = False
         hf_config = self.llm.llm_engine.model_config.hf_config
-        self.pad_token_id = hf_config.pad_token_id if hf_config.pad_token_id is not None else hf_config.eos_token_id
+        self.pad_token_id = padding_id(hf_config)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
 
