@@ -401,7 +401,23 @@ def test_the_ids_that_end_and_pad_a_response_come_from_both_configs():
     assert end_token_ids(qwen, Config(eos_token_id=[151645, 151643], pad_token_id=151643)) == [151645, 151643]
     assert padding_id(qwen, Config(eos_token_id=[151645, 151643], pad_token_id=151643)) == 151643
     assert padding_id(Config(eos_token_id=2, pad_token_id=0)) == 0
+    assert padding_id(Config(), Config(eos_token_id=[5, 6])) == 5  # the generation config's end ids alone
     assert end_token_ids(Config()) == [] and padding_id(Config()) == 0
+
+
+def test_a_model_directory_names_its_end_ids_in_either_file(tiny_model_path, tmp_path):
+    import json
+    import shutil
+
+    from roll_core.strategies.sequences import model_end_token_ids
+
+    shutil.copytree(tiny_model_path, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "eos_token_id": [2, 11]}))
+    (tmp_path / "m" / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 9]}))
+    assert model_end_token_ids(tmp_path / "m") == [2, 11, 9]
+    (tmp_path / "m" / "generation_config.json").unlink()  # none: the config's alone
+    assert model_end_token_ids(tmp_path / "m") == [2, 11]
 
 
 def model_without_padding_ending_at(tiny_model_path, directory, also_ends: list[int]):
