@@ -418,6 +418,10 @@ def test_a_model_directory_names_its_end_ids_in_either_file(tiny_model_path, tmp
     assert model_end_token_ids(tmp_path / "m") == [2, 11, 9]
     (tmp_path / "m" / "generation_config.json").unlink()  # none: the config's alone
     assert model_end_token_ids(tmp_path / "m") == [2, 11]
+    # a multimodal model's config keeps its language model's ids in text_config; an architecture
+    # transformers does not know (a model with its own code) is read all the same
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "own_arch", "text_config": {"eos_token_id": 5}}))
+    assert model_end_token_ids(tmp_path / "m") == [5]
 
 
 def model_without_padding_ending_at(tiny_model_path, directory, also_ends: list[int]):

@@ -283,15 +283,21 @@ def end_token_ids(config, generation_config=None) -> list[int]:
 
 
 def model_end_token_ids(directory) -> list[int]:
-    """:func:`end_token_ids` of the model saved in ``directory``, from its ``config.json`` and
-    ``generation_config.json`` (when it has one)."""
-    from transformers import AutoConfig, GenerationConfig
+    """:func:`end_token_ids` of the model saved in ``directory``: the ``eos_token_id`` of its
+    ``config.json`` (or of its ``text_config``, where a multimodal model keeps it) and of its
+    ``generation_config.json`` when it has one. Read as JSON, not through ``AutoConfig``, which
+    refuses an architecture of the model's own code unless told to run it."""
+    import json
+    from pathlib import Path
 
-    try:
-        generation = GenerationConfig.from_pretrained(directory)
-    except OSError:  # no generation_config.json
-        generation = None
-    return end_token_ids(AutoConfig.from_pretrained(directory), generation)
+    def eos(name: str):
+        path = Path(directory) / name
+        if not path.is_file():
+            return None
+        config = json.loads(path.read_text())
+        return config.get("eos_token_id", (config.get("text_config") or {}).get("eos_token_id"))
+
+    return token_ids(eos("config.json"), eos("generation_config.json"))
 
 
 def padding_id(config, generation_config=None) -> int:
