@@ -141,3 +141,34 @@ def test_freeze_stops_stepping_at_once_and_running_requests_continue_after_resum
     running.join(5)
     held.join(5)
     assert result["value"][0].finished and "add new" in engine.log
+
+
+def test_a_pause_waits_for_a_whole_call_whose_later_requests_still_run(loop, engine):
+    """A generation and the pass that re-scores it run as one whole call: a weight update's pause
+    must not land between them, and must not hold the second batch back while it waits."""
+    def whole():
+        with loop.whole_call():
+            first = loop.run(["generate"], [10])
+            time.sleep(0.1)  # the pause arrives in between
+            return first + loop.run(["rescore"], [5])
+
+    call, result = in_thread(whole)
+    time.sleep(0.05)
+    paused, _ = in_thread(loop.pause)
+    time.sleep(0.05)
+    assert paused.is_alive()  # waiting for the whole call, whose second batch is admitted meanwhile
+    call.join(5)
+    paused.join(5)
+    assert not call.is_alive() and not paused.is_alive()
+    assert all(out.finished for out in result["value"])
+    assert engine.log == ["add generate", "add rescore"]
+    late, late_result = in_thread(lambda: loop.run(["late"], [1]))  # held until the resume
+    entered, _ = in_thread(lambda: loop.whole_call().__enter__())  # a whole call waits for the resume
+    time.sleep(0.1)
+    assert entered.is_alive() and "add late" not in engine.log
+    engine.log.append("update")
+    loop.resume()
+    entered.join(5)
+    late.join(5)
+    assert not entered.is_alive() and late_result["value"][0].finished
+    assert engine.log.index("update") < engine.log.index("add late")

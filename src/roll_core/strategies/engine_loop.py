@@ -13,6 +13,8 @@ engine to one loop thread (the strategies of roll-vllm and roll-sglang both do),
   KV-cache blocks at once;
 * runs exclusive work (a weight-update step, a prefix-cache reset) only when no request is running:
   :meth:`pause` holds new requests back and waits for the running ones, :meth:`resume` admits them;
+  a call whose requests go in batches that must all see the same weights (a generation, then the
+  pass that re-scores it) runs inside :meth:`whole_call`, which a pause waits for to end;
 * or, for partial rollouts, :meth:`freeze` stops stepping at once: running requests keep what they
   generated and continue after :meth:`resume` (on the new weights, if the exclusive work loaded
   some and the engine re-computes their KV cache, as vLLM does when its prefix cache is reset with
@@ -26,11 +28,12 @@ with a fake engine in ``tests/test_engine_loop.py`` and on vLLM in roll-vllm's t
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 
 class EngineLoop:
@@ -45,6 +48,8 @@ class EngineLoop:
         self._waiting: dict[str, Future] = {}  # added to the engine, not finished
         self._paused = False
         self._frozen = False  # no stepping either: running requests wait where they are
+        self._whole = 0  # calls inside whole_call()
+        self._pausing = False  # a pause waits for those calls: no new one starts
         self._stopped = False
         self._error: BaseException | None = None
         self._ids = itertools.count()
@@ -61,7 +66,7 @@ class EngineLoop:
             self._check_alive()
             self._incoming.append((rid, prompt, params))
             self._waiting[rid] = future
-            self._cond.notify()
+            self._cond.notify_all()
         return rid, future
 
     def run(self, prompts: Sequence[Any], params: Sequence[Any], cancelled: Callable[[], bool] = lambda: False,
@@ -81,7 +86,7 @@ class EngineLoop:
         """Abort requests (queued or running); their futures are cancelled."""
         with self._cond:
             self._aborts.extend(request_ids)
-            self._cond.notify()
+            self._cond.notify_all()
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn()`` on the loop thread while no request is running and return its result. Used
@@ -90,14 +95,33 @@ class EngineLoop:
         with self._cond:
             self._check_alive()
             self._calls.append((fn, future))
-            self._cond.notify()
+            self._cond.notify_all()
         return future.result()
 
-    def pause(self) -> None:
-        """Hold new requests back and return once every running request has finished."""
+    @contextlib.contextmanager
+    def whole_call(self) -> Iterator[None]:
+        """The requests submitted inside the block run on one set of weights: a :meth:`pause` waits
+        for the block to end before it holds requests back, and a block starts only when no pause is
+        on. (Holding back a block's later requests while waiting for the block would never end.)"""
         with self._cond:
+            self._cond.wait_for(lambda: self._stopped or not (self._paused or self._pausing))
+            self._check_alive()
+            self._whole += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._whole -= 1
+                self._cond.notify_all()
+
+    def pause(self) -> None:
+        """Wait for every :meth:`whole_call` to end, then hold new requests back and return once
+        every running request has finished."""
+        with self._cond:
+            self._pausing = True
+            self._cond.wait_for(lambda: self._stopped or not self._whole)
             self._paused = True
-            self._cond.notify()
+            self._cond.notify_all()
             self._cond.wait_for(lambda: self._stopped or not self._running())
             self._check_alive()
 
@@ -106,18 +130,18 @@ class EngineLoop:
         requests stay in the engine, unfinished, until :meth:`resume`. :meth:`call` runs at once."""
         with self._cond:
             self._paused = self._frozen = True
-            self._cond.notify()
+            self._cond.notify_all()
 
     def resume(self) -> None:
         """End a :meth:`pause` or a :meth:`freeze`."""
         with self._cond:
-            self._paused = self._frozen = False
-            self._cond.notify()
+            self._paused = self._frozen = self._pausing = False
+            self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:
             self._stopped = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join(timeout=30)
 
     # -- loop side ----------------------------------------------------------------------------------

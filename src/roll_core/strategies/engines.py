@@ -8,10 +8,11 @@ in :mod:`roll_core.strategies.sequences`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import warnings
 from types import ModuleType
-from typing import Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from roll_core.errors import did_you_mean
 
@@ -66,3 +67,18 @@ def engine_cuts(temperature: float, top_p: float, top_k: int) -> tuple[float, in
     if temperature <= 0 or (top_p >= 1.0 and top_k <= 0):
         return None
     return top_p, top_k if top_k > 0 else -1
+
+
+def samples_before_cuts(loop, batch, cut: tuple[float, int] | None, samples: Callable[[], dict],
+                        rescore: Callable[[Any], Any]):
+    """``batch`` updated with ``samples()`` (an engine's ``responses``, ``response_mask`` and
+    ``infer_log_probs``); when the draw cut the distribution (``cut``, from :func:`engine_cuts`),
+    with ``infer_log_probs`` replaced by ``rescore(batch)`` (the engine's ``compute_log_probs`` at
+    the temperature). Both run inside one :meth:`~roll_core.strategies.engine_loop.EngineLoop.whole_call`
+    of ``loop``, so a weight update lands before or after the pair, never between: the re-scoring
+    sees the weights that sampled."""
+    with loop.whole_call() if cut else contextlib.nullcontext():
+        batch.update(**samples())
+        if cut:
+            batch.update(infer_log_probs=rescore(batch))
+    return batch

@@ -41,7 +41,7 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.strategies.engine_loop import EngineLoop
-from roll_core.strategies.engines import check_engine_version, engine_cuts, import_engine
+from roll_core.strategies.engines import check_engine_version, engine_cuts, import_engine, samples_before_cuts
 from roll_core.strategies.sequences import packed_responses, padding_id, prompt_token_lists, rescaled_log_probs
 from roll_core.strategy import InferStrategy, request_cancelled
 from roll_sglang import SUPPORTED_SGLANG
@@ -120,6 +120,12 @@ class SGLangInferStrategy(InferStrategy):
         sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k}
         prompts = prompt_token_lists(batch["prompt_ids"], batch["prompt_mask"])
         params = [{"sampling_params": sampling, "return_logprob": True}] * len(prompts)
+        # SGLang's log-probs are those of the cut distribution, roll's are before the cuts
+        return samples_before_cuts(self.loop, batch, cut, lambda: self._samples(prompts, params),
+                                   lambda sampled: self.compute_log_probs(sampled, temperature))
+
+    def _samples(self, prompts: list[list[int]], params: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """``responses``, ``response_mask`` and ``infer_log_probs`` of one request per prompt."""
         tokens, log_probs = [], []
         for out in self._run(prompts, params):
             if out is None or out["meta_info"]["finish_reason"].get("type") == "abort":
@@ -129,10 +135,7 @@ class SGLangInferStrategy(InferStrategy):
             pairs = _pairs(out["meta_info"]["output_token_logprobs"])
             tokens.append([t for _, t in pairs])
             log_probs.append([lp for lp, _ in pairs])
-        batch.update(**packed_responses(tokens, log_probs, self.pad_token_id))
-        if cut:  # SGLang's log-probs are those of the cut distribution; roll's are before the cuts
-            batch.update(infer_log_probs=self.compute_log_probs(batch, temperature))
-        return batch
+        return packed_responses(tokens, log_probs, self.pad_token_id)
 
     def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
         prompts, responses = prompt_token_lists(batch["prompt_ids"], batch["prompt_mask"]), batch["responses"]

@@ -46,7 +46,7 @@ import torch
 from roll_core.data import Batch
 from roll_core.errors import RollError
 from roll_core.strategies.engine_loop import EngineLoop
-from roll_core.strategies.engines import check_engine_version, engine_cuts, import_engine
+from roll_core.strategies.engines import check_engine_version, engine_cuts, import_engine, samples_before_cuts
 from roll_core.strategies.sequences import packed_responses, padding_id, prompt_token_lists, rescaled_log_probs
 from roll_core.strategy import InferStrategy, request_cancelled
 from roll_vllm import SUPPORTED_VLLM
@@ -160,6 +160,12 @@ class VLLMInferStrategy(InferStrategy):
         top_p, top_k = cut or (1.0, -1)
         params = [self._sampling(n=1, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_new_tokens,
                                  logprobs=0, seed=s) for s in seeds]
+        # vLLM's log-probs are renormalised over what the cuts keep, roll's are before them
+        return samples_before_cuts(self.loop, batch, cut, lambda: self._samples(prompts, params),
+                                   lambda sampled: self.compute_log_probs(sampled, temperature))
+
+    def _samples(self, prompts: list[list[int]], params: list) -> dict[str, torch.Tensor]:
+        """``responses``, ``response_mask`` and ``infer_log_probs`` of one request per prompt."""
         tokens, logps = [], []
         for out in self._run(prompts, params):
             if out is None:  # aborted: the scheduler discards this call's result
@@ -169,10 +175,7 @@ class VLLMInferStrategy(InferStrategy):
             sample = out.outputs[0]
             tokens.append(list(sample.token_ids))
             logps.append([step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids)])
-        batch.update(**packed_responses(tokens, logps, self.pad_token_id))
-        if cut:  # vLLM's log-probs are renormalised over what the cuts keep; roll's are before them
-            batch.update(infer_log_probs=self.compute_log_probs(batch, temperature))
-        return batch
+        return packed_responses(tokens, logps, self.pad_token_id)
 
     def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
         prompts, responses = prompt_token_lists(batch["prompt_ids"], batch["prompt_mask"]), batch["responses"]
