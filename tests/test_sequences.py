@@ -424,6 +424,34 @@ def test_a_model_directory_names_its_end_ids_in_either_file(tiny_model_path, tmp
     assert model_end_token_ids(tmp_path / "m") == [5]
 
 
+def test_a_response_ends_at_the_tokenizers_eos_and_every_id_the_model_files_name(tiny_model_path, tmp_path):
+    from types import SimpleNamespace as Tokenizer
+
+    from roll_core.strategies.sequences import response_end_ids, tokenizer_end_id
+    from roll_core.testing import model_with_more_end_ids
+
+    assert tokenizer_end_id(tiny_model_path) == 2 and response_end_ids(tiny_model_path) == [2]
+    copy = model_with_more_end_ids(tiny_model_path, tmp_path / "m", tokenizer_eos=40, config_eos=41)
+    assert tokenizer_end_id(copy) == 40
+    assert response_end_ids(copy) == [40, 2, 41]  # the tokenizer's EOS first, then config.json's
+    assert response_end_ids(copy, Tokenizer(eos_token_id=7)) == [7, 2, 41]  # a tokenizer given is the one read
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (copy / name).unlink(missing_ok=True)
+    assert tokenizer_end_id(copy) is None and response_end_ids(copy) == [2, 41]  # saved without a tokenizer
+    assert response_end_ids("org/a-hub-name") == []  # nothing read from a hub: the engines' configs name them
+
+
+def test_the_hf_engine_stops_at_the_tokenizers_eos_and_every_config_end_id(tiny_model_path, tmp_path):
+    from roll_core.config.schema import InferRoleConfig
+    from roll_core.strategies.hf import HFInferStrategy
+    from roll_core.testing import assert_engine_stops_at_every_end_id
+
+    def engine(path):
+        return HFInferStrategy(str(path), InferRoleConfig(), seed=0)
+
+    assert_engine_stops_at_every_end_id(engine(tiny_model_path), engine, tiny_model_path, tmp_path / "m")
+
+
 def model_without_padding_ending_at(tiny_model_path, directory, also_ends: list[int]):
     """The tiny model saved again with no padding id and, as Qwen2.5 Instruct's files do, ``also_ends``
     among the end ids of its generation config."""

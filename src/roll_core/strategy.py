@@ -71,8 +71,10 @@ class InferStrategy(Colocatable, ABC):
         otherwise each token is drawn from ``softmax(logits / temperature)`` cut to its ``top_k``
         heaviest tokens (0: no cut), then to the nucleus of ``top_p`` of what is left.
         ``infer_log_probs`` are the drawn tokens' log-probs at the temperature before either cut, as
-        the trainer computes them. An engine should stop early once :func:`request_cancelled` is true
-        (the result is discarded)."""
+        the trainer computes them. A response ends with the first id of
+        :func:`~roll_core.strategies.sequences.response_end_ids` it draws (the tokenizer's EOS and
+        the model files' end ids), which it keeps. An engine should stop early once
+        :func:`request_cancelled` is true (the result is discarded)."""
 
     @abstractmethod
     def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:

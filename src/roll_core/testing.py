@@ -9,6 +9,8 @@
   inference strategy's log-probs, for engine plugins' tests.
 * ``assert_engine_cuts_before_log_probs(engine, trainer, atol)``: ``top_k`` and ``top_p`` cut an
   inference strategy's draw, and its log-probs are those before the cuts.
+* ``assert_engine_stops_at_every_end_id(engine, make_engine, model_path, directory)``: an inference
+  strategy ends a response at its tokenizer's EOS and at every id the model's configs name.
 * ``training_batch(vocab)``: a fixed PPO batch (padding on both sides, a masked-out sample).
 * ``assert_trainer_matches_hf(trainer, reference, cfg)``: the contract of a training backend: the
   same log-probs and, after one core update, the same weights as the ``hf`` strategy.
@@ -120,6 +122,58 @@ def assert_engine_cuts_before_log_probs(engine, trainer, atol: float, max_new_to
             assert torch.equal(batch["responses"], greedy["responses"]), "top_k=1 must decode as greedy decoding does"
         expected = trainer.forward(batch, ("log_probs",), temperature)["log_probs"]
         torch.testing.assert_close(batch["infer_log_probs"] * mask, expected * mask, atol=atol, rtol=0)
+
+
+def model_with_more_end_ids(model_path, directory, tokenizer_eos: int, config_eos: int):
+    """A copy of the model at ``model_path`` in ``directory`` whose tokenizer's EOS is the token
+    ``tokenizer_eos``, and whose ``config.json`` names ``config_eos`` besides its own end id (its
+    generation config keeps the original one): two ways real checkpoints name an end of turn."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    directory = Path(directory)
+    shutil.copytree(model_path, directory)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(tokenizer_eos)
+    tokenizer.save_pretrained(str(directory))
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "eos_token_id": [config["eos_token_id"],
+                                                                                   config_eos]}))
+    return directory
+
+
+def assert_engine_stops_at_every_end_id(engine, make_engine, model_path, directory, max_new_tokens: int = 5):
+    """An inference strategy ends a response at the first of these ids it decodes: its tokenizer's
+    EOS, and every id of the model's ``config.json`` and generation config. ``engine`` decodes the
+    model at ``model_path`` greedily; the first tokens of two of its responses become the end ids of a
+    copy in ``directory`` (:func:`model_with_more_end_ids`), the first its tokenizer's EOS and the
+    second one more id of its config; ``make_engine(path)`` builds the strategy on that copy, whose
+    greedy responses must then stop right there, and every response at its first end id."""
+    import torch
+
+    from roll_core.strategies.sequences import response_end_ids
+
+    greedy = dict(max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0)
+    plain = engine.generate(left_padded_prompts(), **greedy)
+    ends = response_end_ids(model_path)
+    firsts = [row[0].item() for row, keep in zip(plain["responses"], plain["response_mask"]) if keep.sum() > 1]
+    candidates = list(dict.fromkeys(t for t in firsts if t not in ends))  # first tokens the model decodes on from
+    assert len(candidates) >= 2, f"too few responses go on past their first token: {plain['responses'].tolist()}"
+    by_tokenizer, by_config = candidates[:2]
+    copy = model_with_more_end_ids(model_path, directory, by_tokenizer, by_config)
+    out = make_engine(str(copy)).generate(left_padded_prompts(), **greedy)
+    every_end = torch.tensor([*ends, by_tokenizer, by_config])
+    lengths = out["response_mask"].sum(-1)
+    for row, (tokens, n) in enumerate(zip(out["responses"], lengths.tolist())):
+        first = plain["responses"][row, 0].item()
+        if first in (by_tokenizer, by_config):
+            assert n == 1 and tokens[0].item() == first, f"row {row} must end at its first token {first}: {tokens}"
+        went_on = torch.isin(tokens[: n - 1], every_end).any()
+        assert n >= 1 and not went_on, f"row {row} went on past an end id: {tokens}"
+        assert n == max_new_tokens or tokens[n - 1] in every_end, f"row {row} stopped before an end id: {tokens}"
 
 
 def training_batch(vocab: int):

@@ -65,7 +65,9 @@ class Engine:
             self.running -= 1
 
     async def _generate(self, ids, sampling, rid, start, top_k):
-        prompt_len, eos = len(ids), self.model.config.eos_token_id
+        prompt_len = len(ids)
+        eos = self.model.config.eos_token_id  # an id or a list of them
+        ends = {*(eos if isinstance(eos, list) else [eos]), *(sampling.get("stop_token_ids") or ())}  # as SGLang
         temperature = sampling.get("temperature", 1.0)
         meta = {"id": rid, "output_token_logprobs": [], "finish_reason": {"type": "length"}}
         for _ in range(sampling["max_new_tokens"]):
@@ -84,7 +86,7 @@ class Engine:
                 token = int(torch.multinomial(probs, 1, generator=self.generator))
             meta["output_token_logprobs"].append((float(log_probs[token]), token, None))
             ids.append(token)
-            if token == eos:
+            if token in ends:
                 meta["finish_reason"] = {"type": "stop"}
                 break
         if start is not None:

@@ -9,6 +9,7 @@ reported by ``roll validate`` before any worker starts; registering imports no S
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -64,6 +65,32 @@ def test_log_probs_and_distributions_equal_the_trainers_for_the_same_weights(eng
 
 def test_top_k_and_top_p_cut_the_draw_and_leave_the_log_probs_as_the_trainer_computes_them(engine, trainer):
     assert_engine_cuts_before_log_probs(engine, trainer, atol=1e-4)
+
+
+@contextlib.contextmanager
+def engines_with(options: dict):
+    """A factory of SGLang strategies on a model directory with ``options``; each is shut down on exit."""
+    from roll_sglang.strategy import SGLangInferStrategy
+
+    made = []
+
+    def make(path):
+        made.append(SGLangInferStrategy(path, types.SimpleNamespace(strategy_options=options), seed=0))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for strategy in made:
+            strategy.loop.close()
+            strategy.engine.shutdown()
+
+
+def test_the_engine_stops_at_the_tokenizers_eos_and_every_config_end_id(engine, tiny_model_path, tmp_path):
+    from roll_core.testing import assert_engine_stops_at_every_end_id
+
+    with engines_with({"dtype": "float32"}) as make:
+        assert_engine_stops_at_every_end_id(engine, make, tiny_model_path, tmp_path / "m")
 
 
 def test_a_weight_update_reaches_the_engine(engine, trainer):

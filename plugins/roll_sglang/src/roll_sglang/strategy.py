@@ -42,7 +42,8 @@ import torch
 from roll_core.data import Batch
 from roll_core.strategies.engine_loop import EngineLoop
 from roll_core.strategies.engines import check_engine_version, engine_cuts, import_engine, samples_before_cuts
-from roll_core.strategies.sequences import packed_responses, padding_id, prompt_token_lists, rescaled_log_probs
+from roll_core.strategies.sequences import (packed_responses, padding_id, prompt_token_lists, rescaled_log_probs,
+                                            response_end_ids)
 from roll_core.strategy import InferStrategy, request_cancelled
 from roll_sglang import SUPPORTED_SGLANG
 from roll_sglang.options import SGLangOptions
@@ -105,6 +106,9 @@ class SGLangInferStrategy(InferStrategy):
         hf_config = AutoConfig.from_pretrained(model_path)
         self.vocab_size = hf_config.vocab_size
         self.pad_token_id = padding_id(hf_config)
+        # without its tokenizer (skip_tokenizer_init) SGLang stops at the configs' end ids alone: the
+        # tokenizer's EOS is named here, so that every engine ends a response at the same ids
+        self.end_ids = response_end_ids(model_path)
         self.released = False
         self.version = 0
 
@@ -117,7 +121,8 @@ class SGLangInferStrategy(InferStrategy):
                  top_k: int = 0) -> Batch:
         cut = engine_cuts(temperature, top_p, top_k)
         top_p, top_k = cut or (1.0, -1)
-        sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k}
+        sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                    "stop_token_ids": self.end_ids}
         prompts = prompt_token_lists(batch["prompt_ids"], batch["prompt_mask"])
         params = [{"sampling_params": sampling, "return_logprob": True}] * len(prompts)
         # SGLang's log-probs are those of the cut distribution, roll's are before the cuts

@@ -47,7 +47,8 @@ from roll_core.data import Batch
 from roll_core.errors import RollError
 from roll_core.strategies.engine_loop import EngineLoop
 from roll_core.strategies.engines import check_engine_version, engine_cuts, import_engine, samples_before_cuts
-from roll_core.strategies.sequences import packed_responses, padding_id, prompt_token_lists, rescaled_log_probs
+from roll_core.strategies.sequences import (packed_responses, padding_id, prompt_token_lists, rescaled_log_probs,
+                                            response_end_ids)
 from roll_core.strategy import InferStrategy, request_cancelled
 from roll_vllm import SUPPORTED_VLLM
 from roll_vllm.options import VLLMOptions
@@ -127,6 +128,9 @@ class VLLMInferStrategy(InferStrategy):
         self.asleep = False
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.pad_token_id = padding_id(hf_config)
+        # vLLM stops at its tokenizer's EOS and its generation config's, not at config.json's: named
+        # here, every engine ends a response at the same ids
+        self.end_ids = response_end_ids(model_path)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
 
@@ -159,7 +163,7 @@ class VLLMInferStrategy(InferStrategy):
             seeds = [None] * len(prompts)
         top_p, top_k = cut or (1.0, -1)
         params = [self._sampling(n=1, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_new_tokens,
-                                 logprobs=0, seed=s) for s in seeds]
+                                 logprobs=0, seed=s, stop_token_ids=self.end_ids) for s in seeds]
         # vLLM's log-probs are renormalised over what the cuts keep, roll's are before them
         return samples_before_cuts(self.loop, batch, cut, lambda: self._samples(prompts, params),
                                    lambda sampled: self.compute_log_probs(sampled, temperature))
