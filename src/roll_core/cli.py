@@ -192,21 +192,27 @@ def _cmd_play(args) -> int:
         options = json.loads(args.options)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--options must be a JSON object: {exc.msg}") from None
+    from roll_core.config import load_config
+
+    # a model policy samples as the rollout does: its flags are checked as rollout's keys are, up front
+    flags = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+             "top_k": args.top_k}
+    sampling = load_config(None, [f"rollout.{key}={value}" for key, value in flags.items()]).rollout.sampling()
     env = env_cls(**options)
     if args.model is not None:
-        return _play_one(args, env, args.model)
+        return _play_one(args, env, args.model, sampling)
     import tempfile
     from pathlib import Path
 
     from roll_core.embedded.model import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="roll-play-") as scratch:  # the embedded model, removed afterwards
-        return _play_one(args, env, str(build_tiny_model(Path(scratch) / "model")))
+        return _play_one(args, env, str(build_tiny_model(Path(scratch) / "model")), sampling)
 
 
-def _play_one(args, env, model: str) -> int:
+def _play_one(args, env, model: str, sampling: dict) -> int:
     """The episode of ``roll play`` against ``env``: ``model`` (a checkpoint directory) gives the
-    tokenizer and, under ``--policy model``, the policy."""
+    tokenizer and, under ``--policy model``, the policy, which generates with ``sampling``."""
     from roll_core.agentic.episodes import TurnFormat, engine_policy, play, scripted_policy, transcript
     from roll_core.errors import ConfigError
     from roll_core.pipelines.runtime import load_tokenizer
@@ -218,8 +224,7 @@ def _play_one(args, env, model: str) -> int:
         from roll_core.strategies.hf import HFInferStrategy
 
         engine = HFInferStrategy(model, InferRoleConfig(), seed=args.seed)
-        policy = engine_policy(engine.generate, tokenizer.pad_token_id, max_new_tokens=args.max_new_tokens,
-                               temperature=args.temperature, top_p=1.0)
+        policy = engine_policy(engine.generate, tokenizer.pad_token_id, **sampling)
     elif not actions:
         raise ConfigError(f"--policy {args.policy} needs --actions, e.g. --actions L,D,R,U")
     else:
@@ -337,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--actions", default="", help="comma-separated replies for scripted and random policies")
     pl.add_argument("--model", help="a Hugging Face model directory (default: the embedded tiny model, untrained)")
     pl.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (model policy)")
+    pl.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling, as rollout.top_p (model policy)")
+    pl.add_argument("--top-k", type=int, default=0, help="top-k sampling, as rollout.top_k; 0 = off (model policy)")
     pl.add_argument("--max-new-tokens", type=int, default=8)
     pl.add_argument("--max-turns", type=int, default=10)
     pl.add_argument("--max-length", type=int, default=512, help="tokens of the whole conversation (as agentic.max_length)")

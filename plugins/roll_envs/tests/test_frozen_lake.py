@@ -138,6 +138,16 @@ def test_roll_play_prints_one_episode_turn_by_turn(tmp_path):
     assert out.returncode == 2 and "--policy random needs --actions" in out.stderr
 
 
+def test_roll_play_samples_with_the_rollouts_cuts_checked_as_its_keys_are():
+    model = ("play", "frozen_lake", "--policy", "model", "--max-turns", "2", "--seed", "3")
+    greedy = roll(*model, "--temperature", "0")
+    top_one = roll(*model, "--top-k", "1")  # at temperature 1: the one most likely token, as greedy decoding
+    assert greedy.returncode == top_one.returncode == 0, greedy.stderr + top_one.stderr
+    assert top_one.stdout == greedy.stdout
+    out = roll(*model, "--top-p", "0")
+    assert out.returncode == 2 and "rollout.top_p" in out.stderr and "greater than 0" in out.stderr
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_the_expert_walks_a_shortest_safe_path_to_the_goal(seed):
     env = FrozenLake(size=4, max_steps=20)
