@@ -172,3 +172,27 @@ def test_a_pause_waits_for_a_whole_call_whose_later_requests_still_run(loop, eng
     late.join(5)
     assert not entered.is_alive() and late_result["value"][0].finished
     assert engine.log.index("update") < engine.log.index("add late")
+
+
+def test_run_alone_drains_the_engine_changes_it_runs_alone_and_undoes_the_change(loop, engine):
+    """vLLM re-scores at a temperature by scaling its logits: no other caller's request may be in
+    the engine from the change to its undoing, and the undoing happens even when the run fails."""
+    def change(what):
+        return lambda: engine.log.append(f"{what} with {sorted(engine.left)} running")
+
+    running, _ = in_thread(lambda: loop.run(["running"], [10]))
+    time.sleep(0.03)
+    alone, result = in_thread(lambda: loop.run_alone(["x", "y"], [4, 4], change("scale"), change("unscale")))
+    time.sleep(0.03)
+    later, later_result = in_thread(lambda: loop.run(["later"], [1]))  # held until the run alone ends
+    for thread in (running, alone, later):
+        thread.join(5)
+    assert engine.log == ["add running", "scale with [] running", "add x", "add y", "unscale with [] running",
+                          "add later"]
+    assert engine.max_together == 2 and [out.finished for out in result["value"]] == [True, True]
+    assert later_result["value"][0].finished
+    engine.log.clear()
+    with pytest.raises(ValueError, match="prompt too long"):  # a rejected request: undone all the same
+        loop.run_alone(["bad"], [1], change("scale"), change("unscale"))
+    assert engine.log == ["scale with [] running", "unscale with [] running"]
+    assert loop.run(["after"], [1])[0].finished  # and the engine takes everyone's requests again

@@ -8,6 +8,7 @@ equal the *new* weights' log-probs (and not the old ones'); the options are chec
 
 from __future__ import annotations
 
+import time
 import types
 
 import pytest
@@ -48,6 +49,27 @@ def hf_log_probs(trainer, batch: Batch, temperature: float) -> torch.Tensor:
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_log_probs_and_distributions_equal_the_trainers_for_the_same_weights(engine, trainer, temperature):
     assert_engine_matches_trainer(engine, trainer, temperature, atol=1e-3)
+
+
+def test_scoring_at_a_temperature_scales_the_logits_for_its_own_requests_alone(engine, trainer):
+    """compute_log_probs at T != 1 divides the engine's logits by T: a generation running meanwhile
+    keeps drawing from the unscaled logits, and so does every call after it."""
+    import threading
+
+    assert engine.scales_logits  # the tiny model's architecture has vLLM's LogitsProcessor
+    scored = engine.generate(prompts(), max_new_tokens=8, temperature=1.0, top_p=1.0)
+    long = {}
+    thread = threading.Thread(target=lambda: long.setdefault("batch", engine.generate(
+        prompts(48), max_new_tokens=40, temperature=1.0, top_p=1.0)))
+    thread.start()
+    while not engine.llm.llm_engine.has_unfinished_requests():  # the generation is in the engine
+        time.sleep(0.001)
+    at_half = engine.compute_log_probs(scored, 0.5)
+    thread.join(60)
+    for batch, temperature, got in ((scored, 0.5, at_half), (long["batch"], 1.0, long["batch"]["infer_log_probs"]),
+                                    (scored, 1.0, engine.compute_log_probs(scored, 1.0))):
+        mask = batch["response_mask"]
+        torch.testing.assert_close(got * mask, hf_log_probs(trainer, batch, temperature) * mask, atol=1e-3, rtol=0)
 
 
 def test_top_k_and_top_p_cut_the_draw_and_leave_the_log_probs_as_the_trainer_computes_them(engine, trainer):
@@ -226,3 +248,17 @@ def test_partial_rollout_continues_running_requests_on_the_new_weights(tiny_mode
     mixed = (only_old.any(-1) & only_new.any(-1)).sum()
     assert mixed > 0, "no response was interrupted by the update"
     engine.loop.close()
+
+
+def test_the_rescoring_benchmark_runs_its_four_settings():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_rescore.py"
+    out = subprocess.run([sys.executable, str(script), "--rows", "2", "--new-tokens", "2", "--vocab", "512",
+                          "--repeats", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = re.findall(r"^ *(T .+?) +\d+\.\d+ +\d+\.\dx$", out.stdout, re.MULTILINE)
+    assert rows == ["T 0.7, no cut", "T 1, top-p 0.95", "T 0.7, top-p 0.95", "T 0.7, top-p 0.95, whole vocab"]

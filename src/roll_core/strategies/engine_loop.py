@@ -15,6 +15,9 @@ engine to one loop thread (the strategies of roll-vllm and roll-sglang both do),
   :meth:`pause` holds new requests back and waits for the running ones, :meth:`resume` admits them;
   a call whose requests go in batches that must all see the same weights (a generation, then the
   pass that re-scores it) runs inside :meth:`whole_call`, which a pause waits for to end;
+* runs a batch of requests alone in the engine (:meth:`run_alone`), with a change to the engine made
+  before them and undone after them while nothing runs: vLLM re-scores at a temperature by scaling
+  its logits, which must not reach other callers' draws;
 * or, for partial rollouts, :meth:`freeze` stops stepping at once: running requests keep what they
   generated and continue after :meth:`resume` (on the new weights, if the exclusive work loaded
   some and the engine re-computes their KV cache, as vLLM does when its prefix cache is reset with
@@ -50,6 +53,7 @@ class EngineLoop:
         self._frozen = False  # no stepping either: running requests wait where they are
         self._whole = 0  # calls inside whole_call()
         self._pausing = False  # a pause waits for those calls: no new one starts
+        self._alone: set[str] | None = None  # during run_alone(): the only requests admitted
         self._stopped = False
         self._error: BaseException | None = None
         self._ids = itertools.count()
@@ -57,23 +61,26 @@ class EngineLoop:
         self._thread.start()
 
     # -- caller side --------------------------------------------------------------------------------
-    def submit(self, prompt: Any, params: Any) -> tuple[str, Future]:
+    def submit(self, prompt: Any, params: Any, alone: bool = False) -> tuple[str, Future]:
         """Queue one request; its future resolves to the engine's final output (or is cancelled
-        by :meth:`abort`)."""
+        by :meth:`abort`). ``alone``: one of :meth:`run_alone`'s."""
         rid = f"roll-{next(self._ids)}"
         future: Future = Future()
         with self._cond:
             self._check_alive()
+            if alone:
+                assert self._alone is not None, "alone requests are run_alone()'s"
+                self._alone.add(rid)
             self._incoming.append((rid, prompt, params))
             self._waiting[rid] = future
             self._cond.notify_all()
         return rid, future
 
     def run(self, prompts: Sequence[Any], params: Sequence[Any], cancelled: Callable[[], bool] = lambda: False,
-            poll_s: float = 0.05) -> list[Any | None]:
+            poll_s: float = 0.05, alone: bool = False) -> list[Any | None]:
         """Submit one request per prompt and wait for all of them. When ``cancelled()`` turns true
         while waiting, the unfinished ones are aborted and come back as None."""
-        submitted = [self.submit(p, sp) for p, sp in zip(prompts, params)]
+        submitted = [self.submit(p, sp, alone) for p, sp in zip(prompts, params)]
         futures = [f for _, f in submitted]
         while wait_futures(futures, timeout=poll_s).not_done:
             if cancelled():
@@ -112,6 +119,30 @@ class EngineLoop:
         finally:
             with self._cond:
                 self._whole -= 1
+                self._cond.notify_all()
+
+    def run_alone(self, prompts: Sequence[Any], params: Sequence[Any], before: Callable[[], Any],
+                  after: Callable[[], Any], cancelled: Callable[[], bool] = lambda: False) -> list[Any | None]:
+        """:meth:`run` these requests with no other request in the engine: other callers' new
+        requests are held back, the running ones finish, ``before()`` runs on the loop thread, then
+        these requests, then ``after()`` (also when they fail or are cancelled), and the held
+        requests go in. One such run at a time; none starts during a pause."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopped or not (self._paused or self._alone is not None))
+            self._check_alive()
+            self._alone = set()
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._stopped or not self._running())
+        try:
+            self._check_alive()
+            self.call(before)
+            try:
+                return self.run(prompts, params, cancelled, alone=True)
+            finally:
+                self.call(after)
+        finally:
+            with self._cond:
+                self._alone = None
                 self._cond.notify_all()
 
     def pause(self) -> None:
@@ -153,8 +184,16 @@ class EngineLoop:
         if self._stopped:
             raise RuntimeError("the engine loop has stopped" + (f": {self._error!r}" if self._error else ""))
 
+    def _admissible(self) -> list[tuple[str, Any, Any]]:
+        """The queued requests the engine may take now (caller holds the lock)."""
+        if self._paused:
+            return []
+        if self._alone is not None:
+            return [r for r in self._incoming if r[0] in self._alone]
+        return self._incoming
+
     def _has_work(self) -> bool:
-        return bool(self._stopped or self._aborts or self._calls or (self._incoming and not self._paused)
+        return bool(self._stopped or self._aborts or self._calls or self._admissible()
                     or (self._running() and not self._frozen))
 
     def _run(self) -> None:
@@ -165,9 +204,10 @@ class EngineLoop:
                     if self._stopped:
                         break
                     aborts, self._aborts = self._aborts, []
-                    admitted = [] if self._paused else self._incoming
+                    admitted = self._admissible()
                     if admitted:
-                        self._incoming = []
+                        taken = {rid for rid, _, _ in admitted}
+                        self._incoming = [r for r in self._incoming if r[0] not in taken]
                     frozen = self._frozen
                     idle = (frozen or not self._running()) and not admitted
                     calls, self._calls = (self._calls, []) if idle else ([], self._calls)

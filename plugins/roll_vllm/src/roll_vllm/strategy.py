@@ -10,8 +10,14 @@
   ``rollout.top_k`` or ``rollout.top_p < 1`` the samples' log-probs are recomputed by
   ``compute_log_probs`` (one prefill pass more).
 * ``compute_log_probs``: the sequences as prompts with ``prompt_logprobs``; vLLM reports those from
-  the raw logits, so at a temperature other than 1 (or for full distributions) the whole vocabulary
-  is requested and re-normalised: ``log_softmax(raw / T) = log_softmax(logits / T)``.
+  the raw logits, at temperature 1. At another temperature the model's logits are divided by it
+  (its ``LogitsProcessor``'s ``scale``, set through ``collective_rpc``) while these requests run
+  alone in the engine (``EngineLoop.run_alone``: other callers' requests wait, or their draws would
+  change too), and each position's one log-prob is read. In a bf16 engine the scaled logits are
+  rounded to bf16 once more (about as much again as the logits' own rounding; vLLM's
+  ``head_dtype=float32`` override avoids both). A model without that processor falls back to the
+  whole vocabulary's log-probs, re-normalised here (``log_softmax(raw / T) = log_softmax(logits /
+  T)``), tens of times slower at a real vocabulary (docs/benchmarks.md).
 * The weight-update protocol, in place, through the engine's ``collective_rpc`` (no restart, no
   disk): ``begin_update`` starts vLLM's layer-wise reload, ``load`` hands each bucket of Hugging
   Face-named tensors to the model's own ``load_weights`` (which fuses q/k/v and gate/up and repacks
@@ -99,6 +105,19 @@ def _load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
     self.model_runner.model.load_weights(weights=bucket)
 
 
+def _scale_logits(self, factor: float) -> bool:
+    """Multiply the model's logits by ``factor`` on top of the model's own scale (1.0: undo); False
+    where the model computes its logits without vLLM's ``LogitsProcessor``, which has ``scale``."""
+    processor = getattr(self.model_runner.model, "logits_processor", None)
+    if not isinstance(getattr(processor, "scale", None), float):
+        return False
+    own = getattr(processor, "roll_own_scale", None)
+    if own is None:
+        processor.roll_own_scale = own = processor.scale
+    processor.scale = own * factor
+    return True
+
+
 def _finish_reload(self) -> None:
     from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
 
@@ -114,6 +133,26 @@ def _finish_reload(self) -> None:
         if lm_head.weight is not embed.weight:
             lm_head.tie_weights(embed)
         lm_head.quant_method.process_weights_after_loading(lm_head)
+
+
+def _target_log_probs(flat, start: int, count: int) -> list[float]:
+    """The log-probs of the prompt's own tokens at positions ``start..start+count-1`` of vLLM's
+    ``FlatLogprobs``, where each position's entries begin with that token's."""
+    return [flat.logprobs[flat.start_indices[p]] for p in range(start, start + count)]
+
+
+def _vocabulary_log_probs(flat, start: int, count: int, vocab: int) -> torch.Tensor:
+    """``[count, vocab]`` log-probs of every token at positions ``start..start+count-1`` of vLLM's
+    ``FlatLogprobs`` asked for the whole vocabulary: each position's entries are the prompt's token,
+    then every token of the vocabulary (whose ids also cover any padding of the vocabulary)."""
+    first, last = flat.start_indices[start], flat.end_indices[start + count - 1]
+    ids = torch.tensor(flat.token_ids[first:last], dtype=torch.long)
+    values = torch.tensor(flat.logprobs[first:last], dtype=torch.float32)
+    bounds = torch.tensor(flat.end_indices[start: start + count], dtype=torch.long) - first
+    rows = torch.bucketize(torch.arange(last - first), bounds, right=True)  # the position of each entry
+    raw = torch.full((count, vocab), float("-inf"))
+    raw[rows, ids] = values  # the prompt token's entry repeats its vocabulary entry: the same value
+    return raw
 
 
 class VLLMInferStrategy(InferStrategy):
@@ -133,6 +172,8 @@ class VLLMInferStrategy(InferStrategy):
         self.end_ids = response_end_ids(model_path)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
+        # whether compute_log_probs can have the engine's logits divided by a temperature (see there)
+        self.scales_logits = all(self.loop.call(lambda: self.llm.collective_rpc(_scale_logits, args=(1.0,))))
 
     def _sampling(self, **kwargs):
         from vllm import SamplingParams
@@ -182,26 +223,43 @@ class VLLMInferStrategy(InferStrategy):
         return packed_responses(tokens, logps, self.pad_token_id)
 
     def compute_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
+        """vLLM scores a prompt's tokens at temperature 1. At another temperature, the engine's logits
+        are divided by it while these requests run alone in the engine (other callers' requests wait,
+        since their draws would change too); where the model's logits cannot be scaled, the whole
+        vocabulary's log-probs come back and are rescaled here, tens of times slower at a real
+        vocabulary (docs/benchmarks.md)."""
         prompts, responses = prompt_token_lists(batch["prompt_ids"], batch["prompt_mask"]), batch["responses"]
         width = responses.shape[1]
         lengths = batch["response_mask"].sum(-1).tolist()
-        full_vocab = distribution or temperature not in (0.0, 1.0)
+        scaled = temperature not in (0.0, 1.0) and self.scales_logits
+        rescale = temperature not in (0.0, 1.0) and not scaled  # from the whole vocabulary at T = 1
+        full_vocab = distribution or rescale
         sequences = [p + responses[i, : int(n)].tolist() for i, (p, n) in enumerate(zip(prompts, lengths))]
-        params = self._sampling(max_tokens=1, temperature=1.0, prompt_logprobs=-1 if full_vocab else 0)
-        outputs = self._run(sequences, params)
+        # flat: plain lists of (token, log-prob) per position instead of a dict of Logprob objects
+        # per position, which for the whole vocabulary cost about 4x as much
+        params = self._sampling(max_tokens=1, temperature=1.0, prompt_logprobs=-1 if full_vocab else 0,
+                                flat_logprobs=True)
+        if scaled:
+            outputs = self.loop.run_alone(
+                [{"prompt_token_ids": s} for s in sequences], [params] * len(sequences),
+                before=lambda: self.llm.collective_rpc(_scale_logits, args=(1.0 / temperature,)),
+                after=lambda: self.llm.collective_rpc(_scale_logits, args=(1.0,)), cancelled=request_cancelled)
+        else:
+            outputs = self._run(sequences, params)
         vocab = self.llm.llm_engine.model_config.get_vocab_size()
         shape = (len(sequences), width, vocab) if distribution else (len(sequences), width)
         result = torch.zeros(shape)
         for i, (out, prompt, n) in enumerate(zip(outputs, prompts, lengths)):
-            if out is None:  # aborted
-                continue
-            steps = out.prompt_logprobs[len(prompt): len(prompt) + int(n)]
             targets = sequences[i][len(prompt):]
-            if not full_vocab:
-                result[i, : len(steps)] = torch.tensor([step[t].logprob for step, t in zip(steps, targets)])
+            if out is None or not targets:  # aborted, or nothing to score
                 continue
-            raw = torch.tensor([[step[v].logprob for v in range(vocab)] for step in steps]).reshape(len(steps), vocab)
-            result[i, : len(steps)] = rescaled_log_probs(raw, targets, temperature, distribution)
+            if not full_vocab:
+                scores = _target_log_probs(out.prompt_logprobs, len(prompt), len(targets))
+                result[i, : len(targets)] = torch.tensor(scores)
+                continue
+            raw = _vocabulary_log_probs(out.prompt_logprobs, len(prompt), len(targets), vocab)
+            result[i, : len(targets)] = rescaled_log_probs(raw, targets, temperature if rescale else 1.0,
+                                                           distribution)
         return result
 
     # -- the weight-update protocol --------------------------------------------------------------
