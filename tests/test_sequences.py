@@ -441,6 +441,23 @@ def test_a_response_ends_at_the_tokenizers_eos_and_every_id_the_model_files_name
     assert response_end_ids("org/a-hub-name") == []  # nothing read from a hub: the engines' configs name them
 
 
+@pytest.mark.parametrize("files", [("tokenizer.json",), ("tokenizer_config.json",), ()])
+def test_a_tokenizer_is_loaded_where_either_of_its_files_is_saved(tmp_path, monkeypatch, files):
+    from types import SimpleNamespace as Tokenizer
+
+    import transformers
+
+    from roll_core.strategies.sequences import tokenizer_end_id
+
+    loaded = []
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda path: loaded.append(path) or Tokenizer(eos_token_id=99))
+    for name in files:
+        (tmp_path / name).write_text("{}")
+    assert tokenizer_end_id(tmp_path) == (99 if files else None)
+    assert loaded == ([str(tmp_path)] if files else [])
+
+
 def test_the_hf_engine_stops_at_the_tokenizers_eos_and_every_config_end_id(tiny_model_path, tmp_path):
     from roll_core.config.schema import InferRoleConfig
     from roll_core.strategies.hf import HFInferStrategy
