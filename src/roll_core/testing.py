@@ -134,14 +134,16 @@ def model_with_more_end_ids(model_path, directory, tokenizer_eos: int, config_eo
 
     from transformers import AutoTokenizer
 
+    from roll_core.strategies.sequences import token_ids
+
     directory = Path(directory)
     shutil.copytree(model_path, directory)
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(tokenizer_eos)
     tokenizer.save_pretrained(str(directory))
     config = json.loads((directory / "config.json").read_text())
-    (directory / "config.json").write_text(json.dumps({**config, "eos_token_id": [config["eos_token_id"],
-                                                                                   config_eos]}))
+    ends = token_ids(config.get("eos_token_id"), config_eos)  # the config's own: an id, a list or none
+    (directory / "config.json").write_text(json.dumps({**config, "eos_token_id": ends}))
     return directory
 
 
