@@ -168,8 +168,10 @@ class VLLMInferStrategy(InferStrategy):
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.pad_token_id = padding_id(hf_config)
         # vLLM stops at its tokenizer's EOS and its generation config's, not at config.json's: named
-        # here, every engine ends a response at the same ids
-        self.end_ids = response_end_ids(model_path)
+        # here, every engine ends a response at the same ids (with the tokenizer vLLM loaded, unless
+        # engine_args told it to load none)
+        own = None if self.options.engine_args.get("skip_tokenizer_init") else self.llm.get_tokenizer()
+        self.end_ids = response_end_ids(model_path, own)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
         # whether compute_log_probs can have the engine's logits divided by a temperature (see there)
@@ -182,11 +184,18 @@ class VLLMInferStrategy(InferStrategy):
         # roll works on token ids: no detokenising of outputs (about 10% of generation time on small models)
         return SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False, **kwargs)
 
-    def _run(self, sequences: list[list[int]], params) -> list:
+    def _run(self, sequences: list[list[int]], params, logit_scale: float = 1.0) -> list:
         """The engine's final outputs, one per token sequence (None for a request aborted because
-        the scheduler cancelled this call)."""
+        the scheduler cancelled this call). With ``logit_scale`` other than 1 the model's logits are
+        multiplied by it while these requests run alone in the engine (other callers' draws must not
+        see it)."""
         params = params if isinstance(params, list) else [params] * len(sequences)
-        return self.loop.run([{"prompt_token_ids": s} for s in sequences], params, cancelled=request_cancelled)
+        requests = [{"prompt_token_ids": s} for s in sequences]
+        if logit_scale == 1.0:
+            return self.loop.run(requests, params, cancelled=request_cancelled)
+        return self.loop.run_alone(requests, params, cancelled=request_cancelled,
+                                   before=lambda: self.llm.collective_rpc(_scale_logits, args=(logit_scale,)),
+                                   after=lambda: self.llm.collective_rpc(_scale_logits, args=(1.0,)))
 
     def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float,
                  top_k: int = 0) -> Batch:
@@ -239,13 +248,7 @@ class VLLMInferStrategy(InferStrategy):
         # per position, which for the whole vocabulary cost about 4x as much
         params = self._sampling(max_tokens=1, temperature=1.0, prompt_logprobs=-1 if full_vocab else 0,
                                 flat_logprobs=True)
-        if scaled:
-            outputs = self.loop.run_alone(
-                [{"prompt_token_ids": s} for s in sequences], [params] * len(sequences),
-                before=lambda: self.llm.collective_rpc(_scale_logits, args=(1.0 / temperature,)),
-                after=lambda: self.llm.collective_rpc(_scale_logits, args=(1.0,)), cancelled=request_cancelled)
-        else:
-            outputs = self._run(sequences, params)
+        outputs = self._run(sequences, params, logit_scale=1.0 / temperature if scaled else 1.0)
         vocab = self.llm.llm_engine.model_config.get_vocab_size()
         shape = (len(sequences), width, vocab) if distribution else (len(sequences), width)
         result = torch.zeros(shape)
