@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import roll_core.strategies.sequences as sequences
-from roll_core.strategies.sequences import (draw_tokens, next_tokens, nucleus_sampler, nucleus_tokens,
+from roll_core.strategies.sequences import (block_sums, draw_tokens, next_tokens, nucleus_sampler, nucleus_tokens,
                                             response_log_probs, sample_responses, sorted_nucleus_tokens,
                                             surviving_rows)
 
@@ -80,9 +80,9 @@ def rows_drawn(monkeypatch) -> list[int]:
     """The number of rows of every ``draw_tokens`` call the sampler makes, in order."""
     rows: list[int] = []
 
-    def counted(weights, generator=None):
+    def counted(weights, generator=None, sums=None):
         rows.append(len(weights))
-        return draw_tokens(weights, generator)
+        return draw_tokens(weights, generator, sums)
 
     monkeypatch.setattr(sequences, "draw_tokens", counted)
     return rows
@@ -201,6 +201,43 @@ def test_draw_tokens_draws_each_token_as_often_as_its_weight_and_never_one_of_we
     assert shares[weights == 0].sum() == 0
     again = draw_tokens(weights.repeat(20_000, 1), torch.Generator().manual_seed(0))
     assert torch.equal(tokens, again)  # the generator decides
+
+
+def test_block_sums_sum_each_block_of_columns_and_a_short_last_one(monkeypatch):
+    monkeypatch.setattr(sequences, "DRAW_BLOCK", 4)
+    weights = torch.arange(10.0).repeat(2, 1) * torch.tensor([[1.0], [2.0]])
+    assert block_sums(weights).tolist() == [[6, 22, 17], [12, 44, 34]]  # 0+1+2+3, 4+..+7, 8+9
+    assert block_sums(weights[:, :8]).tolist() == [[6, 22], [12, 44]]  # no short block
+    assert block_sums(weights[:, :3]).tolist() == [[3], [6]]  # one block: the row's sum
+
+
+def test_draw_tokens_search_the_block_sums_they_are_given(monkeypatch):
+    """Sums that put every row's target in block 1 make every draw come from that block, by its weights."""
+    monkeypatch.setattr(sequences, "DRAW_BLOCK", 4)
+    weights = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0, 3.0, 1.0, 0.0, 5.0]]).repeat(20_000, 1)
+    tokens = draw_tokens(weights, torch.Generator().manual_seed(0), torch.tensor([[0.0, 4.0, 0.0]]).repeat(20_000, 1))
+    assert _shares(tokens, 9) == pytest.approx([0, 0, 0, 0, 0, 0.75, 0.25, 0, 0], abs=0.012)
+
+
+@pytest.mark.parametrize("top_k, top_p, passes", [(0, 1.0, 1), (2, 1.0, 2), (0, 0.9, 1), (2, 0.9, 2)])
+def test_next_tokens_sum_the_vocabulary_once_and_again_only_after_a_top_k_cut(top_k, top_p, passes, monkeypatch):
+    """The totals (the log-probabilities' normaliser) and the draw's first search come from one pass
+    of block sums; a top-k cut changes the weights, so it takes one more. (The nucleus' own draw
+    sums its rows itself.)"""
+    calls = []
+    monkeypatch.setattr(sequences, "block_sums", lambda w: calls.append(w.shape) or block_sums(w))
+    monkeypatch.setattr(sequences, "nucleus_sampler", lambda device: lambda w, kept, p, g: w.argmax(-1))
+    next_tokens(torch.randn(3, 1000), 0.7, top_p, None, top_k)
+    assert len(calls) == passes
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 3.0])
+def test_token_weights_are_softmax_at_the_temperature_scaled_to_one_at_the_argmax(temperature):
+    logits = torch.randn(8, 5000, generator=torch.Generator().manual_seed(0)) * 5
+    weights = sequences.token_weights_(logits.clone(), temperature)
+    assert torch.equal(weights.amax(-1), torch.ones(8)) and torch.equal(weights.argmax(-1), logits.argmax(-1))
+    torch.testing.assert_close(weights / weights.sum(-1, keepdim=True), (logits / temperature).softmax(-1),
+                               atol=1e-9, rtol=2e-6)
 
 
 def test_draw_tokens_finds_the_last_entry_of_a_large_vocabulary():

@@ -93,12 +93,14 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
         token = logits.argmax(-1)
         return token, -token_weights_(logits, 1.0).sum(-1).log()  # the argmax's weight is exp(0)
     weights = token_weights_(logits, temperature)
-    totals = weights.sum(-1, keepdim=True)  # the log-probability's normaliser: the whole vocabulary
-    kept = top_k_weights_(weights, top_k) if 0 < top_k < weights.shape[-1] else totals
+    sums = block_sums(weights)
+    totals = sums.sum(-1, keepdim=True)  # the log-probability's normaliser: the whole vocabulary
+    if 0 < top_k < weights.shape[-1]:
+        sums = top_k_weights_(weights, top_k)
     if top_p >= 1.0:
-        token = draw_tokens(weights, generator)
+        token = draw_tokens(weights, generator, sums)
     else:
-        token = nucleus_sampler(weights.device)(weights, kept, top_p, generator)
+        token = nucleus_sampler(weights.device)(weights, sums.sum(-1, keepdim=True), top_p, generator)
     # a drawn token is one of the top k, whose weights top_k_weights_ left as they were
     return token, (weights.gather(-1, token[:, None]) / totals).log().squeeze(-1)
 
@@ -106,17 +108,26 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
 def top_k_weights_(weights: torch.Tensor, top_k: int) -> torch.Tensor:
     """Top-k sampling (Fan et al. 2018, "Hierarchical Neural Story Generation"): every weight of
     ``weights`` ``[B, V]`` lighter than its row's ``top_k``-th heaviest set to 0, in place (a tie with
-    the ``top_k``-th stays, as in ``transformers``' top-k warper); returns the rows' new sums ``[B, 1]``."""
+    the ``top_k``-th stays, as in ``transformers``' top-k warper); returns what is left's
+    :func:`block_sums`."""
     kth = weights.topk(top_k, dim=-1, sorted=False).values.amin(-1, keepdim=True)  # [B, 1]
     weights.masked_fill_(weights < kth, 0.0)
-    return weights.sum(-1, keepdim=True)
+    return block_sums(weights)
+
+
+LOG2_E = 1.4426950408889634  # 1 / ln 2: exp(x) = 2 ** (x * LOG2_E)
 
 
 def token_weights_(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """``exp((logits - max) / temperature)`` per row of ``[B, V]``, written over ``logits``: the
-    unnormalised sampling probabilities, at most 1 (the argmax), without overflow at any temperature."""
+    unnormalised sampling probabilities, at most 1 (the argmax), without overflow at any temperature.
+
+    Computed as ``2 ** ((logits - max) * log2(e) / temperature)``: on the CPU torch's ``exp2`` takes
+    under a third of its ``exp``'s time (0.9 against 3.1 ms over 64 x 151,936 here), and the change
+    of base folds into the multiplication the temperature needs anyway. The subtraction is exact near
+    the maximum, so the weights of the likely tokens carry one rounding in their exponent, as before."""
     logits.sub_(logits.amax(-1, keepdim=True))
-    return (logits if temperature == 1.0 else logits.div_(temperature)).exp_()
+    return logits.mul_(LOG2_E / temperature).exp2_()
 
 
 NUCLEUS_CHUNK = 16_384  # vocabulary columns per pass of nucleus_tokens' masked sums: small temporaries
@@ -204,7 +215,21 @@ def _zero_up_to(weights: torch.Tensor, ceiling: torch.Tensor) -> None:
 DRAW_BLOCK = 256  # vocabulary entries per block of draw_tokens' first search (the fastest of 128-512 here)
 
 
-def draw_tokens(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def block_sums(weights: torch.Tensor) -> torch.Tensor:
+    """Each row of ``weights`` ``[B, V]`` summed by blocks of ``DRAW_BLOCK`` columns (the last one may
+    be shorter), in the weights' dtype: ``[B, ceil(V / DRAW_BLOCK)]``. Their row sums are the rows'
+    totals, and :func:`draw_tokens` searches them first, so a caller that needs both passes over the
+    vocabulary once. A float64 sum would convert every entry first: 40x slower."""
+    rows, vocab = weights.shape
+    if vocab <= DRAW_BLOCK:
+        return weights.sum(-1, keepdim=True)
+    whole = vocab // DRAW_BLOCK * DRAW_BLOCK
+    sums = weights[:, :whole].reshape(rows, -1, DRAW_BLOCK).sum(-1)
+    return sums if whole == vocab else torch.cat([sums, weights[:, whole:].sum(-1, keepdim=True)], -1)
+
+
+def draw_tokens(weights: torch.Tensor, generator: torch.Generator | None = None,
+                sums: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of ``weights`` ``[B, V]`` (non-negative, not necessarily normalised), drawn
     with probability proportional to its weight; returns ``[B]``.
 
@@ -212,21 +237,19 @@ def draw_tokens(weights: torch.Tensor, generator: torch.Generator | None = None)
     cumulative weight exceeds ``u`` times the row's total. A token of weight 0 (cut by top-p) is never
     drawn: its cumulative weight equals the one before it. Cumulative sums are in float64. A
     vocabulary of more than ``DRAW_BLOCK`` entries is searched in two steps, so that no pass over all
-    of it is more than a sum: the block where the target falls (from the blocks' sums), then the
-    token inside that block (from its cumulative weights).
+    of it is more than a sum: the block where the target falls (from the blocks' sums, ``sums``
+    where the caller has them from :func:`block_sums`), then the token inside that block (from its
+    cumulative weights).
 
     Why not ``torch.multinomial(weights, 1)``: for one sample it draws an exponential variate for
     every entry (``argmax(w / q)``, ``q ~ Exp(1)``), one after another on the CPU. At a real model's
     vocabulary that is a large part of a decoding step (``benchmarks/bench_token_draw.py``)."""
-    rows, vocab = weights.shape
+    vocab = weights.shape[-1]
     if vocab <= DRAW_BLOCK:  # one block: its cumulative weights are all the search needs
         cumulative = weights.double().cumsum(-1)
         return torch.searchsorted(cumulative, _targets(cumulative[:, -1:], generator), right=True).squeeze(-1)
-    whole = vocab // DRAW_BLOCK * DRAW_BLOCK
-    # each block summed in the weights' dtype (a float64 sum would convert every entry first: 40x slower)
-    sums = weights[:, :whole].reshape(rows, -1, DRAW_BLOCK).sum(-1)  # [B, blocks]
-    if whole < vocab:
-        sums = torch.cat([sums, weights[:, whole:].sum(-1, keepdim=True)], -1)
+    if sums is None:
+        sums = block_sums(weights)  # [B, blocks]
     ends = F.pad(sums.double().cumsum(-1), (1, 0))  # [B, blocks + 1]: the weight before each block, and the total
     target = _targets(ends[:, -1:], generator)
     chosen = torch.searchsorted(ends[:, 1:].contiguous(), target, right=True)  # [B, 1]: the first block ending past it
