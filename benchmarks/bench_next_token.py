@@ -18,10 +18,11 @@ as the old step's sort defines it, and its log-probabilities' largest difference
 ``nucleus_tokens`` (rejection, what it uses on the CPU) and ``sorted_nucleus_tokens`` (a sort of the
 weights in place of the old step's sort of logits and softmax; what it uses on a GPU).
 
-A third contender, ``exp``, is the new step as it was until commit ce339d8: its weights came from
-torch's ``exp``, and its totals from a pass of their own besides the draw's block sums. Now the
-weights come from ``exp2`` (a third of ``exp``'s time on the CPU) and the totals from the draw's
-block sums; the ``exp / ...`` columns are that change.
+A third contender, ``previous``, is the new step as it was until commit ce339d8: its weights came
+from torch's ``exp``, its totals from a pass of their own besides the draw's block sums, and the
+rejection's check from masked sums by ``torch.where``. Now the weights come from ``exp2`` (a third
+of ``exp``'s time on the CPU), the totals from the draw's block sums, and the check's sums have no
+branches; the ``previous / ...`` columns are those changes.
 
 ``--keep-freed-memory`` makes the process keep the memory it frees, as roll's CPU workers do
 (``runtime.reuse_freed_memory``, :mod:`roll_core.runtime.host_memory`): a new tensor then reuses the
@@ -70,14 +71,26 @@ def step_before(logits: torch.Tensor, temperature: float, top_p: float, generato
     return token, scaled.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
 
 
-def step_exp(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator):
-    """``next_tokens`` as it was until 2026-11-27's evening (commit ce339d8): the weights by ``exp``,
-    and the totals summed in a pass of their own besides the draw's block sums."""
+def weight_above_by_where(weights: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """The nucleus check's masked sums as they were until commit ce339d8: by ``torch.where``."""
+    total = torch.zeros_like(floor)
+    for part in weights.split(sequences.NUCLEUS_CHUNK, -1):
+        total += torch.where(part > floor, part, 0.0).sum(-1, keepdim=True)
+    return total
+
+
+def step_previous(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator):
+    """``next_tokens`` as it was until commit ce339d8 (2026-11-27): the weights by ``exp``, the totals
+    summed in a pass of their own besides the draw's block sums, and the rejection's masked sums by
+    ``torch.where``."""
     logits.sub_(logits.amax(-1, keepdim=True))
     weights = (logits if temperature == 1.0 else logits.div_(temperature)).exp_()
     totals = weights.sum(-1, keepdim=True)
-    token = (sequences.draw_tokens(weights, generator) if top_p >= 1.0
-             else sequences.nucleus_sampler(weights.device)(weights, totals, top_p, generator))
+    if top_p >= 1.0:
+        token = sequences.draw_tokens(weights, generator)
+    else:
+        with patch.object(sequences, "_weight_above", weight_above_by_where):
+            token = sequences.nucleus_sampler(weights.device)(weights, totals, top_p, generator)
     return token, (weights.gather(-1, token[:, None]) / totals).log().squeeze(-1)
 
 
@@ -89,7 +102,7 @@ def step_with(nucleus):
     return step
 
 
-CONTENDERS = {"before": step_before, "exp": step_exp, "rejection": step_with(nucleus_tokens),
+CONTENDERS = {"before": step_before, "previous": step_previous, "rejection": step_with(nucleus_tokens),
               "sort": step_with(sorted_nucleus_tokens)}
 
 
@@ -110,8 +123,8 @@ def main() -> None:
              else f"{torch.get_num_threads()} threads, freed memory {'kept' if kept else 'returned (glibc default)'}")
     temperature = args.temperature
     print(f"{args.rows} rows, temperature {temperature}, median of {args.rounds} rounds, {where}")
-    print(f"{'vocabulary':>10} {'top_p':>5} {'spread':>6} {'before ms':>10} {'exp ms':>7} {'rejection ms':>12} "
-          f"{'sort ms':>8} {'before / rejection':>18} {'before / sort':>13} {'exp / rejection':>15} {'exp / sort':>10} "
+    print(f"{'vocabulary':>10} {'top_p':>5} {'spread':>6} {'before ms':>10} {'previous ms':>11} {'rejection ms':>12} "
+          f"{'sort ms':>8} {'before / rejection':>18} {'before / sort':>13} {'previous / rejection':>20} {'previous / sort':>15} "
           f"{'nucleus':>8}  all in nucleus  largest log-prob difference")
     for vocab, top_p, spread in itertools.product(args.vocab, args.top_p, args.spread):
         logits = (torch.randn(args.rows, vocab, generator=torch.Generator().manual_seed(vocab)) * spread).to(device)
@@ -126,13 +139,14 @@ def main() -> None:
                 elapsed, (token, logp) = timed(lambda: step(own, temperature, top_p, generators[name]))
                 if round_:
                     times[name].append(elapsed)
-                if name not in ("before", "exp"):
+                if name not in ("before", "previous"):
                     inside &= bool(allowed.gather(-1, token[:, None]).all())
                     expected = reference.gather(-1, token[:, None]).squeeze(-1)
                     difference = max(difference, float((logp - expected).abs().max()))
-        before, exp, rejection, sort = (statistics.median(times[name]) * 1000 for name in CONTENDERS)
-        print(f"{vocab:>10} {top_p:>5} {spread:>6} {before:>10.2f} {exp:>7.2f} {rejection:>12.2f} {sort:>8.2f} "
-              f"{before / rejection:>17.1f}x {before / sort:>12.1f}x {exp / rejection:>14.2f}x {exp / sort:>9.2f}x "
+        before, previous, rejection, sort = (statistics.median(times[name]) * 1000 for name in CONTENDERS)
+        print(f"{vocab:>10} {top_p:>5} {spread:>6} {before:>10.2f} {previous:>11.2f} {rejection:>12.2f} {sort:>8.2f} "
+              f"{before / rejection:>17.1f}x {before / sort:>12.1f}x {previous / rejection:>19.2f}x "
+              f"{previous / sort:>14.2f}x "
               f"{float(allowed.sum(-1).float().mean()):>8.0f}  {str(inside):>14}  {difference:.1e}")
 
 
