@@ -1,7 +1,9 @@
-"""The built-in ``hf`` strategies' own state: a full-weight checkpoint resumes the policy bit for
-bit (weights, AdamW's moments, the sampling generator) and exports a plain safetensors model; the
-value model reads V(s_t) from its one-label head at the position before each response token and
-resumes from its checkpoint with its head.
+"""The built-in ``hf`` strategies' own state and passes: a full-weight checkpoint resumes the policy
+bit for bit (weights, AdamW's moments, the sampling generator) and exports a plain safetensors
+model; the value model reads V(s_t) from its one-label head at the position before each response
+token and resumes from its checkpoint with its head; a mini-batch's passes are sized by tokens where
+the role says so and carry the batch's text columns; each optimizer phase has its own settings; the
+log-distribution holds the token log-probs.
 
 The pipelines' kill-and-resume tests cover the same paths end to end in minutes; these take seconds,
 so mutation testing (``[tool.mutmut]``) runs them for every mutant of ``strategies/hf.py``."""
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from roll_core.config import load_config
-from roll_core.config.schema import CriticRoleConfig
+from roll_core.config.schema import CriticRoleConfig, TrainRoleConfig
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_core.strategies.models import full_sequence
 from roll_core.strategies.sequences import position_ids_from_mask
@@ -79,3 +81,68 @@ def test_the_value_model_resumes_with_its_head_and_optimizer(tiny_model_path, tm
     saved, loaded = critic.optimizers["default"].state_dict(), resumed.optimizers["default"].state_dict()
     for key, state in saved["state"].items():
         torch.testing.assert_close(loaded["state"][key]["exp_avg"], state["exp_avg"], atol=0, rtol=0)
+
+
+class _MicroBatchRecorder:
+    """A loss over the policy's log-probs that records the samples and text columns of each micro-batch."""
+
+    outputs = frozenset({"log_probs"})
+    temperature = 1.0
+    additive = frozenset()
+
+    def __init__(self):
+        self.micros = []
+
+    def __call__(self, out, micro, tokens, seqs):
+        self.micros.append((len(micro), dict(micro.non_tensors)))
+        return (out["log_probs"] * micro["response_mask"]).sum() / tokens, {}
+
+
+def test_forward_backward_sizes_micro_batches_by_tokens_and_keeps_their_text_columns(tiny_model_path):
+    """``max_tokens_per_micro_batch`` reaches the strategy's passes: 8 samples of 5-9 tokens, at most
+    20 tokens a pass, take 4 passes where a size of 8 alone takes one. Each pass keeps its samples' rows
+    of the batch's non-tensor columns (a loss may read them)."""
+    batch = training_batch(vocab=90)
+    batch.non_tensors["domain"] = [f"d{i}" for i in range(len(batch))]
+    tokens = batch.sample_tokens().tolist()
+    assert max(tokens) <= 9 and sum(tokens) > 60
+    runs = {}
+    for max_tokens in (None, 20):
+        trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(max_tokens_per_micro_batch=max_tokens), seed=0)
+        recorder = _MicroBatchRecorder()
+        trainer.forward_backward(batch, recorder, micro_batch_size=8, denominators=(float(sum(tokens)), 8.0))
+        runs[max_tokens] = recorder.micros
+    assert [n for n, _ in runs[None]] == [8]
+    assert len(runs[20]) == 4 and sum(n for n, _ in runs[20]) == 8
+    assert [d for _, cols in runs[20] for d in cols["domain"]] == [f"d{i}" for i in range(8)]
+
+
+def test_a_named_optimizer_starts_at_its_phase_s_lr_or_the_role_s_and_an_lr_given_applies(tiny_model_path):
+    """The role's optimizer has the role's lr and weight decay; a phase's optimizer (created on first
+    use) a new AdamW's settings with the phase's lr, or the role's where the phase gives none, as the
+    other backends make theirs. (The role's values differ from AdamW's defaults, 1e-3 and 0.01.)"""
+    trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(lr=3e-3, weight_decay=0.05), seed=0)
+    def settings(name):
+        return [(group["lr"], group["weight_decay"]) for group in trainer.optimizers[name].param_groups]
+    trainer.optimizer_step("warmup")  # a new phase without an lr of its own: the role's
+    trainer.optimizer_step("phase", lr=5e-4)
+    assert settings("default") == [(3e-3, 0.05)]
+    assert settings("warmup") == [(3e-3, 0.01)] and settings("phase") == [(5e-4, 0.01)]
+    trainer.optimizer_step("default", lr=2e-4)  # an lr given to an existing optimizer replaces its own
+    trainer.optimizer_step("phase", lr=1e-4)
+    assert settings("default") == [(2e-4, 0.05)] and settings("phase") == [(1e-4, 0.01)]
+    assert settings("warmup") == [(3e-3, 0.01)]
+
+
+def test_the_log_distribution_holds_the_token_log_probs_and_sums_to_one_inside_the_response(tiny_model_path):
+    batch = training_batch(vocab=90)
+    trainer = HFTrainStrategy(str(tiny_model_path), TrainRoleConfig(), seed=0)
+    trainer.model.eval()
+    dist = trainer.compute_log_probs(batch, 0.7, distribution=True)
+    tokens = trainer.compute_log_probs(batch, 0.7)
+    mask = batch["response_mask"].bool()
+    assert dist.shape == (*batch["responses"].shape, trainer.model.config.vocab_size)
+    torch.testing.assert_close(dist.gather(-1, batch["responses"][..., None]).squeeze(-1), tokens)
+    torch.testing.assert_close(dist.exp().sum(-1)[mask], torch.ones(int(mask.sum())))
+    assert not dist[~mask].any()
+
