@@ -145,4 +145,3 @@ def test_the_log_distribution_holds_the_token_log_probs_and_sums_to_one_inside_t
     torch.testing.assert_close(dist.gather(-1, batch["responses"][..., None]).squeeze(-1), tokens)
     torch.testing.assert_close(dist.exp().sum(-1)[mask], torch.ones(int(mask.sum())))
     assert not dist[~mask].any()
-
