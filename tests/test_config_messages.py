@@ -253,7 +253,7 @@ def test_strategy_options_are_checked_against_the_strategy_and_missing_plugins_a
     roll_plugins(entry_points=False)  # the built-in plugins only, as where no plugin package is installed
     assert error(None, ["roles.actor_infer.strategy_options={x: 1}"]) == (
         "config error in the default config: key 'roles.actor_infer.strategy_options' for infer strategy 'hf': unknown option "
-        "'x'. Valid options: precision")
+        "'x'. Valid options: precision, cuda_graphs")
     assert "unknown option 'precison'. Did you mean 'precision'?" in error(
         None, ["roles.critic={strategy_options: {precison: bf16}}"])
     message = error(None, ["roles.actor_train.strategy=megatron"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -97,3 +98,69 @@ def test_next_tokens_on_cuda_draw_from_the_nucleus_in_proportion_with_log_softma
         assert not outside.gather(-1, token[:, None]).any()
         expected = (logits / 0.7).log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
         torch.testing.assert_close(logp, expected, atol=2e-5, rtol=1e-5)
+
+
+def _scaled_model(tiny_model_path):
+    """The tiny model on CUDA with larger random weights, so each prompt decodes its own tokens."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval().cuda()
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        for weight in (p for p in model.parameters() if p.dim() == 2):
+            weight.copy_(torch.randn(weight.shape, generator=g) * 0.3)
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    enc = tok(["1+2=", "33+44=", "5=", "12+7="] * 4, return_tensors="pt", padding=True, add_special_tokens=False)
+    return model, tok, enc["input_ids"].cuda(), enc["attention_mask"].cuda()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_decoding_steps_replayed_from_a_cuda_graph_decode_what_the_eager_sampler_does(tiny_model_path, precision,
+                                                                                      monkeypatch):
+    from roll_core.strategies import cuda_graph
+    from roll_core.strategies.precision import autocast
+    from roll_core.strategies.sequences import response_log_probs, sample_responses
+
+    model, tok, ids, mask = _scaled_model(tiny_model_path)
+    captures, replays = [], []
+    capture, replay = cuda_graph.Replay._capture, torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(cuda_graph.Replay, "_capture", lambda self: captures.append(1) or capture(self))
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: replays.append(1) or replay(self))
+    with torch.no_grad(), autocast(torch.device("cuda"), precision):
+        alone = sample_responses(model, ids, mask, max_new_tokens=8, eos_token_id=-1, pad_token_id=tok.pad_token_id,
+                                 temperature=0)[0].tolist()
+        # an end id that the prompts reach at different steps, so rows finish while others decode
+        end = max({t for row in alone for t in row}, key=lambda t: len({row.index(t) if t in row else 8 for row in alone}))
+        eager = sample_responses(model, ids, mask, max_new_tokens=8, eos_token_id=end, pad_token_id=tok.pad_token_id,
+                                 temperature=0)
+        graphed = cuda_graph.sample_responses(model, ids, mask, max_new_tokens=8, eos_token_id=end,
+                                              pad_token_id=tok.pad_token_id, temperature=0)
+    assert len(set(map(tuple, alone))) > 1 and len(captures) == 1 and len(replays) == graphed[0].shape[1] - 2
+    assert graphed[0].tolist() == eager[0].tolist() and graphed[1].tolist() == eager[1].tolist()
+    torch.testing.assert_close(graphed[2], eager[2], atol=5e-2 if precision == "bf16" else 1e-5, rtol=0)
+    # sampled: each token's log-prob is a fresh forward pass's (fp32 only: bf16's passes differ by shape)
+    if precision == "fp32":
+        with torch.no_grad():
+            resp, rmask, logp = cuda_graph.sample_responses(model, ids, mask, max_new_tokens=8, eos_token_id=end,
+                                                            pad_token_id=tok.pad_token_id, temperature=0.7,
+                                                            generator=torch.Generator("cuda").manual_seed(0))
+            recomputed = response_log_probs(model, torch.cat([ids, resp], 1), torch.cat([mask, rmask], 1),
+                                            resp.shape[1], temperature=0.7)
+        torch.testing.assert_close(recomputed * rmask, logp, atol=1e-4, rtol=1e-4)
+
+
+def test_the_hf_engine_on_cuda_decodes_with_graphs_and_its_log_probs_are_the_trainers(tiny_model_path, monkeypatch):
+    from roll_core.strategies import cuda_graph
+    from roll_core.strategies.hf import HFInferStrategy
+    from roll_core.testing import assert_engine_cuts_before_log_probs
+
+    captures = []
+    capture = cuda_graph.Replay._capture
+    monkeypatch.setattr(cuda_graph.Replay, "_capture", lambda self: captures.append(1) or capture(self))
+    cfg = load_config(None)
+    engine = HFInferStrategy(str(tiny_model_path), cfg.roles.actor_infer, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a failed capture warns and turns the graphs off
+        assert_engine_cuts_before_log_probs(engine, HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train,
+                                                                    seed=0), atol=1e-4)
+    assert engine.cuda_graphs and len(captures) == 4  # one per generate call

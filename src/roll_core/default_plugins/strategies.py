@@ -5,6 +5,7 @@ from roll_core.hookspecs import hookimpl
 
 
 _OPTIONS = "roll_core.strategies.precision:TorchOptions"  # strategy_options.precision: fp32 | bf16
+_INFER_OPTIONS = "roll_core.strategies.cuda_graph:InferOptions"  # those and strategy_options.cuda_graphs
 
 
 @hookimpl
@@ -12,7 +13,8 @@ def roll_register_strategies(register):
     register("hf", "roll_core.strategies.hf:HFTrainStrategy", kind="train", lora=True, packed_sequences=True,
              compiles=True, options=_OPTIONS,
              description="transformers + torch, AdamW (full or LoRA adapters), one process, fp32 or bf16 autocast")
-    register("hf", "roll_core.strategies.hf:HFInferStrategy", kind="infer", packed_sequences=True, options=_OPTIONS,
+    register("hf", "roll_core.strategies.hf:HFInferStrategy", kind="infer", packed_sequences=True,
+             options=_INFER_OPTIONS,
              description="transformers + torch, KV-cached sampling, fp32 or bf16 autocast")
     register("hf", "roll_core.strategies.hf:HFCriticStrategy", kind="critic", packed_sequences=True,
              compiles=True, options=_OPTIONS,

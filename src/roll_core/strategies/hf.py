@@ -12,6 +12,7 @@ update loop is the core's (:mod:`roll_core.training`) and the losses are passed 
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
@@ -19,7 +20,7 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, rank_world, sum_gradients
-from roll_core.strategies import cpu_matmul, float32_attention, lora, precision
+from roll_core.strategies import cpu_matmul, cuda_graph, float32_attention, lora, precision
 from roll_core.strategies.compiled import compile_layers
 from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
 from roll_core.strategies.packing import packed_forward, packed_inputs
@@ -110,7 +111,15 @@ class _Sampling(TorchOffloading, precision.Autocasting):
 
 
 class HFInferStrategy(_Sampling, InferStrategy):
-    """Generation with a KV-cached sampling loop; log-probs with one forward pass."""
+    """Generation with a KV-cached sampling loop (its steps replayed from CUDA graphs on a GPU:
+    :mod:`roll_core.strategies.cuda_graph`); log-probs with one forward pass."""
+
+    def __init__(self, model_path: str, role_config, seed: int):
+        super().__init__(model_path, role_config, seed)
+        self.cuda_graphs = cuda_graph.options(role_config).cuda_graphs  # off for good once a capture fails
+
+    def autocast_precision(self, role_config) -> str:
+        return cuda_graph.options(role_config).precision
 
     @functools.cached_property
     def end_ids(self) -> list[int]:
@@ -124,21 +133,26 @@ class HFInferStrategy(_Sampling, InferStrategy):
                  top_k: int = 0) -> Batch:
         self.model.eval()
         cfg, generation = self.model.config, getattr(self.model, "generation_config", None)
+        prompts = (self._to(batch["prompt_ids"]), self._to(batch["prompt_mask"]))
+        sampling: dict[str, Any] = dict(
+            max_new_tokens=max_new_tokens, eos_token_id=self.end_ids, pad_token_id=padding_id(cfg, generation),
+            temperature=temperature, top_p=top_p, top_k=top_k, generator=self.generator, should_stop=request_cancelled)
         with precision.autocast(self.device, self.precision):  # sampling itself is on float32 logits
-            responses, mask, logp = sample_responses(
-                self.model,
-                self._to(batch["prompt_ids"]),
-                self._to(batch["prompt_mask"]),
-                max_new_tokens=max_new_tokens,
-                eos_token_id=self.end_ids,
-                pad_token_id=padding_id(cfg, generation),
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
-                generator=self.generator,
-                should_stop=request_cancelled,
-            )
+            out = self._graphed(prompts, sampling)
+            responses, mask, logp = out if out is not None else sample_responses(self.model, *prompts, **sampling)
         return batch.update(responses=responses.cpu(), response_mask=mask.cpu(), infer_log_probs=logp.cpu())
+
+    def _graphed(self, prompts: tuple[torch.Tensor, torch.Tensor], sampling: dict):
+        """The responses sampled with CUDA graphs where they apply, else None (the caller decodes
+        eagerly); a model whose step cannot be captured is warned about once and decodes eagerly after."""
+        if not (self.cuda_graphs and cuda_graph.supported(self.model, self.device)):
+            return None
+        try:
+            return cuda_graph.sample_responses(self.model, *prompts, **sampling)
+        except cuda_graph.CaptureFailed as error:
+            self.cuda_graphs = False
+            warnings.warn(f"{error}; this engine decodes without CUDA graphs from now on", RuntimeWarning, stacklevel=3)
+            return None
 
     @torch.no_grad()
     def load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
