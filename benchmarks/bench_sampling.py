@@ -4,7 +4,10 @@ Why it matters: rollout is a large part of RL wall-clock. The hf strategy uses i
 RNG, returns sampled log-probs); this checks it is not slower than the library's `generate`, which
 returns neither the log-probs by default nor draws from a per-worker generator. A third contender
 is roll's loop with transformers' default cache, which concatenates at every step, against the
-cache that writes in place (`roll_core.strategies.kv_cache`).
+cache that writes in place (`roll_core.strategies.kv_cache`). A fourth is roll's loop as the hf
+engine runs it on a GPU: each decoding step replayed from a CUDA graph over a fixed batch
+(`roll_core.strategies.cuda_graph`); on the CPU the same fixed batch decodes eagerly, which is why
+the engine does not use it there.
 
 EOS is suppressed so every row generates exactly ``--new-tokens`` tokens (equal work on all sides).
 Prompts come in groups of 8 copies, as GRPO samples them. The contenders alternate for
@@ -39,6 +42,7 @@ from unittest.mock import patch
 import torch
 
 import roll_core.strategies.sequences as sequences
+from roll_core.strategies import cuda_graph
 from roll_core.strategies.kv_cache import GrowingLayer
 import bench_next_token
 from bench_packed_attention import timed
@@ -112,6 +116,12 @@ def main():
     def roll_concat():
         roll_loop(cache=lambda past, new, dtype=None: past)  # transformers' own DynamicCache, as it comes
 
+    def roll_graphs():  # captured on a GPU; on the CPU the fixed batch runs eagerly
+        _, response_mask, _ = cuda_graph.sample_responses(
+            model, ids, mask, max_new_tokens=new_tokens, eos_token_id=eos, pad_token_id=tok.pad_token_id,
+            temperature=1.0, top_p=args.top_p, generator=torch.Generator(device).manual_seed(0))
+        tokens.append(int(response_mask.sum()))
+
     def hf_generate():
         with torch.no_grad():
             model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
@@ -121,8 +131,9 @@ def main():
     if args.finish:
         contenders = {"roll, rows moved in place": roll_loop, "roll, kept rows copied": roll_copying}
     else:
+        graphs = "roll, CUDA graphs" if device.type == "cuda" else "roll, fixed batch (eager)"
         contenders = {"roll, in-place cache": roll_loop, "roll, decoding step before": roll_step_before,
-                      "roll, concatenating cache": roll_concat, "transformers generate": hf_generate}
+                      "roll, concatenating cache": roll_concat, graphs: roll_graphs, "transformers generate": hf_generate}
     times = {name: [] for name in contenders}
     for fn in contenders.values():
         fn()  # warm-up

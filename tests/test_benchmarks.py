@@ -19,7 +19,7 @@ def _bench(script: str, *args: str) -> list[str]:
     return out.stdout.splitlines()
 
 
-@pytest.mark.parametrize("mode, contenders", [([], 4), (["--vocab", "300", "--top-p", "0.9"], 4), (["--finish"], 2)],
+@pytest.mark.parametrize("mode, contenders", [([], 5), (["--vocab", "300", "--top-p", "0.9"], 5), (["--finish"], 2)],
                          ids=["equal-work", "vocabulary-and-top-p", "finish"])
 def test_bench_sampling_runs_and_compares_its_contenders(mode, contenders):
     lines = _bench("bench_sampling.py", "--batch", "16", "--new-tokens", "4", "--repeats", "1", *mode)
