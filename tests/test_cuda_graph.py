@@ -184,3 +184,21 @@ def test_cuda_graphs_is_an_option_of_the_inference_role_alone():
         load_and_check(None, ["roles.actor_train.strategy_options.cuda_graphs=false"])
     with pytest.raises(ConfigError, match="unknown option 'cuda_graph'. Did you mean 'cuda_graphs'?"):
         load_and_check(None, ["roles.actor_infer.strategy_options.cuda_graph=false"])
+
+
+def test_a_subclass_with_options_of_its_own_says_whether_it_wants_graphs(tiny_model_path, monkeypatch):
+    import roll_core.strategies.hf as hf
+    from roll_core.config.schema import InferRoleConfig
+
+    class OwnOptions(hf.HFInferStrategy):  # as a plugin that registers an options model of its own
+        def autocast_precision(self, role_config) -> str:
+            return "fp32"
+
+        def graphs_wanted(self, role_config) -> bool:
+            return role_config.strategy_options["engine_graphs"] == "on"
+
+    monkeypatch.setattr(hf, "default_device", lambda: torch.device("cpu"))
+    role = InferRoleConfig(strategy_options={"engine_graphs": "off"})
+    assert not OwnOptions(str(tiny_model_path), role, seed=0).cuda_graphs
+    with pytest.raises(ValueError, match="engine_graphs"):  # the hf strategy's own options refuse the key
+        hf.HFInferStrategy(str(tiny_model_path), role, seed=0)

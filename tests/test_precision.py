@@ -94,7 +94,7 @@ def test_precision_is_checked_before_anything_starts():
         load_and_check(None, ["roles.actor_infer.strategy_options.precison=bf16"])
     cfg = load_and_check(None, ["roles.actor_train.strategy_options.precision=bf16"])
     assert cfg.roles.actor_train.strategy_options == {"precision": "bf16"}
-    assert cfg.roles.actor_infer.strategy_options == {"precision": "fp32"}
+    assert cfg.roles.actor_infer.strategy_options == {"precision": "fp32", "cuda_graphs": True}
 
 
 def test_a_run_with_bf16_roles_reaches_the_workers_and_stays_near_fp32(tiny_config, tmp_path):

@@ -15,7 +15,7 @@ def roll_register_strategies(register):
              description="transformers + torch, AdamW (full or LoRA adapters), one process, fp32 or bf16 autocast")
     register("hf", "roll_core.strategies.hf:HFInferStrategy", kind="infer", packed_sequences=True,
              options=_INFER_OPTIONS,
-             description="transformers + torch, KV-cached sampling, fp32 or bf16 autocast")
+             description="transformers + torch, KV-cached sampling (CUDA graphs on a GPU), fp32 or bf16 autocast")
     register("hf", "roll_core.strategies.hf:HFCriticStrategy", kind="critic", packed_sequences=True,
              compiles=True, options=_OPTIONS,
              description="transformers token-classification head (one value per token), AdamW")

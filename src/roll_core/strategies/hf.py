@@ -116,10 +116,15 @@ class HFInferStrategy(_Sampling, InferStrategy):
 
     def __init__(self, model_path: str, role_config, seed: int):
         super().__init__(model_path, role_config, seed)
-        self.cuda_graphs = cuda_graph.options(role_config).cuda_graphs  # off for good once a capture fails
+        self.cuda_graphs = self.graphs_wanted(role_config)  # off for good once a capture fails
 
     def autocast_precision(self, role_config) -> str:
         return cuda_graph.options(role_config).precision
+
+    def graphs_wanted(self, role_config) -> bool:
+        """``strategy_options.cuda_graphs``; a subclass that registers options of its own overrides
+        this, as it does :meth:`autocast_precision`."""
+        return cuda_graph.options(role_config).cuda_graphs
 
     @functools.cached_property
     def end_ids(self) -> list[int]:
