@@ -104,6 +104,11 @@ def test_a_fixed_layer_writes_the_position_it_is_pointed_at_and_attends_over_all
     k, _ = layer.update(new_v, new_v, 0)
     torch.testing.assert_close(k[:, :, 5:6], new_v)
     assert (k[:, :, 4] == 0).all()  # never written: the mask keeps it out
+    # under autocast a step's keys and values can come in another dtype than the prefill's: cast as written
+    at.fill_(4)
+    k, v = layer.update(new_k.bfloat16(), new_v.bfloat16(), 0)
+    assert k.dtype == v.dtype == torch.float32
+    torch.testing.assert_close(v[:, :, 4:5], new_v.bfloat16().float())
 
 
 def test_a_cache_with_a_layer_of_another_kind_is_left_to_the_eager_sampler():
@@ -120,6 +125,8 @@ def test_graphs_are_tried_on_cuda_with_sdpa_attention_only(tiny_model_path):
     assert cuda_graph.supported(model, torch.device("cuda")) and not cuda_graph.supported(model, torch.device("cpu"))
     model.config._attn_implementation = "eager"  # adds its mask: a boolean one would be added as 0 and 1
     assert not cuda_graph.supported(model, torch.device("cuda"))
+    assert not cuda_graph.supported(torch.nn.Linear(2, 2), torch.device("cuda"))  # no config: not a transformers model
+    assert cuda_graph.options(object()).cuda_graphs  # a role config without options takes the defaults
 
 
 def _engine(tiny_model_path, monkeypatch, *overrides):
