@@ -133,7 +133,8 @@ def main():
     else:
         graphs = "roll, CUDA graphs" if device.type == "cuda" else "roll, fixed batch (eager)"
         contenders = {"roll, in-place cache": roll_loop, "roll, decoding step before": roll_step_before,
-                      "roll, concatenating cache": roll_concat, graphs: roll_graphs, "transformers generate": hf_generate}
+                      "roll, concatenating cache": roll_concat, graphs: roll_graphs,
+                      "transformers generate": hf_generate}
     times = {name: [] for name in contenders}
     for fn in contenders.values():
         fn()  # warm-up

@@ -130,7 +130,8 @@ def test_decoding_steps_replayed_from_a_cuda_graph_decode_what_the_eager_sampler
         alone = sample_responses(model, ids, mask, max_new_tokens=8, eos_token_id=-1, pad_token_id=tok.pad_token_id,
                                  temperature=0)[0].tolist()
         # an end id that the prompts reach at different steps, so rows finish while others decode
-        end = max({t for row in alone for t in row}, key=lambda t: len({row.index(t) if t in row else 8 for row in alone}))
+        end = max({t for row in alone for t in row},
+                  key=lambda t: len({row.index(t) if t in row else 8 for row in alone}))
         eager = sample_responses(model, ids, mask, max_new_tokens=8, eos_token_id=end, pad_token_id=tok.pad_token_id,
                                  temperature=0)
         graphed = cuda_graph.sample_responses(model, ids, mask, max_new_tokens=8, eos_token_id=end,

@@ -138,10 +138,11 @@ def _engine(tiny_model_path, monkeypatch, *overrides):
     return hf.HFInferStrategy(str(tiny_model_path), cfg.roles.actor_infer, seed=0)
 
 
-def _prompts(engine):
+def _prompts():
     from roll_core.data import Batch
 
-    return Batch({"prompt_ids": torch.tensor([[0, 5, 6], [7, 8, 9]]), "prompt_mask": torch.tensor([[0, 1, 1], [1, 1, 1]])})
+    return Batch({"prompt_ids": torch.tensor([[0, 5, 6], [7, 8, 9]]),
+                  "prompt_mask": torch.tensor([[0, 1, 1], [1, 1, 1]])})
 
 
 def test_the_hf_engine_decodes_over_the_fixed_batch_where_graphs_apply_and_as_before_elsewhere(tiny_model_path,
@@ -151,15 +152,15 @@ def test_the_hf_engine_decodes_over_the_fixed_batch_where_graphs_apply_and_as_be
     monkeypatch.setattr(cuda_graph, "sample_responses", lambda *a, **k: calls.append(k) or original(*a, **k))
     engine = _engine(tiny_model_path, monkeypatch)
     assert engine.cuda_graphs  # on by default
-    engine.generate(_prompts(engine), max_new_tokens=3, temperature=1.0, top_p=1.0)
+    engine.generate(_prompts(), max_new_tokens=3, temperature=1.0, top_p=1.0)
     assert calls == []  # the CPU decodes eagerly
     monkeypatch.setattr(cuda_graph, "supported", lambda model, device: True)
-    out = engine.generate(_prompts(engine), max_new_tokens=3, temperature=1.0, top_p=0.9, top_k=5)
+    out = engine.generate(_prompts(), max_new_tokens=3, temperature=1.0, top_p=0.9, top_k=5)
     assert len(calls) == 1 and calls[0]["top_p"] == 0.9 and calls[0]["top_k"] == 5
     assert calls[0]["eos_token_id"] == engine.end_ids and calls[0]["generator"] is engine.generator
     assert out["responses"].shape == out["infer_log_probs"].shape == (2, 3)
     off = _engine(tiny_model_path, monkeypatch, "roles.actor_infer.strategy_options.cuda_graphs=false")
-    off.generate(_prompts(off), max_new_tokens=3, temperature=1.0, top_p=1.0)
+    off.generate(_prompts(), max_new_tokens=3, temperature=1.0, top_p=1.0)
     assert not off.cuda_graphs and len(calls) == 1
 
 
@@ -174,11 +175,11 @@ def test_a_step_that_cannot_be_captured_is_warned_about_once_and_decoded_eagerly
     monkeypatch.setattr(cuda_graph, "sample_responses", refuse)
     engine = _engine(tiny_model_path, monkeypatch)
     with pytest.warns(RuntimeWarning, match="could not be captured.*decodes without CUDA graphs from now on"):
-        out = engine.generate(_prompts(engine), max_new_tokens=3, temperature=1.0, top_p=1.0)
+        out = engine.generate(_prompts(), max_new_tokens=3, temperature=1.0, top_p=1.0)
     assert out["responses"].shape == (2, 3) and not engine.cuda_graphs
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        engine.generate(_prompts(engine), max_new_tokens=3, temperature=1.0, top_p=1.0)
+        engine.generate(_prompts(), max_new_tokens=3, temperature=1.0, top_p=1.0)
     assert len(tries) == 1
 
 

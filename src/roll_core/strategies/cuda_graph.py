@@ -62,9 +62,9 @@ class CaptureFailed(RuntimeError):
 
 class FixedLayer(DynamicLayer):
     """A cache layer with room for every position of a generation ``[B, H, total, D]``, the prompt's
-    first, in the prompt's dtypes. :meth:`update` writes the positions from ``at`` (a ``[1]`` long tensor on the device, which
-    the sampler advances between steps) and returns the whole buffers: the mask hides what is not
-    written yet."""
+    first, in the prompt's dtypes. :meth:`update` writes the positions from ``at`` (a ``[1]`` long
+    tensor on the device, which the sampler advances between steps) and returns the whole buffers:
+    the mask hides what is not written yet."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, total: int, at: torch.Tensor):
         super().__init__()
