@@ -35,6 +35,17 @@ def test_bench_sampling_replays_the_quickstart_s_generate_call_against_the_sampl
     assert any("RL step 1: 256 rows" in line for line in lines)
 
 
+def test_profile_generate_times_its_contenders_and_profiles_roll_s_call():
+    """The GPU's generate profile runs on any device (on a CPU without the graph contenders)."""
+    lines = _bench("profile_generate.py", "--new-tokens", "3", "--rounds", "1")
+    rounds = [line for line in lines if line.startswith("round 0:")]
+    cells = rounds[0].removeprefix("round 0: ").split("  ")
+    names = [" ".join(c.split()[:2]) for c in cells]
+    assert names == ["roll fp32", "roll bf16", "hf.generate fp32", "hf.generate bf16"], lines
+    assert any(line.startswith("  #model_forward") and " count      3 " in line for line in lines), lines
+    assert any(line.startswith("  #next_tokens") and " count      3 " in line for line in lines), lines
+
+
 def test_bench_next_token_checks_every_draw_against_the_sorted_nucleus():
     lines = _bench("bench_next_token.py", "--rows", "8", "--vocab", "500", "--top-p", "1.0", "0.5", "--spread", "3",
                    "--rounds", "1")
