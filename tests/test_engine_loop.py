@@ -196,3 +196,45 @@ def test_run_alone_drains_the_engine_changes_it_runs_alone_and_undoes_the_change
         loop.run_alone(["bad"], [1], change("scale"), change("unscale"))
     assert engine.log == ["scale with [] running", "unscale with [] running"]
     assert loop.run(["after"], [1])[0].finished  # and the engine takes everyone's requests again
+
+
+def test_a_call_cancelled_while_its_requests_are_held_never_reaches_the_engine(loop, engine):
+    loop.pause()
+    outs = loop.run(["held", "also held"], [1, 1], cancelled=lambda: True)
+    assert outs == [None, None]
+    loop.resume()
+    assert loop.run(["after"], [1])[0].finished
+    assert engine.log == ["add after"] and engine.aborted == []  # dropped from the queue, not aborted in the engine
+
+
+def test_only_a_finished_output_completes_a_request(loop, engine):
+    step = engine.step
+
+    def step_with_partial_outputs():  # as vLLM's engine reports tokens so far, finished or not
+        partial = [SimpleNamespace(request_id=rid, finished=False, value="so far") for rid in engine.left]
+        return partial + step()
+    engine.step = step_with_partial_outputs
+    out = loop.run(["a"], [3])[0]
+    assert out.finished and out.value != "so far"
+
+
+def test_a_call_on_the_loop_thread_that_raises_fails_its_caller_and_the_loop_goes_on(loop):
+    with pytest.raises(ZeroDivisionError):
+        loop.call(lambda: 1 / 0)
+    assert loop.run(["a"], [1])[0].finished
+
+
+def test_run_alone_waits_for_a_pause_to_end_and_a_cancelled_one_is_aborted_and_undone(loop, engine):
+    loop.pause()
+    alone, result = in_thread(lambda: loop.run_alone(["x"], [1], lambda: engine.log.append("scale"),
+                                                     lambda: engine.log.append("unscale")))
+    time.sleep(0.1)
+    assert alone.is_alive() and engine.log == []  # nothing runs alone during a pause
+    loop.resume()
+    alone.join(5)
+    assert engine.log == ["scale", "add x", "unscale"] and result["value"][0].finished
+    engine.log.clear()
+    polls = iter([False, False, True])
+    outs = loop.run_alone(["long"], [10_000], lambda: engine.log.append("scale"),
+                          lambda: engine.log.append("unscale"), cancelled=lambda: next(polls, True))
+    assert outs == [None] and len(engine.aborted) == 1 and engine.log == ["scale", "add long", "unscale"]
