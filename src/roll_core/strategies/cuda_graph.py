@@ -167,12 +167,13 @@ def sample_responses(
     batch, width = prompt_ids.shape
     device = prompt_ids.device
     capture = device.type == "cuda" if capture is None else capture
-    past, logits = prefill(model, prompt_ids, prompt_mask, max_new_tokens)
+    # no room to grow: the fixed layers copy the prompt's cache into buffers of their own
+    past, logits = prefill(model, prompt_ids, prompt_mask)
     at = torch.zeros(1, dtype=torch.long, device=device)  # the cache position a step writes
-    # the last token is never fed back, so its position needs no room
-    if fixed_cache(past, width + max_new_tokens - 1, at) is None:
+    total = width + max_new_tokens - 1  # the last token is never fed back, so its position needs no room
+    if fixed_cache(past, total, at) is None:
         return None
-    attend = torch.zeros(batch, 1, 1, width + max_new_tokens - 1, dtype=torch.bool, device=device)
+    attend = torch.zeros(batch, 1, 1, total, dtype=torch.bool, device=device)
     attend[:, 0, 0, :width] = prompt_mask.bool()
     first_position = prompt_mask.long().sum(-1, keepdim=True)  # left padding: a row's first new position
     ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
