@@ -32,6 +32,7 @@ from roll_core.data import Batch
 from roll_core.pipelines.runtime import load_tokenizer
 from roll_core.strategies import sequences
 from roll_core.strategies.hf import HFInferStrategy
+from roll_core.strategies.models import default_device
 
 COUNTED = ("#model_forward", "#next_tokens", "cudaLaunchKernel", "cudaStreamSynchronize", "cudaMemcpyAsync",
            "aten::item", "aten::copy_")
@@ -62,10 +63,11 @@ def main() -> None:
         options = {"precision": precision, "cuda_graphs": graphs}
         return HFInferStrategy(path, InferRoleConfig(strategy_options=options), seed=0)
 
-    engines = {(p, g): engine(p, g) for p in ("fp32", "bf16") for g in (False, True)}
-    model = engines["fp32", False].model
-    device = engines["fp32", False].device
+    device = default_device()  # where the engines put their models
     on_gpu = device.type == "cuda"
+    # on the CPU the engine decodes eagerly whatever the option says: no graph engines to build
+    engines = {(p, g): engine(p, g) for p in ("fp32", "bf16") for g in ((False, True) if on_gpu else (False,))}
+    model = engines["fp32", False].model
 
     def roll(precision: str, graphs: bool) -> int:
         out = engines[precision, graphs].generate(Batch(dict(prompts)), max_new_tokens=args.new_tokens,
@@ -81,7 +83,7 @@ def main() -> None:
         return int((out[:, ids.shape[1]:] != tokenizer.pad_token_id).sum())
 
     contenders = {f"roll {p}": functools.partial(roll, p, False) for p in ("fp32", "bf16")}
-    if on_gpu:  # on the CPU the engine decodes eagerly whatever the option says
+    if on_gpu:
         contenders |= {f"roll {p} graphs": functools.partial(roll, p, True) for p in ("fp32", "bf16")}
     contenders |= {f"hf.generate {p}": functools.partial(hf_generate, p) for p in ("fp32", "bf16")}
     print(f"{device_label()}, torch {torch.__version__}, {args.size}, 64 rows, up to {args.new_tokens} new tokens",
