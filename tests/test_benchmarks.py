@@ -1,6 +1,7 @@
 """The sampling benchmarks still run against the sampler and cache they measure (they patch both, so a
-changed signature breaks them first), and the GPU's cuDNN A/B against the strategies it drives (on the
-CPU). Timings mean nothing here: the smallest batch, one round."""
+changed signature breaks them first), the GPU's cuDNN A/B against the strategies it drives (on the
+CPU), and the Compiled Graphs record against Ray's beta API. Timings mean nothing here: the smallest
+batch, one round."""
 
 import subprocess
 import sys
@@ -59,3 +60,12 @@ def test_bench_cudnn_attention_times_each_setting_on_the_strategies():
     lines = _bench("bench_cudnn_attention.py", "--rounds", "1", "--new-tokens", "2")
     (round_,) = [line for line in lines if line.startswith("round 0: ")]
     assert round_.count("generate ") == 3 and round_.count("update bf16 ") == 2, lines
+
+
+@pytest.mark.ray
+def test_bench_compiled_graph_compares_a_task_and_a_graph_on_the_same_worker():
+    """The record of why a step's calls travel as a Ray task (docs/benchmarks.md, Ray overheads)."""
+    lines = _bench("bench_compiled_graph.py", "--rounds", "1", "--calls", "3", "--work-ms", "5")
+    assert [line.split()[0] + " " + line.split()[1] for line in lines if line.startswith(("ray task", "compiled"))] \
+        == ["ray task", "compiled graph"], lines
+    assert any(line.startswith("idle, cores in use: worker") for line in lines), lines

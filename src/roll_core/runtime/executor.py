@@ -20,7 +20,9 @@ the weight hand-over and the next step's generation to the hybrid engine's worke
 submission instead of three, and the driver sleeps until the generation is done instead of waking
 for the update's metrics on the cores that generate (on 2 cores, 2% less time per step, measured
 inside single runs). Their results arrive together, so the worker times each call
-(:meth:`Executor.call_seconds`) for the step's metrics.
+(:meth:`Executor.call_seconds`) for the step's metrics. (Ray's Compiled Graphs would halve the task's
+dispatch and return, but their channel readers spin while they wait: on 2 cores the worker's
+work took 1.44x as long, ``benchmarks/bench_compiled_graph.py``.)
 
 Device placement (Ray): :meth:`RayExecutor.reserve_devices` holds one placement group per node,
 each a single bundle with all of the node's GPUs; a worker with a device mapping is scheduled into
