@@ -238,3 +238,35 @@ def test_run_alone_waits_for_a_pause_to_end_and_a_cancelled_one_is_aborted_and_u
     outs = loop.run_alone(["long"], [10_000], lambda: engine.log.append("scale"),
                           lambda: engine.log.append("unscale"), cancelled=lambda: next(polls, True))
     assert outs == [None] and len(engine.aborted) == 1 and engine.log == ["scale", "add long", "unscale"]
+
+
+def test_a_whole_call_that_starts_while_a_pause_waits_is_held_until_the_resume(loop):
+    """Once a pause waits for the whole calls under way, no new one starts: one that did would keep
+    the pause waiting longer, and a stream of them would keep it waiting for ever."""
+    release, order = threading.Event(), []
+
+    def first():
+        with loop.whole_call():
+            release.wait(5)
+
+    def second():
+        with loop.whole_call():
+            order.append("second")
+
+    running, _ = in_thread(first)
+    time.sleep(0.05)
+    paused, _ = in_thread(loop.pause)
+    time.sleep(0.05)
+    late, _ = in_thread(second)
+    time.sleep(0.1)
+    assert paused.is_alive() and late.is_alive() and order == []
+    release.set()
+    paused.join(5)
+    running.join(5)
+    assert not paused.is_alive()  # the pause ended with the first call; the second is still held
+    time.sleep(0.05)
+    assert late.is_alive() and order == []
+    order.append("resume")
+    loop.resume()
+    late.join(5)
+    assert order == ["resume", "second"]
