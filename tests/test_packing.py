@@ -21,7 +21,7 @@ from roll_core.config.schema import CriticRoleConfig, TrainRoleConfig
 from roll_core.data import Batch
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_core.strategies.models import load_causal_lm
-from roll_core.strategies.packing import pack_sequences, packed_inputs
+from roll_core.strategies.packing import model_config, pack_sequences, packed_forward, packed_inputs
 from roll_core.testing import full_weights
 
 from conftest import grouped_training_batch, packed_rows, two_prompt_groups
@@ -244,8 +244,10 @@ def test_micro_batches_by_tokens_fill_up_to_the_budget_and_match_the_busiest_ran
     assert parts(2) == [[0, 1], [2, 3], [4]]  # by samples
     assert parts(64, 6) == [[0, 1], [2, 3], [4]]  # 6 tokens each; the 10-token sample alone
     assert parts(64, 100) == [[0, 1, 2, 3, 4]]
-    monkeypatch.setattr("roll_core.training.all_reduce_max", lambda value, group=None: 4)
-    assert parts(64, 6) == [[0], [1], [2, 3], [4]]  # another rank needs 4 passes: the largest splittable part halves
+    groups = []
+    monkeypatch.setattr("roll_core.training.all_reduce_max", lambda value, group=None: groups.append(group) or 4)
+    assert parts(64, 6, "the group") == [[0], [1], [2, 3], [4]]  # another rank needs 4: the largest splittable part halves
+    assert groups == ["the group"]
     monkeypatch.setattr("roll_core.training.all_reduce_max", lambda value, group=None: 9)
     assert parts(64, 6) == [[0], [1], [2], [3], [4]]  # never more parts than samples
 
@@ -281,3 +283,55 @@ def test_role_packing_keys_need_a_strategy_that_takes_packed_sequences(plain_tra
     load_and_check(None, ["roles.actor_train.strategy=plain"], plugins)  # unset: that strategy runs padded
     load_and_check(None, ["roles.actor_train.max_tokens_per_micro_batch=4096", "roles.reference.pack_sequences=true"],
                    plugins)
+
+
+def test_a_role_s_settings_and_the_model_s_own_choices_reach_the_packing():
+    """``pack_max_length`` comes from the role; a sliding window the model does not use
+    (``use_sliding_window: false``, as Qwen2's configs ship) does not stop packing; a wrapper's model
+    is found only where the wrapper's own config is not a model's."""
+    config = types.SimpleNamespace(_attn_implementation="sdpa", pad_token_id=0, sliding_window=4,
+                                   use_sliding_window=False)
+    model, batch = types.SimpleNamespace(config=config), two_prompt_groups()
+    assert packed_inputs(model, batch, TrainRoleConfig()).input_ids.shape == (2, 6)  # the window is off
+    assert packed_inputs(model, batch, TrainRoleConfig(pack_max_length=4)).input_ids.shape == (3, 5)
+    inner = types.SimpleNamespace(config=types.SimpleNamespace(pad_token_id=0))
+    assert model_config(types.SimpleNamespace(config=config, module=inner)) is config
+    assert model_config(types.SimpleNamespace(config={"zero_optimization": {}}, module=inner)) is inner.config
+
+
+def test_a_packed_forward_pass_keeps_no_cache(tiny_model_path):
+    model = load_causal_lm(str(tiny_model_path))
+    packed = packed_rows(two_prompt_groups(), max_length=1024)
+    out = packed_forward(model, packed, torch.device("cpu"))
+    assert out.logits.shape[:2] == packed.input_ids.shape
+    assert out.past_key_values is None  # training passes need no KV cache: it would only hold memory
+
+
+def test_the_widest_part_halves_by_tokens_where_another_rank_needs_more_passes(monkeypatch):
+    def parts(lengths, max_tokens, needed):
+        monkeypatch.setattr("roll_core.training.all_reduce_max", lambda value, group=None: needed)
+        batch = Batch({"prompt_mask": torch.zeros(len(lengths), 1, dtype=torch.long),
+                       "index": torch.arange(len(lengths)),
+                       "response_mask": (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()})
+        return [micro["index"].tolist() for micro in micro_batches(batch, 64, max_tokens)]
+
+    # parts of 2 and 4 tokens (2 samples each) and one of 1: the wider one splits, not the first
+    assert parts([1, 1, 3, 1, 1], 4, 4) == [[0, 1], [2], [3], [4]]
+    assert parts([2] * 6, 12, 2) == [[0, 1, 2], [3, 4, 5]]  # at the middle token
+    assert parts([1, 1, 1, 1, 20], 24, 2) == [[0, 1, 2, 3], [4]]  # the middle is past the last split point
+
+
+def test_groups_go_longest_first_and_a_unit_may_fill_a_row_exactly():
+    """Groups of 5, 3 and 2 tokens (the input's order is not their prompts' sorted order): the
+    largest fills a row of 5; the 2-token unit completes the 3-token one's row."""
+    packed = pack_sequences(torch.tensor([[8], [8], [6], [2]]), torch.ones(4, 1, dtype=torch.long),
+                            torch.tensor([[4, 4], [5, 5], [7, 7], [3, 0]]),
+                            torch.tensor([[1, 1], [1, 1], [1, 1], [1, 0]]), max_length=1024, pad_token_id=0)
+    assert packed.input_ids.tolist() == [[8, 4, 4, 5, 5], [6, 7, 7, 2, 3]]
+
+
+def test_a_packed_mask_has_the_model_s_dtype_and_refuses_attention_without_4d_masks():
+    packed = packed_rows(two_prompt_groups(), max_length=1024)
+    assert packed.attention_mask("eager", torch.bfloat16).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match=r"4-D mask \(sdpa, eager, .*'flash_attention_2'"):
+        packed.attention_mask("flash_attention_2", torch.float32)
