@@ -253,10 +253,15 @@ def test_a_whole_call_that_starts_while_a_pause_waits_is_held_until_the_resume(l
         with loop.whole_call():
             order.append("second")
 
+    def until(condition):  # the loop's own state, so that no step races the one before on a busy machine
+        deadline = time.monotonic() + 5
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.005)
+
     running, _ = in_thread(first)
-    time.sleep(0.05)
+    until(lambda: loop._whole == 1)
     paused, _ = in_thread(loop.pause)
-    time.sleep(0.05)
+    until(lambda: loop._pausing)
     late, _ = in_thread(second)
     time.sleep(0.1)
     assert paused.is_alive() and late.is_alive() and order == []
