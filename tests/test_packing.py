@@ -322,11 +322,11 @@ def test_the_widest_part_halves_by_tokens_where_another_rank_needs_more_passes(m
 
 
 def test_groups_go_longest_first_and_a_unit_may_fill_a_row_exactly():
-    """Groups of 5, 3 and 2 tokens (the input's order is not their prompts' sorted order): the
+    """Groups of 3, 2 and 5 tokens, in that order (neither by size nor by their prompts' tokens): the
     largest fills a row of 5; the 2-token unit completes the 3-token one's row."""
-    packed = pack_sequences(torch.tensor([[8], [8], [6], [2]]), torch.ones(4, 1, dtype=torch.long),
-                            torch.tensor([[4, 4], [5, 5], [7, 7], [3, 0]]),
-                            torch.tensor([[1, 1], [1, 1], [1, 1], [1, 0]]), max_length=1024, pad_token_id=0)
+    packed = pack_sequences(torch.tensor([[6], [2], [8], [8]]), torch.ones(4, 1, dtype=torch.long),
+                            torch.tensor([[7, 7], [3, 0], [4, 4], [5, 5]]),
+                            torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]]), max_length=1024, pad_token_id=0)
     assert packed.input_ids.tolist() == [[8, 4, 4, 5, 5], [6, 7, 7, 2, 3]]
 
 
