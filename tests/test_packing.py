@@ -335,3 +335,13 @@ def test_a_packed_mask_has_the_model_s_dtype_and_refuses_attention_without_4d_ma
     assert packed.attention_mask("eager", torch.bfloat16).dtype == torch.bfloat16
     with pytest.raises(ValueError, match=r"4-D mask \(sdpa, eager, .*'flash_attention_2'"):
         packed.attention_mask("flash_attention_2", torch.float32)
+
+
+def test_rows_narrow_to_the_narrowest_width_that_keeps_their_number():
+    """A group of 11 tokens (prompt 1, answers of 3, 3 and 4) and one of 4, rows at most 8 wide:
+    3 rows of 8 hold them, so do 3 rows of 7, and 6 would take 4. The search must try 7."""
+    prompts = torch.tensor([[10, 10], [0, 11], [0, 11], [0, 11]])
+    responses = torch.tensor([[3, 3, 0, 0], [3, 3, 3, 0], [3, 3, 3, 0], [3, 3, 3, 3]])
+    packed = pack_sequences(prompts, (prompts > 0).long(), responses, (responses > 0).long(), max_length=8,
+                            pad_token_id=0)
+    assert packed.input_ids.tolist() == [[11, 3, 3, 3, 3, 3, 3], [11, 3, 3, 3, 3, 0, 0], [10, 10, 3, 3, 0, 0, 0]]
