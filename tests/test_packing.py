@@ -233,20 +233,25 @@ def test_packed_values_are_the_padded_values(tiny_model_path):
     assert float(values[0].abs().sum()) > 0.01
 
 
-def test_micro_batches_by_tokens_fill_up_to_the_budget_and_match_the_busiest_rank(monkeypatch):
-    lengths = [3, 3, 3, 3, 10]  # tokens per sample (no prompt here)
-    batch = Batch({"prompt_mask": torch.zeros(5, 1, dtype=torch.long), "index": torch.arange(5),
-                   "response_mask": (torch.arange(10)[None] < torch.tensor(lengths)[:, None]).long()})
+def token_parts(lengths: list[int], *args) -> list[list[int]]:
+    """The samples (by index) of each of ``micro_batches(batch, *args)``, for a batch whose samples
+    have ``lengths`` tokens (responses only, no prompt)."""
+    batch = Batch({"prompt_mask": torch.zeros(len(lengths), 1, dtype=torch.long), "index": torch.arange(len(lengths)),
+                   "response_mask": (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()})
+    return [micro["index"].tolist() for micro in micro_batches(batch, *args)]
 
+
+def test_micro_batches_by_tokens_fill_up_to_the_budget_and_match_the_busiest_rank(monkeypatch):
     def parts(*args):
-        return [micro["index"].tolist() for micro in micro_batches(batch, *args)]
+        return token_parts([3, 3, 3, 3, 10], *args)
 
     assert parts(2) == [[0, 1], [2, 3], [4]]  # by samples
     assert parts(64, 6) == [[0, 1], [2, 3], [4]]  # 6 tokens each; the 10-token sample alone
     assert parts(64, 100) == [[0, 1, 2, 3, 4]]
     groups = []
     monkeypatch.setattr("roll_core.training.all_reduce_max", lambda value, group=None: groups.append(group) or 4)
-    assert parts(64, 6, "the group") == [[0], [1], [2, 3], [4]]  # another rank needs 4: the largest splittable part halves
+    # another rank needs 4 passes: the largest splittable part halves
+    assert parts(64, 6, "the group") == [[0], [1], [2, 3], [4]]
     assert groups == ["the group"]
     monkeypatch.setattr("roll_core.training.all_reduce_max", lambda value, group=None: 9)
     assert parts(64, 6) == [[0], [1], [2], [3], [4]]  # never more parts than samples
@@ -310,10 +315,7 @@ def test_a_packed_forward_pass_keeps_no_cache(tiny_model_path):
 def test_the_widest_part_halves_by_tokens_where_another_rank_needs_more_passes(monkeypatch):
     def parts(lengths, max_tokens, needed):
         monkeypatch.setattr("roll_core.training.all_reduce_max", lambda value, group=None: needed)
-        batch = Batch({"prompt_mask": torch.zeros(len(lengths), 1, dtype=torch.long),
-                       "index": torch.arange(len(lengths)),
-                       "response_mask": (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()})
-        return [micro["index"].tolist() for micro in micro_batches(batch, 64, max_tokens)]
+        return token_parts(lengths, 64, max_tokens)
 
     # parts of 2 and 4 tokens (2 samples each) and one of 1: the wider one splits, not the first
     assert parts([1, 1, 3, 1, 1], 4, 4) == [[0, 1], [2], [3], [4]]
