@@ -102,7 +102,7 @@ class _StrategyWorker(_Worker):
     def __init__(self, role: str, model_path: str, role_config, run_config, seed: int, devices=None):
         _bind_devices(devices)
         torch.set_num_threads(run_config.torch_threads)  # a role's own count applies during RL steps only
-        cpu_matmul.configure(run_config.runtime.cpu_matmul)
+        cpu_matmul.configure(run_config.runtime.cpu_matmul, run_config.runtime.pack_decoding_weights)
         cudnn_attention.configure(run_config.runtime.cudnn_attention)
         if devices is None and run_config.runtime.reuse_freed_memory:  # computes on CPU
             host_memory.keep_freed_memory()

@@ -28,10 +28,23 @@ class changes, so checkpoints, weight sync and adapters (``peft`` wraps the laye
 notice. The choice is made once per process (:func:`configure`, called by every worker with the run's
 config, as it sets torch's threads), so the ``local`` and ``ray`` executors compute alike. A run
 records each worker's resolved choice in ``placement.json`` (``cpu_matmul``).
+
+**Decoding steps on packed weights** (``runtime.pack_decoding_weights``, on by default). A decoding
+step multiplies a few dozen rows by every weight, and torch's default kernel (MKL's sgemm) spends a
+large part of such a product reordering the weight into the layout its inner loop reads, again at
+every step. :func:`packed_for_decoding` reorders each large weight once per generate call (MKL's
+``sgemm_pack``, through ``torch.ops.mkl``, which torch's compiler uses for frozen CPU models) and
+computes the products of 4-128 rows from that copy. On an Intel Xeon (2 cores) the 95M model's
+``[64, 768] x [768, 3072]`` ran 1.3x faster and its whole generate call 1.17x
+(``python benchmarks/bench_packed_decoding.py``). The packed copies hold 2-5x the bytes of the
+weights they copy, for the duration of the call. It applies where the layers compute with torch's
+kernel (not to oneDNN's layers) and is checked against ``F.linear`` once per weight shape.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -44,6 +57,7 @@ Mode = Literal["auto", "onednn", "torch"]
 
 _mode: Mode = "auto"
 _available: bool | None = None  # whether oneDNN's kernel is offered and agrees with torch's (checked once)
+_pack_decoding = True  # runtime.pack_decoding_weights
 CPUINFO = Path("/proc/cpuinfo")  # where Linux names the CPU's vendor
 
 
@@ -94,15 +108,16 @@ def onednn_preferred() -> bool:
     return cpu_vendor() == "AuthenticAMD"
 
 
-def configure(mode: Mode) -> None:
-    """This process's choice for every model :func:`adopt` is given from now on."""
-    global _mode
+def configure(mode: Mode, pack_decoding_weights: bool = True) -> None:
+    """This process's choice for every model :func:`adopt` is given from now on, and whether
+    :func:`packed_for_decoding` packs weights."""
+    global _mode, _pack_decoding
     if mode not in get_args(Mode):
         raise RollError(f"runtime.cpu_matmul: '{mode}' is not one of {', '.join(get_args(Mode))}")
     if mode == "onednn" and not onednn_available():
         raise RollError("runtime.cpu_matmul: onednn, but this torch build offers no working oneDNN linear kernel "
                         "(torch.ops.mkldnn._linear_pointwise); use auto or torch")
-    _mode = mode
+    _mode, _pack_decoding = mode, pack_decoding_weights
 
 
 def uses_onednn() -> bool:
@@ -176,3 +191,81 @@ def adopt(model: torch.nn.Module) -> int:
             module.__class__ = OneDNNLinear
             changed += 1
     return changed
+
+
+# -- decoding steps on packed weights (runtime.pack_decoding_weights) --------------------------------------
+
+PACKED_ROWS = (4, 128)  # products of this many rows (inclusive) take the packed copy: 1-3 rows ran slower
+PACKED_MIN_FEATURES = 256  # smaller layers (the tiny model's, a small vocabulary's head) gained nothing or lost
+_packs_correctly: dict[tuple[int, int], bool] = {}  # per weight shape [out, in], checked once per process
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight [out, in]`` reordered into MKL's packed layout (an opaque buffer)."""
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight, PACKED_ROWS[1])
+
+
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   rows: int) -> torch.Tensor:
+    """``x @ weight.T + bias`` for ``x [..., in]`` of ``rows`` rows, from ``packed = _pack(weight)``.
+    torch's op takes the packed copy only for the row count given; MKL's layout does not depend on
+    it (nor does its size), which :func:`packing_agrees` checks, so each call passes its own."""
+    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
+
+
+def packing_agrees(out_features: int, in_features: int) -> bool:
+    """Whether this torch build offers MKL's packed product and, for a weight of this shape, it gives
+    ``F.linear``'s result at the row counts decoding uses (checked once per shape and process)."""
+    shape = (out_features, in_features)
+    if shape not in _packs_correctly:
+        _packs_correctly[shape] = False
+        try:
+            if torch.backends.mkl.is_available():
+                gen = torch.Generator().manual_seed(0)
+                weight, bias = torch.randn(*shape, generator=gen), torch.randn(out_features, generator=gen)
+                packed = _pack(weight)
+                _packs_correctly[shape] = all(
+                    torch.allclose(_packed_linear(x, packed, weight, bias, len(x)), F.linear(x, weight, bias),
+                                   rtol=1e-4, atol=1e-4)
+                    for x in (torch.randn(n, in_features, generator=gen) for n in (PACKED_ROWS[0], 37, PACKED_ROWS[1])))
+        except (AttributeError, RuntimeError, NotImplementedError):  # op not built in (not x86, no MKL)
+            pass
+    return _packs_correctly[shape]
+
+
+class PackedLinear(torch.nn.Linear):
+    """An ``nn.Linear`` inside :func:`packed_for_decoding`: fp32 products of ``PACKED_ROWS`` rows
+    without gradients come from the packed copy of the weight, anything else from ``F.linear``."""
+
+    _packed: torch.Tensor | None = None
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        packed = self._packed
+        rows = input.numel() // input.shape[-1] if input.dim() and input.shape[-1] else 0
+        if packed is None or not PACKED_ROWS[0] <= rows <= PACKED_ROWS[1] or input.dtype != torch.float32 \
+                or input.device.type != "cpu" or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") \
+                or torch.compiler.is_compiling():
+            return F.linear(input, self.weight, self.bias)
+        return _packed_linear(input, packed, self.weight, self.bias, rows)
+
+
+@contextlib.contextmanager
+def packed_for_decoding(model: torch.nn.Module) -> Iterator[int]:
+    """Inside, ``model``'s plain fp32 ``nn.Linear`` layers on CPU with both sizes at least
+    ``PACKED_MIN_FEATURES`` compute small products from a copy of their weight packed on entry, so
+    weights must not change inside (a generate call); yields how many layers. On exit each layer is
+    a plain ``nn.Linear`` again and the copies are freed. Nothing changes where packing is off
+    (``runtime.pack_decoding_weights``), unavailable, or disagrees with ``F.linear``."""
+    layers = [m for m in model.modules() if type(m) is torch.nn.Linear] if _pack_decoding else []
+    layers = [m for m in layers if m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
+              and min(m.weight.shape) >= PACKED_MIN_FEATURES and packing_agrees(*m.weight.shape)]
+    try:
+        with torch.no_grad():
+            for layer in layers:
+                layer._packed = _pack(layer.weight)
+                layer.__class__ = PackedLinear
+        yield len(layers)
+    finally:
+        for layer in layers:
+            layer.__class__ = torch.nn.Linear
+            layer.__dict__.pop("_packed", None)  # absent where packing stopped part-way

@@ -144,7 +144,10 @@ class HFInferStrategy(_Sampling, InferStrategy):
             temperature=temperature, top_p=top_p, top_k=top_k, generator=self.generator, should_stop=request_cancelled)
         with precision.autocast(self.device, self.precision):  # sampling itself is on float32 logits
             out = self._graphed(prompts, sampling)
-            responses, mask, logp = out if out is not None else sample_responses(self.model, *prompts, **sampling)
+            if out is None:  # eager decoding; on CPU from packed weights (runtime.pack_decoding_weights)
+                with cpu_matmul.packed_for_decoding(self.model):
+                    out = sample_responses(self.model, *prompts, **sampling)
+            responses, mask, logp = out
         return batch.update(responses=responses.cpu(), response_mask=mask.cpu(), infer_log_probs=logp.cpu())
 
     def _graphed(self, prompts: tuple[torch.Tensor, torch.Tensor], sampling: dict):

@@ -1,0 +1,175 @@
+"""``runtime.pack_decoding_weights``: inside a generate call on CPU the large fp32 linear layers compute
+small products from a copy of their weight packed once (MKL's layout); everything else is left to
+``F.linear``, and nothing of it outlives the call."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from roll_core.config import load_config
+from roll_core.strategies import cpu_matmul
+from roll_core.strategies.cpu_matmul import PACKED_MIN_FEATURES, PACKED_ROWS, PackedLinear, packed_for_decoding
+
+WIDE = PACKED_MIN_FEATURES  # the narrowest layer that is packed
+needs_packing = pytest.mark.skipif(not cpu_matmul.packing_agrees(WIDE, WIDE),
+                                   reason="this torch build has no MKL packed product (not x86, or no MKL)")
+
+
+@pytest.fixture(autouse=True)
+def _restore_mode():
+    mode, pack, agrees = cpu_matmul._mode, cpu_matmul._pack_decoding, dict(cpu_matmul._packs_correctly)
+    cpu_matmul.configure("torch")
+    yield
+    cpu_matmul._mode, cpu_matmul._pack_decoding = mode, pack
+    cpu_matmul._packs_correctly.clear()
+    cpu_matmul._packs_correctly.update(agrees)
+
+
+def model() -> torch.nn.Sequential:
+    """Two layers to pack and one too narrow (a small vocabulary's head); each shape's packing is
+    checked here (:func:`cpu_matmul.packing_agrees`), before a test spies on the packed product."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(WIDE, WIDE + 64), torch.nn.Linear(WIDE + 64, WIDE, bias=False),
+                              torch.nn.Linear(WIDE, 32))
+    for layer in net:
+        cpu_matmul.packing_agrees(*layer.weight.shape)
+    return net
+
+
+@needs_packing
+def test_wide_layers_compute_small_products_from_the_packed_copy_inside_only(monkeypatch):
+    net = model()
+    calls = []
+    kernel = cpu_matmul._packed_linear
+    monkeypatch.setattr(cpu_matmul, "_packed_linear", lambda x, *a: calls.append(tuple(x.shape)) or kernel(x, *a))
+    x = torch.randn(2, 16, WIDE)  # 32 rows, as a [batch, positions, features] input
+    with torch.no_grad():
+        expected = net(x)
+        with packed_for_decoding(net) as layers:
+            assert layers == 2 and [type(m) for m in net] == [PackedLinear, PackedLinear, torch.nn.Linear]
+            got = net(x)
+    assert calls == [(2, 16, WIDE), (2, 16, WIDE + 64)]
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert [type(m) for m in net] == [torch.nn.Linear] * 3 and not any("_packed" in vars(m) for m in net)
+    with torch.no_grad():
+        net(x)
+    assert len(calls) == 2  # outside the block: F.linear again
+
+
+@needs_packing
+@pytest.mark.parametrize("rows", [1, PACKED_ROWS[0] - 1, PACKED_ROWS[1] + 1])
+def test_row_counts_outside_the_packed_range_take_f_linear_exactly(monkeypatch, rows):
+    net = model()
+    monkeypatch.setattr(cpu_matmul, "_packed_linear", lambda *a: pytest.fail("the packed copy was used"))
+    x = torch.randn(rows, WIDE)
+    with torch.no_grad(), packed_for_decoding(net):
+        assert torch.equal(net[0](x), F.linear(x, net[0].weight, net[0].bias))
+
+
+@needs_packing
+@pytest.mark.parametrize("rows", PACKED_ROWS)
+def test_the_ends_of_the_row_range_are_packed(monkeypatch, rows):
+    net = model()
+    used = []
+    kernel = cpu_matmul._packed_linear
+    monkeypatch.setattr(cpu_matmul, "_packed_linear", lambda *a: used.append(a[-1]) or kernel(*a))
+    x = torch.randn(rows, WIDE)
+    with torch.no_grad(), packed_for_decoding(net):
+        torch.testing.assert_close(net[0](x), F.linear(x, net[0].weight, net[0].bias), rtol=1e-4, atol=1e-5)
+    assert used == [rows]  # each call passes its own row count
+
+
+@needs_packing
+def test_gradients_autocast_and_other_dtypes_take_f_linear(monkeypatch):
+    net = model()
+    monkeypatch.setattr(cpu_matmul, "_packed_linear", lambda *a: pytest.fail("the packed copy was used"))
+    x = torch.randn(8, WIDE)
+    with packed_for_decoding(net):
+        net[0](x).sum().backward()  # grad mode on: the weight gets its gradient
+        assert net[0].weight.grad is not None
+        with torch.no_grad():
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # a bf16 role: autocast casts F.linear's inputs
+                assert net[0](x).dtype == torch.bfloat16
+            assert net[0](torch.zeros(0, WIDE)).shape == (0, WIDE + 64)
+
+
+def test_off_unavailable_or_disagreeing_packs_nothing(monkeypatch):
+    net = model()
+    cpu_matmul.configure("torch", pack_decoding_weights=False)  # runtime.pack_decoding_weights=false
+    with packed_for_decoding(net) as layers:
+        assert layers == 0 and type(net[0]) is torch.nn.Linear
+    cpu_matmul.configure("torch")
+    cpu_matmul._packs_correctly.clear()
+
+    def missing(weight):
+        raise RuntimeError("no MKL")  # what torch.ops raises where the op is not built in
+
+    monkeypatch.setattr(cpu_matmul, "_pack", missing)
+    assert not cpu_matmul.packing_agrees(WIDE, WIDE)  # the op is missing: not offered
+    with packed_for_decoding(net) as layers:
+        assert layers == 0
+    monkeypatch.undo()
+    cpu_matmul._packs_correctly.clear()
+    monkeypatch.setattr(cpu_matmul, "_packed_linear", lambda x, packed, w, b, rows: F.linear(x, w, b) + 1e-3)
+    assert not cpu_matmul.packing_agrees(WIDE, WIDE + 64)  # a layout that depended on the row count would show here
+
+
+@needs_packing
+def test_subclasses_other_devices_and_dtypes_are_left_alone():
+    class Adapter(torch.nn.Linear):
+        pass
+
+    net = torch.nn.Sequential(Adapter(WIDE, WIDE), torch.nn.Linear(WIDE, WIDE).double(), torch.nn.Linear(WIDE, WIDE))
+    with packed_for_decoding(net) as layers:
+        assert layers == 1 and [type(m) for m in net] == [Adapter, torch.nn.Linear, PackedLinear]
+
+
+@needs_packing
+def test_an_error_inside_restores_every_layer():
+    net = model()
+    with pytest.raises(KeyError), packed_for_decoding(net):
+        raise KeyError("stop")
+    assert [type(m) for m in net] == [torch.nn.Linear] * 3 and not any("_packed" in vars(m) for m in net)
+
+
+@needs_packing
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the strategy puts the model on the GPU")
+def test_the_hf_engine_samples_the_same_tokens_with_and_without_packing(tmp_path, monkeypatch):
+    """A model wide enough to pack (hidden 256), one generate call each way from the same seed: the
+    same tokens, log-probs equal to float rounding, and the call did go through the packed layers."""
+    from roll_core.config.schema import InferRoleConfig, TinyModelConfig
+    from roll_core.data import Batch
+    from roll_core.embedded.model import build_tiny_model
+    from roll_core.strategies.hf import HFInferStrategy
+
+    path = build_tiny_model(tmp_path / "wide", TinyModelConfig(hidden_size=WIDE, num_layers=2, num_heads=4,
+                                                               intermediate_size=2 * WIDE))
+    engine = HFInferStrategy(str(path), InferRoleConfig(), seed=0)
+    prompts = {"prompt_ids": torch.tensor([[5, 6, 7, 8]] * 6 + [[0, 9, 10, 11]] * 6),
+               "prompt_mask": torch.tensor([[1, 1, 1, 1]] * 6 + [[0, 1, 1, 1]] * 6)}
+    linears = [m for m in engine.model.modules() if type(m) is torch.nn.Linear and min(m.weight.shape) >= WIDE]
+    assert len(linears) == 14 and all(cpu_matmul.packing_agrees(*m.weight.shape) for m in linears)  # checked first
+    calls = []
+    kernel = cpu_matmul._packed_linear
+    monkeypatch.setattr(cpu_matmul, "_packed_linear", lambda *a: calls.append(a[-1]) or kernel(*a))
+    outs, used = [], []
+    for pack in (False, True):
+        cpu_matmul.configure("torch", pack_decoding_weights=pack)
+        engine.generator.manual_seed(3)
+        outs.append(engine.generate(Batch(dict(prompts)), max_new_tokens=6, temperature=1.0, top_p=1.0))
+        used.append(len(calls))
+    assert used[0] == 0 and used[1] >= 2 * len(linears)  # off: none; on: the prefill's and the decoding steps' products
+    assert all(type(m) is torch.nn.Linear for m in engine.model.modules() if isinstance(m, torch.nn.Linear))
+    assert torch.equal(outs[0]["responses"], outs[1]["responses"])
+    torch.testing.assert_close(outs[0]["infer_log_probs"], outs[1]["infer_log_probs"], rtol=0, atol=1e-4)
+
+
+def test_the_config_key_reaches_every_worker(tiny_model_path):
+    from roll_core.runtime.workers import InferWorker
+
+    assert load_config(None, []).runtime.pack_decoding_weights is True
+    cfg = load_config(None, ["executor=local", "runtime.pack_decoding_weights=false", "runtime.cpu_matmul=torch"])
+    InferWorker("actor_infer", str(tiny_model_path), cfg.roles.actor_infer, cfg, seed=0)
+    assert cpu_matmul._pack_decoding is False
+    with pytest.raises(Exception, match="pack_decoding_weight"):
+        load_config(None, ["runtime.pack_decoding_weight=false"])
