@@ -17,12 +17,14 @@ needs_packing = pytest.mark.skipif(not cpu_matmul.packing_agrees(WIDE, WIDE),
 
 @pytest.fixture(autouse=True)
 def _restore_mode():
-    mode, pack, agrees = cpu_matmul._mode, cpu_matmul._pack_decoding, dict(cpu_matmul._packs_correctly)
+    mode, pack = cpu_matmul._mode, cpu_matmul._pack_decoding
+    sizes, room = dict(cpu_matmul._packed_sizes), dict(cpu_matmul._room)
     cpu_matmul.configure("torch")
     yield
     cpu_matmul._mode, cpu_matmul._pack_decoding = mode, pack
-    cpu_matmul._packs_correctly.clear()
-    cpu_matmul._packs_correctly.update(agrees)
+    for cache, saved in ((cpu_matmul._packed_sizes, sizes), (cpu_matmul._room, room)):
+        cache.clear()
+        cache.update(saved)
 
 
 def model() -> torch.nn.Sequential:
@@ -99,7 +101,7 @@ def test_off_unavailable_or_disagreeing_packs_nothing(monkeypatch):
     with packed_for_decoding(net) as layers:
         assert layers == 0 and type(net[0]) is torch.nn.Linear
     cpu_matmul.configure("torch")
-    cpu_matmul._packs_correctly.clear()
+    cpu_matmul._packed_sizes.clear()
 
     def missing(weight):
         raise RuntimeError("no MKL")  # what torch.ops raises where the op is not built in
@@ -109,7 +111,7 @@ def test_off_unavailable_or_disagreeing_packs_nothing(monkeypatch):
     with packed_for_decoding(net) as layers:
         assert layers == 0
     monkeypatch.undo()
-    cpu_matmul._packs_correctly.clear()
+    cpu_matmul._packed_sizes.clear()
     monkeypatch.setattr(cpu_matmul, "_packed_linear", lambda x, packed, w, b, rows: F.linear(x, w, b) + 1e-3)
     assert not cpu_matmul.packing_agrees(WIDE, WIDE + 64)  # a layout that depended on the row count would show here
 
@@ -173,3 +175,36 @@ def test_the_config_key_reaches_every_worker(tiny_model_path):
     assert cpu_matmul._pack_decoding is False
     with pytest.raises(Exception, match="pack_decoding_weight"):
         load_config(None, ["runtime.pack_decoding_weight=false"])
+
+
+@needs_packing
+def test_copies_too_large_for_the_memory_available_are_not_made_and_the_answer_is_kept(monkeypatch, tmp_path):
+    """The copies of ``model()``'s two wide layers take ``need`` bytes: they are made where that is at
+    most half the available memory, not where it is more (a warning says so) or where nobody says."""
+    net = model()
+    need = sum(cpu_matmul._packed_size(*m.weight.shape) for m in net[:2])
+    assert need >= 2 * 4 * WIDE * WIDE  # MKL's layout takes at least the weights' own bytes
+    for available, packs in ((2 * need, True), (2 * need - 1, False), (None, False)):
+        cpu_matmul._room.clear()
+        monkeypatch.setattr(cpu_matmul, "available_memory", lambda: available)
+        if packs:
+            with packed_for_decoding(net) as layers:
+                assert layers == 2
+        else:
+            with pytest.warns(RuntimeWarning, match="decoding without packed weights .* would take"), \
+                    packed_for_decoding(net) as layers:
+                assert layers == 0 and type(net[0]) is torch.nn.Linear
+    monkeypatch.setattr(cpu_matmul, "available_memory", lambda: pytest.fail("asked again"))
+    with packed_for_decoding(net) as layers:  # decided once per size: the last answer (unknown memory) holds
+        assert layers == 0
+
+
+def test_available_memory_is_read_from_proc_meminfo(monkeypatch, tmp_path):
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       24576000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n")
+    monkeypatch.setattr(cpu_matmul, "MEMINFO", info)
+    assert cpu_matmul.available_memory() == 20000000 * 1024
+    info.write_text("MemTotal:       24576000 kB\n")  # a kernel too old to say
+    assert cpu_matmul.available_memory() is None
+    info.unlink()  # no /proc
+    assert cpu_matmul.available_memory() is None

@@ -37,13 +37,15 @@ every step. :func:`packed_for_decoding` reorders each large weight once per gene
 computes the products of 4-128 rows from that copy. On an Intel Xeon (2 cores) the 95M model's
 ``[64, 768] x [768, 3072]`` ran 1.3x faster and its whole generate call 1.17x
 (``python benchmarks/bench_packed_decoding.py``). The packed copies hold 2-5x the bytes of the
-weights they copy, for the duration of the call. It applies where the layers compute with torch's
-kernel (not to oneDNN's layers) and is checked against ``F.linear`` once per weight shape.
+weights they copy, for the duration of the call; where they would take more than half the memory
+available, nothing is packed. It applies where the layers compute with torch's kernel (not to
+oneDNN's layers) and is checked against ``F.linear`` once per weight shape.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -59,6 +61,7 @@ _mode: Mode = "auto"
 _available: bool | None = None  # whether oneDNN's kernel is offered and agrees with torch's (checked once)
 _pack_decoding = True  # runtime.pack_decoding_weights
 CPUINFO = Path("/proc/cpuinfo")  # where Linux names the CPU's vendor
+MEMINFO = Path("/proc/meminfo")  # where Linux says how much memory is available
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -197,7 +200,9 @@ def adopt(model: torch.nn.Module) -> int:
 
 PACKED_ROWS = (4, 128)  # products of this many rows (inclusive) take the packed copy: 1-3 rows ran slower
 PACKED_MIN_FEATURES = 256  # smaller layers (the tiny model's, a small vocabulary's head) gained nothing or lost
-_packs_correctly: dict[tuple[int, int], bool] = {}  # per weight shape [out, in], checked once per process
+MEMORY_SHARE = 0.5  # the packed copies may take at most this share of the memory available when first asked
+_packed_sizes: dict[tuple[int, int], int] = {}  # bytes of a weight shape's packed copy; 0: not usable here
+_room: dict[int, bool] = {}  # whether packed copies of so many bytes fit, decided once per process
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -213,24 +218,58 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, 
     return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
 
 
-def packing_agrees(out_features: int, in_features: int) -> bool:
-    """Whether this torch build offers MKL's packed product and, for a weight of this shape, it gives
-    ``F.linear``'s result at the row counts decoding uses (checked once per shape and process)."""
+def _packed_size(out_features: int, in_features: int) -> int:
+    """Bytes of the packed copy of an fp32 weight ``[out, in]``, or 0 where this torch build offers no
+    MKL packed product or, for this shape, it does not give ``F.linear``'s result at the row counts
+    decoding uses (checked once per shape and process)."""
     shape = (out_features, in_features)
-    if shape not in _packs_correctly:
-        _packs_correctly[shape] = False
+    if shape not in _packed_sizes:
+        _packed_sizes[shape] = 0
         try:
             if torch.backends.mkl.is_available():
                 gen = torch.Generator().manual_seed(0)
                 weight, bias = torch.randn(*shape, generator=gen), torch.randn(out_features, generator=gen)
                 packed = _pack(weight)
-                _packs_correctly[shape] = all(
-                    torch.allclose(_packed_linear(x, packed, weight, bias, len(x)), F.linear(x, weight, bias),
-                                   rtol=1e-4, atol=1e-4)
-                    for x in (torch.randn(n, in_features, generator=gen) for n in (PACKED_ROWS[0], 37, PACKED_ROWS[1])))
+                if all(torch.allclose(_packed_linear(x, packed, weight, bias, len(x)), F.linear(x, weight, bias),
+                                      rtol=1e-4, atol=1e-4)
+                       for x in (torch.randn(n, in_features, generator=gen) for n in (PACKED_ROWS[0], 37, PACKED_ROWS[1]))):
+                    _packed_sizes[shape] = packed.numel() * packed.element_size()
         except (AttributeError, RuntimeError, NotImplementedError):  # op not built in (not x86, no MKL)
             pass
-    return _packs_correctly[shape]
+    return _packed_sizes[shape]
+
+
+def packing_agrees(out_features: int, in_features: int) -> bool:
+    """Whether this torch build offers MKL's packed product and, for a weight of this shape, it gives
+    ``F.linear``'s result at the row counts decoding uses (checked once per shape and process)."""
+    return _packed_size(out_features, in_features) > 0
+
+
+def available_memory() -> int | None:
+    """Bytes of memory Linux says are available to new allocations (``MemAvailable``), or None where
+    ``/proc/meminfo`` does not say."""
+    try:
+        with MEMINFO.open(encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _room_for(nbytes: int) -> bool:
+    """Whether packed copies of ``nbytes`` fit in ``MEMORY_SHARE`` of the available memory, decided
+    the first time a process asks for that size (later, a process that keeps its freed memory,
+    ``runtime.reuse_freed_memory``, holds the copies' last allocation and the system reads less)."""
+    if nbytes not in _room:
+        available = available_memory()
+        _room[nbytes] = available is not None and nbytes <= MEMORY_SHARE * available
+        if not _room[nbytes]:
+            have = "an unknown amount" if available is None else f"{available / 2**30:.1f} GiB"
+            warnings.warn(f"decoding without packed weights (runtime.pack_decoding_weights): their copies would take "
+                          f"{nbytes / 2**30:.1f} GiB, and {have} of memory is available", RuntimeWarning, stacklevel=4)
+    return _room[nbytes]
 
 
 class PackedLinear(torch.nn.Linear):
@@ -255,10 +294,13 @@ def packed_for_decoding(model: torch.nn.Module) -> Iterator[int]:
     ``PACKED_MIN_FEATURES`` compute small products from a copy of their weight packed on entry, so
     weights must not change inside (a generate call); yields how many layers. On exit each layer is
     a plain ``nn.Linear`` again and the copies are freed. Nothing changes where packing is off
-    (``runtime.pack_decoding_weights``), unavailable, or disagrees with ``F.linear``."""
+    (``runtime.pack_decoding_weights``), unavailable, disagrees with ``F.linear``, or where the copies
+    would take more than ``MEMORY_SHARE`` of the available memory (a warning says so, once)."""
     layers = [m for m in model.modules() if type(m) is torch.nn.Linear] if _pack_decoding else []
     layers = [m for m in layers if m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
               and min(m.weight.shape) >= PACKED_MIN_FEATURES and packing_agrees(*m.weight.shape)]
+    if layers and not _room_for(sum(_packed_size(*m.weight.shape) for m in layers)):
+        layers = []
     try:
         with torch.no_grad():
             for layer in layers:
