@@ -159,6 +159,8 @@ def test_the_vendor_is_read_from_proc_cpuinfo(monkeypatch, tmp_path):
                     "processor\t: 1\nvendor_id\t: AuthenticAMD\n")
     monkeypatch.setattr(cpu_matmul, "CPUINFO", info)
     assert cpu_matmul.cpu_vendor() == "AuthenticAMD"
+    info.write_bytes(b"processor\t: 0\nmodel name\t: EPYC \xff\xfe\nvendor_id\t: AuthenticAMD\n")  # a stray byte
+    assert cpu_matmul.cpu_vendor() == "AuthenticAMD"
     info.write_text("processor\t: 0\nBogoMIPS\t: 48.00\n")  # an Arm CPU: no vendor_id line
     assert cpu_matmul.cpu_vendor() == ""
     info.unlink()  # no /proc (macOS, Windows)

@@ -112,8 +112,10 @@ def test_off_unavailable_or_disagreeing_packs_nothing(monkeypatch):
         assert layers == 0
     monkeypatch.undo()
     cpu_matmul._packed_sizes.clear()
-    monkeypatch.setattr(cpu_matmul, "_packed_linear", lambda x, packed, w, b, rows: F.linear(x, w, b) + 1e-3)
-    assert not cpu_matmul.packing_agrees(WIDE, WIDE + 64)  # a layout that depended on the row count would show here
+    # a layout that depended on the row count: right for the count it was packed for, wrong for the others
+    monkeypatch.setattr(cpu_matmul, "_packed_linear",
+                        lambda x, packed, w, b, rows: F.linear(x, w, b) + 1e-3 * (rows != PACKED_ROWS[1]))
+    assert not cpu_matmul.packing_agrees(WIDE, WIDE + 64)
 
 
 @needs_packing
@@ -203,6 +205,8 @@ def test_available_memory_is_read_from_proc_meminfo(monkeypatch, tmp_path):
     info = tmp_path / "meminfo"
     info.write_text("MemTotal:       24576000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n")
     monkeypatch.setattr(cpu_matmul, "MEMINFO", info)
+    assert cpu_matmul.available_memory() == 20000000 * 1024
+    info.write_bytes(b"Hugepagesize:    2048 kB \xff\nMemAvailable:   20000000 kB\n")  # a stray byte
     assert cpu_matmul.available_memory() == 20000000 * 1024
     info.write_text("MemTotal:       24576000 kB\n")  # a kernel too old to say
     assert cpu_matmul.available_memory() is None
