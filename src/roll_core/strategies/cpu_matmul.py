@@ -35,7 +35,7 @@ large part of such a product reordering the weight into the layout its inner loo
 every step. :func:`packed_for_decoding` reorders each large weight once per generate call (MKL's
 ``sgemm_pack``, through ``torch.ops.mkl``, which torch's compiler uses for frozen CPU models) and
 computes the products of 4-128 rows from that copy. On an Intel Xeon (2 cores) the 95M model's
-``[64, 768] x [768, 3072]`` ran 1.3x faster and its whole generate call 1.17x
+``[64, 768] x [768, 3072]`` ran 1.27x faster and its whole generate call 1.21x
 (``python benchmarks/bench_packed_decoding.py``). The packed copies hold 2-5x the bytes of the
 weights they copy, for the duration of the call; where they would take more than half the memory
 available, nothing is packed. It applies where the layers compute with torch's kernel (not to
