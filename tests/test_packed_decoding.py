@@ -82,7 +82,7 @@ def test_the_ends_of_the_row_range_are_packed(monkeypatch, rows):
 
 
 @needs_packing
-def test_gradients_autocast_and_other_dtypes_take_f_linear(monkeypatch):
+def test_gradients_autocast_and_empty_inputs_take_f_linear(monkeypatch):
     net = model()
     monkeypatch.setattr(cpu_matmul, "_packed_linear", lambda *a: pytest.fail("the packed copy was used"))
     x = torch.randn(8, WIDE)
