@@ -101,6 +101,8 @@ def test_off_unavailable_or_disagreeing_packs_nothing(monkeypatch):
     with packed_for_decoding(net) as layers:
         assert layers == 0 and type(net[0]) is torch.nn.Linear
     cpu_matmul.configure("torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16), packed_for_decoding(net) as layers:  # a bf16 role's call
+        assert layers == 0
     cpu_matmul._packed_sizes.clear()
 
     def missing(weight):

@@ -294,9 +294,11 @@ def packed_for_decoding(model: torch.nn.Module) -> Iterator[int]:
     ``PACKED_MIN_FEATURES`` compute small products from a copy of their weight packed on entry, so
     weights must not change inside (a generate call); yields how many layers. On exit each layer is
     a plain ``nn.Linear`` again and the copies are freed. Nothing changes where packing is off
-    (``runtime.pack_decoding_weights``), unavailable, disagrees with ``F.linear``, or where the copies
+    (``runtime.pack_decoding_weights``), under CPU autocast, unavailable, disagrees with ``F.linear``, or where the copies
     would take more than ``MEMORY_SHARE`` of the available memory (a warning says so, once)."""
-    layers = [m for m in model.modules() if type(m) is torch.nn.Linear] if _pack_decoding else []
+    # under autocast (a bf16 role) every layer calls F.linear: copies would cost time and memory for nothing
+    wanted = _pack_decoding and not torch.is_autocast_enabled("cpu")
+    layers = [m for m in model.modules() if type(m) is torch.nn.Linear] if wanted else []
     layers = [m for m in layers if m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
               and min(m.weight.shape) >= PACKED_MIN_FEATURES and packing_agrees(*m.weight.shape)]
     if layers and not _room_for(sum(_packed_size(*m.weight.shape) for m in layers)):
