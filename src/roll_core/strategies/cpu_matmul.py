@@ -92,17 +92,23 @@ def onednn_available() -> bool:
     return _available
 
 
-def cpu_vendor() -> str:
-    """The CPU's vendor as Linux reports it (``AuthenticAMD``, ``GenuineIntel``), or "" where
-    ``/proc/cpuinfo`` does not say (other systems, other architectures)."""
+def _proc_field(path: Path, key: str) -> str | None:
+    """The value after the colon on the first line of a ``/proc`` file that starts with ``key``, or
+    None where the file is missing or has no such line (other systems, older kernels)."""
     try:
-        with CPUINFO.open(encoding="ascii", errors="replace") as info:
+        with path.open(encoding="ascii", errors="replace") as info:
             for line in info:
-                if line.startswith("vendor_id"):
+                if line.startswith(key):
                     return line.partition(":")[2].strip()
     except OSError:
         pass
-    return ""
+    return None
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux reports it (``AuthenticAMD``, ``GenuineIntel``), or "" where
+    ``/proc/cpuinfo`` does not say (other systems, other architectures)."""
+    return _proc_field(CPUINFO, "vendor_id") or ""
 
 
 def onednn_preferred() -> bool:
@@ -248,14 +254,11 @@ def packing_agrees(out_features: int, in_features: int) -> bool:
 def available_memory() -> int | None:
     """Bytes of memory Linux says are available to new allocations (``MemAvailable``), or None where
     ``/proc/meminfo`` does not say."""
+    value = _proc_field(MEMINFO, "MemAvailable:")  # "20000000 kB"
     try:
-        with MEMINFO.open(encoding="ascii", errors="replace") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return int(value.split()[0]) * 1024 if value else None
+    except ValueError:
+        return None
 
 
 def _room_for(nbytes: int) -> bool:
