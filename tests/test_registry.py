@@ -77,7 +77,11 @@ def test_importing_a_strategy_changes_no_environment_variable():
     import subprocess
     import sys
 
-    code = ("import os; before = dict(os.environ); import roll_core.strategies.hf, roll_core.strategies.fsdp2; "
+    # torch._dynamo sets TORCHINDUCTOR_CACHE_DIR when it is first imported (transformers' models
+    # import it too), so it is imported before the snapshot: the test then passes or fails alone
+    # as it does after other tests of the same process imported it
+    code = ("import os, torch._dynamo; before = dict(os.environ); "
+            "import roll_core.strategies.hf, roll_core.strategies.fsdp2; "
             "print(sorted(set(os.environ.items()) ^ set(before.items())))")
     env = {k: v for k, v in __import__("os").environ.items() if k != "TOKENIZERS_PARALLELISM"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
