@@ -42,6 +42,27 @@ def test_unknown_name_lists_valid_names_and_suggests():
     assert "Valid names: exact_match, math_verify" in msg
 
 
+def test_an_empty_registry_says_so_for_an_unknown_name():
+    with pytest.raises(RegistryError, match=r"unknown reward 'x'\. Valid names: \(none registered\)$"):
+        Registry("reward").get("x")
+
+
+def test_an_entry_without_plugin_or_description():
+    reg = Registry("reward")
+    reg.register("plain", len)
+    reg.register("described", len, plugin="mine", description="what it does", requires={"m": "pip install m"})
+    plain, described = reg.entry("plain"), reg.entry("described")
+    assert (plain.plugin, plain.description, plain.metadata) == ("<direct>", "", {})
+    assert (described.plugin, described.description) == ("mine", "what it does")
+    assert described.metadata == {"requires": {"m": "pip install m"}}
+
+
+@pytest.mark.parametrize("name", ["", 3, None])
+def test_a_registered_name_must_be_a_non_empty_string(name):
+    with pytest.raises(RegistryError, match=f"reward: a registered name must be a non-empty string, got {name!r}"):
+        Registry("reward").register(name, len)
+
+
 def test_broken_lazy_target_names_plugin_and_target():
     reg = Registry("reward")
     reg.register("bad", "no_such_module_xyz:thing", plugin="acme")
