@@ -68,6 +68,19 @@ def test_the_demonstration_ends_with_one_eos_and_the_loss_covers_the_answer_only
     answers = [tokenizer.decode(ids[mask.bool()]) for ids, mask in zip(batch["responses"], batch["response_mask"])]
     assert answers == ["46</s>", "2</s>"]  # the template's EOS is not doubled; a plain target gets one
     assert int((batch["responses"][0] == eos).sum()) == 1
+    # a target that ends in EOS and then whitespace (a template's newline after the turn) gets no second EOS
+    spaced = demonstration_batch(tokenizer, [{"prompt": "1+1=", "demonstration": "2</s>\n"}])
+    assert int((spaced["responses"] == eos).sum()) == 1
+
+
+def test_no_special_token_is_added_to_prompts_or_targets(tiny_model_path):
+    from roll_core.pipelines.batches import demonstration_batch
+
+    tokenizer = load_tokenizer(str(tiny_model_path))
+    tokenizer.add_bos_token = True  # as Llama's tokenizers do: text is tokenized verbatim all the same
+    assert tokenizer("2")["input_ids"][0] == tokenizer.bos_token_id
+    batch = demonstration_batch(tokenizer, [{"prompt": "1+1=", "demonstration": "2"}])
+    assert tokenizer.decode(batch["prompt_ids"][0]) == "1+1=" and tokenizer.decode(batch["responses"][0]) == "2</s>"
 
 
 def test_sft_on_conversations_lowers_the_held_out_loss(tmp_path):

@@ -46,6 +46,13 @@ def test_examples_pack_longest_first_with_positions_restarting(tiny_model_path):
     assert tokenizer.decode(ids[1][target[1].bool()]) == "100</s>2</s>"  # the loss: answers and EOS only
     assert int(target.sum()) == sum(len(r["demonstration"]) + 1 for r in ROWS)
     assert len(packed_demonstration_batch(tokenizer, ROWS, max_length=16, multiple_of=4)) == 4  # padding rows
+    assert all(t.dtype == torch.long for t in batch.tensors.values())
+    assert batch["prompt_mask"].shape == batch["prompt_ids"].shape == (2, 1)
+    # an example exactly a row long fits; rows of 13 give three (9 | 9 | 7 + 6), padded to four, and
+    # by default no padding rows
+    assert len(packed_demonstration_batch(tokenizer, ROWS, max_length=9)) == 4
+    assert len(packed_demonstration_batch(tokenizer, ROWS, max_length=13, multiple_of=4)) == 4
+    assert len(packed_demonstration_batch(tokenizer, ROWS[:1], max_length=16)) == 1
 
 
 def test_an_example_longer_than_a_row_is_an_error(tiny_model_path):
