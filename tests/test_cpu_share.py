@@ -60,8 +60,8 @@ def test_nothing_is_measured_without_proc_stat(monkeypatch, tmp_path):
 
 def _stat(user, nice, system, idle, iowait, irq, softirq, steal, guest=0):
     """A /proc/stat: the all-CPU line, then per-CPU lines that must not be read. The kernel counts a
-    guest's time in ``user`` as well, so the ``guest`` and ``guest_nice`` columns are not added."""
-    return (f"cpu  {user} {nice} {system} {idle} {iowait} {irq} {softirq} {steal} {guest} {guest}\n"
+    guest's time in ``user`` as well (and ``guest_nice``'s in ``nice``), so those columns are not added."""
+    return (f"cpu  {user} {nice} {system} {idle} {iowait} {irq} {softirq} {steal} {guest} 0\n"
             "cpu0 1 2 3 4 5 6 7 8 0 0\ncpu1 9 9 9 9 9 9 9 9 0 0\nintr 12345\n")
 
 
@@ -88,8 +88,8 @@ def _sampled(monkeypatch, tmp_path, before: str, after: str | None, cores):
 
 def test_busy_cores_counts_all_but_idle_and_iowait_time_from_the_all_cpu_line(monkeypatch, tmp_path):
     before = _stat(100, 5, 50, 1000, 20, 3, 2, 1, guest=10)
-    # +100 user, +50 system, +4 irq, +6 softirq, +10 steal busy; +100 idle, +30 iowait not; the guest's
-    # +40 (twice) is inside user's +100
+    # +100 user, +50 system, +4 irq, +6 softirq, +10 steal busy; +100 idle, +30 iowait not; the
+    # guest's +40 is inside user's +100
     after = _stat(200, 5, 100, 1100, 50, 7, 8, 11, guest=50)
     busy = _sampled(monkeypatch, tmp_path, before, after, cores=2)
     assert busy == pytest.approx(2 * 170 / 300)
