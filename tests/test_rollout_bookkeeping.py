@@ -23,7 +23,7 @@ def test_the_budget_is_max_rounds_times_the_prompts_of_a_step():
 
 def test_keep_counts_each_rejected_group_once_and_adds_up_over_calls():
     ds = DynamicSampling(DynamicSamplingConfig(filter="std"), prompts_per_step=3)
-    # groups 0 (1, 1: no spread), 1 (0, 1: kept), 2 (0, 0: no spread); 3 samples of group 1 would not change it
+    # groups 0 (scores 1, 1: no spread), 1 (0, 1: kept) and 2 (0, 0: no spread): two rejected
     keep = ds.keep(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 1, 1, 2, 2]))
     assert keep.tolist() == [False, False, True, True, False, False]
     assert ds.filtered == 2
