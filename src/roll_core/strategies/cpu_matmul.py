@@ -297,8 +297,9 @@ def packed_for_decoding(model: torch.nn.Module) -> Iterator[int]:
     ``PACKED_MIN_FEATURES`` compute small products from a copy of their weight packed on entry, so
     weights must not change inside (a generate call); yields how many layers. On exit each layer is
     a plain ``nn.Linear`` again and the copies are freed. Nothing changes where packing is off
-    (``runtime.pack_decoding_weights``), under CPU autocast, unavailable, disagrees with ``F.linear``, or where the copies
-    would take more than ``MEMORY_SHARE`` of the available memory (a warning says so, once)."""
+    (``runtime.pack_decoding_weights``), under CPU autocast, unavailable, disagrees with
+    ``F.linear``, or where the copies would take more than ``MEMORY_SHARE`` of the available memory
+    (a warning says so, once)."""
     # under autocast (a bf16 role) every layer calls F.linear: copies would cost time and memory for nothing
     wanted = _pack_decoding and not torch.is_autocast_enabled("cpu")
     layers = [m for m in model.modules() if type(m) is torch.nn.Linear] if wanted else []
