@@ -85,11 +85,12 @@ class RewardRouter:
             result = group.executor.get(future)
             self._pending[id(handle)] -= 1
             seconds += result["seconds"]
-            self.failures["reward/timeouts"] += result.get("timeouts", 0)
-            self.failures["reward/nonfinite"] += result.get("nonfinite", 0)
-            for key, n in result.get("counters", {}).items():
+            # every key of RewardWorker.score_detailed's result is always there
+            self.failures["reward/timeouts"] += result["timeouts"]
+            self.failures["reward/nonfinite"] += result["nonfinite"]
+            for key, n in result["counters"].items():
                 self.failures[f"reward/{key}"] = self.failures.get(f"reward/{key}", 0.0) + n
-            if result.get("replace") and group.handles[worker] is handle:  # a call hung on it: a fresh worker
+            if result["replace"] and group.handles[worker] is handle:  # a call hung on it: a fresh worker
                 self._retiring[id(handle)] = (group.executor, group.executor.replace(group, worker))
                 group.executor.get(group.executor.invoke(group.handles[worker], "ready", (), {}))
                 self.failures["reward/replaced_workers"] += 1
