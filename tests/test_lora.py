@@ -10,10 +10,14 @@ LoRA is in ``test_pipeline.py``-style below, marked slow.
 
 from __future__ import annotations
 
+import ast
 import json
+import sys
+import warnings
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_and_check, load_config
@@ -114,12 +118,19 @@ def test_the_merge_is_w_plus_b_a_and_refuses_half_a_sync(tmp_path):
     ((name, merged),) = merger.merge([("layer.lora_B", b)])
     assert name == "layer.weight"
     torch.testing.assert_close(merged, torch.tensor([[3.0, 0.0], [3.5, 3.5]]))
-    # a full tensor for a targeted weight replaces the base the next merge starts from
-    assert merger.merge([("layer.weight", torch.zeros(2, 2))])[0][0] == "layer.weight"
-    merged = dict(merger.merge([("layer.lora_A", a), ("layer.lora_B", b)]))["layer.weight"]
+    # a full tensor for a targeted weight replaces the base the next merge starts from, as a copy (the
+    # bucket may be a view of a buffer the next sync writes again), and the bucket's other tensors follow
+    full = torch.zeros(2, 2)
+    out = dict(merger.merge([("layer.weight", full), ("other.weight", torch.ones(1)), ("layer.lora_A", a)]))
+    assert out.keys() == {"layer.weight", "other.weight"}
+    full.fill_(7.0)
+    merged = dict(merger.merge([("layer.lora_B", b)]))["layer.weight"]
     torch.testing.assert_close(merged, b @ a)
     merger.merge([("layer.lora_A", a)])
     with pytest.raises(RuntimeError, match="half-sent adapters for \\['layer'\\]"):
+        merger.finish()
+    merger.merge([(f"l{i}.lora_A", a) for i in range(6)])  # many: the first five are named
+    with pytest.raises(RuntimeError, match="for \\['l0', 'l1', 'l2', 'l3', 'l4'\\]$"):
         merger.finish()
     with pytest.raises(KeyError, match="no weight 'missing.weight'"):
         merger.merge([("missing.lora_A", a), ("missing.lora_B", b)])
@@ -143,11 +154,13 @@ def test_a_saved_adapter_loads_with_peft_and_gives_the_same_log_probs(tiny_model
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    _, trainer, batch = _trained(tiny_model_path)
+    # a rank and a dropout other than peft's defaults (8, 0), so that each must reach peft's config
+    _, trainer, batch = _trained(tiny_model_path, "roles.actor_train.lora.rank=4", "roles.actor_train.lora.dropout=0.1")
     trainer.save_checkpoint(str(tmp_path / "ckpt"))
     assert not (tmp_path / "ckpt" / "model").exists()  # save: adapter (the default) writes no full model
     config = json.loads((tmp_path / "ckpt" / "adapter" / "adapter_config.json").read_text())
-    assert config["r"] == 8 and config["lora_alpha"] == 16
+    assert config["r"] == 4 and config["lora_alpha"] == 16 and config["lora_dropout"] == 0.1
+    assert config["bias"] == "none" and config["base_model_name_or_path"] == str(tiny_model_path)
     base = AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32)
     loaded = PeftModel.from_pretrained(base, str(tmp_path / "ckpt" / "adapter")).eval()
     torch.testing.assert_close(_log_probs_of(loaded, batch), trainer.compute_log_probs(batch, 1.0), atol=1e-6, rtol=0)
@@ -158,6 +171,8 @@ def test_a_merged_save_is_a_plain_model_with_the_policys_log_probs(tiny_model_pa
     trainer.save_checkpoint(str(tmp_path / "ckpt"))
     plain = load_causal_lm(str(tmp_path / "ckpt" / "model")).eval()
     assert not any("lora" in n for n, _ in plain.named_parameters())
+    with safe_open(str(tmp_path / "ckpt" / "model" / "model.safetensors"), framework="pt") as f:
+        assert f.keys() and not [k for k in f.keys() if "lora" in k]  # none written (loading would ignore them)
     torch.testing.assert_close(_log_probs_of(plain, batch), trainer.compute_log_probs(batch, 1.0), atol=1e-5, rtol=0)
 
 
@@ -193,6 +208,26 @@ def test_missing_peft_is_named_with_the_install_command(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
     with pytest.raises(ConfigError, match=r"needs peft, which is not installed: pip install 'roll-core\[lora\]'"):
         load_and_check(None, ["roles.actor_train.lora={rank: 4}"])
+
+
+def test_wrapping_hides_the_deprecation_warning_peft_triggers(tiny_model_path):
+    from roll_core.strategies import lora
+
+    settings = load_config(None, LORA).roles.actor_train.lora
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        lora.wrap(load_causal_lm(str(tiny_model_path)), settings, str(tiny_model_path), seed=0)
+        load_causal_lm(str(tiny_model_path)).is_gradient_checkpointing  # what peft reads  # noqa: B018
+    assert [str(w.message) for w in seen if "is_gradient_checkpointing" in str(w.message)] == [
+        str(seen[-1].message)]  # only the direct read above warned
+
+
+def test_a_strategy_without_peft_names_the_install_command(monkeypatch):
+    from roll_core.strategies import lora
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # what an environment without peft imports
+    with pytest.raises(ConfigError, match=r"^roles.actor_train.lora needs peft: pip install 'roll-core\[lora\]'$"):
+        lora._peft()
 
 
 def test_unknown_target_modules_list_the_models_linear_layers(tiny_model_path):
@@ -237,6 +272,9 @@ def test_folding_keeps_the_policy_and_makes_it_the_base(tiny_model_path, tmp_pat
     torch.testing.assert_close(resumed.compute_log_probs(batch, 1.0), trainer.compute_log_probs(batch, 1.0),
                                atol=1e-5, rtol=0)
     torch.testing.assert_close(resumed.base_log_probs(batch, 1.0), policy, atol=1e-5, rtol=0)
+    resumed.save_checkpoint(str(tmp_path / "again"))  # and its own adapters name that base too
+    assert json.loads((tmp_path / "again" / "adapter" / "adapter_config.json").read_text())[
+        "base_model_name_or_path"] == str(tmp_path / "warm")
 
 
 @pytest.fixture(scope="module")
@@ -305,5 +343,6 @@ def test_an_adapter_of_other_layers_is_refused_on_load(tiny_model_path, tmp_path
     trainer.save_checkpoint(str(tmp_path / "ckpt"))
     cfg = load_config(None, LORA + ["roles.actor_train.lora.target_modules=[q_proj]"])
     narrower = HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
-    with pytest.raises(ValueError, match="adapter weights this model does not have"):
+    with pytest.raises(ValueError, match="adapter weights this model does not have") as refused:
         narrower.load_checkpoint(str(tmp_path / "ckpt"))
+    assert len(ast.literal_eval(str(refused.value).rsplit(": ", 1)[1])) == 5  # the first five of many
