@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 import uuid
@@ -65,13 +66,41 @@ class Counting(Reward):
         return out
 
 
+class Crashing(Reward):
+    def score(self, sample):
+        raise ZeroDivisionError("my bug")
+
+
+class Short(Reward):
+    """Drops the last sample's score, as a batched reward with an off-by-one would."""
+
+    def score(self, sample):
+        return 1.0
+
+    def score_batch(self, samples):
+        return [1.0] * (len(samples) - 1)
+
+
+class Strict(Reward):
+    def __init__(self, level: int = 0):
+        raise ValueError(f"level {level} is not supported")
+
+    def score(self, sample):
+        return 1.0
+
+
 @pytest.fixture
 def rewards(roll_plugins):
     def register(register):
         register("nan_reward", NaNReward)
+        register("nan_again", NaNReward)
         register("hanging", Hanging)
+        register("hanging_again", Hanging)
         register("picky", Picky)
+        register("strict", Strict)
         register("counting", Counting)
+        register("crashing", Crashing)
+        register("short", Short)
 
     roll_plugins(("mine", types.SimpleNamespace(roll_register_rewards=hookimpl(register))))
 
@@ -100,6 +129,36 @@ def test_a_hanging_reward_times_out_per_call_and_asks_for_a_new_worker(rewards):
     with pytest.raises(RewardError, match=r"reward 'hanging' \(plugin 'mine'\) did not score 2 sample\(s\) within "
                                           r"0.1 s \(roles.domain_rewards.code.timeout_s=0.05 per sample"):
         strict.score_detailed(SAMPLES)
+
+
+def test_failures_of_several_rewards_in_one_worker_add_up(rewards):
+    zero = {"on_nonfinite": "zero", "timeout_s": 0.05}
+    out = RewardWorker([("nan_reward", {}, 1.0), ("nan_again", {}, 1.0)], None, failures=zero).score_detailed(SAMPLES)
+    assert out["nonfinite"] == 2 and out["scores"] == [2.0, 0.0]
+    out = RewardWorker([("hanging", {}, 1.0), ("hanging_again", {}, 1.0)], None, failures=zero).score_detailed(SAMPLES)
+    assert out["timeouts"] == 4 and out["replace"]
+    # the abandoned calls' threads are named after their rewards (what a stack dump shows)
+    assert {"reward-hanging", "reward-hanging_again"} <= {t.name for t in threading.enumerate()}
+
+
+def test_every_reward_of_a_worker_is_built_and_scores(rewards):
+    worker = RewardWorker([("counting", {}, 0.5), ("nan_reward", {}, 2.0)], None)
+    assert worker.ready() is True
+    out = worker.score_detailed(SAMPLES[:1])
+    assert out["scores"] == [2.5] and out["components"] == {"counting": [1.0], "nan_reward": [1.0]}
+
+
+def test_the_first_reward_that_fails_to_start_is_the_one_reported(rewards):
+    worker = RewardWorker([("strict", {"level": 3}, 1.0), ("picky", {"penalty": -1}, 1.0)], None)
+    with pytest.raises(RewardConfigError, match=r"reward 'strict' .* ValueError: level 3 is not supported$"):
+        worker.ready()
+
+
+def test_a_reward_that_raises_or_miscounts_is_named_with_its_plugin(rewards):
+    with pytest.raises(RewardError, match=r"^reward 'crashing' \(plugin 'mine'\) raised ZeroDivisionError: my bug$"):
+        RewardWorker([("crashing", {}, 1.0)], None).score_detailed(SAMPLES)
+    with pytest.raises(RewardError, match=r"^reward 'short' \(plugin 'mine'\) returned 1 scores for 2 samples$"):
+        RewardWorker([("short", {}, 1.0)], None).score_detailed(SAMPLES)
 
 
 def test_the_router_replaces_a_worker_whose_call_hung_and_counts_it(rewards):
