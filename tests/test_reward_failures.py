@@ -81,14 +81,6 @@ class Short(Reward):
         return [1.0] * (len(samples) - 1)
 
 
-class Strict(Reward):
-    def __init__(self, level: int = 0):
-        raise ValueError(f"level {level} is not supported")
-
-    def score(self, sample):
-        return 1.0
-
-
 @pytest.fixture
 def rewards(roll_plugins):
     def register(register):
@@ -97,7 +89,6 @@ def rewards(roll_plugins):
         register("hanging", Hanging)
         register("hanging_again", Hanging)
         register("picky", Picky)
-        register("strict", Strict)
         register("counting", Counting)
         register("crashing", Crashing)
         register("short", Short)
@@ -149,8 +140,8 @@ def test_every_reward_of_a_worker_is_built_and_scores(rewards):
 
 
 def test_the_first_reward_that_fails_to_start_is_the_one_reported(rewards):
-    worker = RewardWorker([("strict", {"level": 3}, 1.0), ("picky", {"penalty": -1}, 1.0)], None)
-    with pytest.raises(RewardConfigError, match=r"reward 'strict' .* ValueError: level 3 is not supported$"):
+    worker = RewardWorker([("picky", {"penalty": -1}, 1.0), ("picky", {"penalty": -2}, 1.0)], None)
+    with pytest.raises(RewardConfigError, match=r"reward 'picky' .* ValueError: penalty must be >= 0, got -1$"):
         worker.ready()
 
 

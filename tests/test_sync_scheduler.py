@@ -80,23 +80,19 @@ class OneAtATime(LocalExecutor):
 
 
 class Rows:
-    """Prompts in the order given (a stream that does not shuffle), ground truth ``"1"``."""
+    """Rows in the order given (a stream that does not shuffle), each a prompt or a row's fields,
+    ground truth ``"1"``."""
 
-    def __init__(self, *prompts):
-        self.rows, self.drawn = [{"prompt": p, "ground_truth": "1"} for p in prompts], 0
-
-    @classmethod
-    def of(cls, *rows):
-        out = cls()
-        out.rows = [{"ground_truth": "1", **row} for row in rows]
-        return out
+    def __init__(self, *rows):
+        self.rows = [{"ground_truth": "1", **({"prompt": r} if isinstance(r, str) else r)} for r in rows]
+        self.drawn = 0
 
     def next(self, n):
         self.drawn += n
         return self.rows[self.drawn - n:self.drawn]
 
 
-def scheduler(*prompts, executor=None, **overrides):
+def scheduler(*rows, executor=None, **overrides):
     settings = {"rollout.prompts_per_step": 2, "rollout.num_return_sequences": 2, "rollout.max_new_tokens": 2,
                 "rollout.temperature": 0.7, "algorithm.dynamic_sampling.filter": "mean",
                 "algorithm.dynamic_sampling.max_rounds": 3, **overrides}
@@ -105,7 +101,7 @@ def scheduler(*prompts, executor=None, **overrides):
     executor = executor or LocalExecutor()
     out = SyncRolloutScheduler(config, executor, WorkerGroup("actor_infer", [Engine(tokenizer)], executor),
                                Rewards(), tokenizer)
-    out.start(Rows(*prompts) if prompts and isinstance(prompts[0], str) else Rows.of(*prompts))
+    out.start(Rows(*rows))
     return out
 
 
