@@ -17,7 +17,9 @@ step's generation to the trainer's worker as one task (``Executor.one_task_per_w
 
 ``dispatch + return`` is what the step's one task costs beyond its work, and ``run`` on Ray
 against ``run`` locally is how much slower the same work runs in a worker process. It prints
-medians over the RL steps after the first.
+medians over the RL steps after the first. The Ray run keeps the controller in the driver
+(``ray.colocate_controller=false``): inside the quickstart's one worker, where ``roll run`` puts it
+by default, a step makes no Ray call to measure.
 
     python benchmarks/ray_calls.py [--steps 60] [--rounds 2] [overrides ...]
 
@@ -160,7 +162,9 @@ def main() -> None:
     for round_ in range(args.rounds):
         for executor in ("local", "ray"):
             recorder.out, recorder.events = root / f"{executor}-{round_}", []
-            if roll(run_args(recorder.out, executor, args.steps, args.overrides)) != 0:
+            # on Ray the controller stays in the driver: with it inside the worker a step makes no call
+            driver = ["ray.colocate_controller=false"] if executor == "ray" else []
+            if roll(run_args(recorder.out, executor, args.steps, [*args.overrides, *driver])) != 0:
                 raise SystemExit(f"the {executor} run failed")
             if executor == "ray":
                 rows = [json.loads(line) for line in (recorder.out / "metrics.jsonl").read_text().splitlines()]

@@ -13,8 +13,10 @@ steps, and whole
 (batching, packing, rewards, advantages, the pipeline's bookkeeping) is overhead. On Ray the
 workers are other processes; a Ray step does the same compute, so what it takes beyond the local
 step is the executor's cost (calls, serialisation, the weight broadcast). By default Ray builds
-actor_infer's worker inside actor_train's process (``ray.hybrid_engine``); ``--executor all`` also
-runs Ray with a process per role (``ray-separate``). Ratios compare ``time/iteration_s``, a step's
+actor_infer's worker inside actor_train's process (``ray.hybrid_engine``) and, that process hosting
+every role, runs the pipeline's controller there too (``ray.colocate_controller``); ``--executor
+all`` also runs Ray with the controller in the driver (``ray-driver``) and with a process per role
+(``ray-separate``). Ratios compare ``time/iteration_s``, a step's
 wall time as the run goes (the loop's logging included); ``time/step_s`` leaves out what the hybrid
 engine generates before a step starts.
 
@@ -45,10 +47,14 @@ from pathlib import Path
 
 from scratch import runs_dir  # the runs' directory: --keep, or removed at exit
 
-# Ray runs per --executor choice: the default layout, and with "all" also actor_infer in a process of
-# its own (ray.hybrid_engine=false), so the hybrid engine's effect is measured in the same invocation.
+# Ray runs per --executor choice: the default layout (on the quickstart, the controller inside the one
+# worker that hosts every role), and with "all" also the controller in the driver
+# (ray.colocate_controller=false) and actor_infer in a process of its own (ray.hybrid_engine=false),
+# so the effect of each is measured in the same invocation.
 RAY_LAYOUTS = {"local": [], "ray": [("ray", [])], "both": [("ray", [])],
-               "all": [("ray", []), ("ray-separate", ["ray.hybrid_engine=false"])]}
+               "all": [("ray", []), ("ray-driver", ["ray.colocate_controller=false"]),
+                       ("ray-separate", ["ray.hybrid_engine=false"])]}
+RAY_NAMES = ("ray", "ray-driver", "ray-separate")
 # time/iteration_s: from one step's end to the next one's, the loop's logging included (under the
 # hybrid engine part of a step's generation runs before its time/step_s starts): the headline number
 PHASES = ("time/iteration_s", "time/step_s", "time/rollout_s", "time/generate_s", "time/train_s",
@@ -190,7 +196,7 @@ def main() -> None:
               f"overhead {step - compute:.4f} s ({1 - compute / step:.0%})")
     if "ray" in results and "local" in results:
         ray, local = results["ray"]["time/iteration_s"], results["local"]["time/iteration_s"]
-        for name in [n for n in ("ray", "ray-separate") if n in results]:
+        for name in [n for n in RAY_NAMES if n in results]:
             each = " ".join(f"{a / b:.2f}x" for a, b in zip(rounds[name], rounds["local"]))
             step_ratio = results[name]["time/step_s"] / results["local"]["time/step_s"]
             print(f"{name} / local iteration time: {results[name]['time/iteration_s'] / local:.2f}x "
@@ -202,7 +208,7 @@ def main() -> None:
         rest = {name: outside_compute(phase) for name, phase in results.items()}
         print("outside training and generation, per step: "
               + ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in rest.items()))
-        for name in [n for n in ("ray", "ray-separate") if n in results]:
+        for name in [n for n in RAY_NAMES if n in results]:
             added = rest[name] - rest["local"]
             print(f"{name} adds {added * 1000:.1f} ms per step: {(local + added) / local:.2f}x the local iteration "
                   "at the same compute speed")

@@ -82,7 +82,9 @@ def test_run_starts_by_saying_what_it_runs():
     from roll_core.config import load_config
 
     assert describe_run(load_config(None, [])) == ("roll run: pipeline rlvr, model tiny, data carry_addition, reward "
-                                                   "exact_match, executor ray, 200 steps -> runs/quickstart")
+                                                   "exact_match, executor ray (the controller inside its one "
+                                                   "worker), 200 steps -> runs/quickstart")
+    assert "executor ray, 200 steps" in describe_run(load_config(None, ["ray.colocate_controller=false"]))
     agentic = load_config(None, ["pipeline=agentic", "agentic.envs=[{env: frozen_lake, name: lake}, {env: sokoban}]"])
     assert "environments lake (frozen_lake), sokoban (sokoban)" in describe_run(agentic)
     compiled = load_config(None, ["roles.actor_train.compile=true", "roles.critic.compile=true",

@@ -120,7 +120,10 @@ def describe_run(config) -> str:
     compiled = config.compiled_roles()
     # compiling takes tens of seconds in the first pass, which would otherwise look like a hang
     compiling = f", compiling {' and '.join(compiled)} in the first pass" if compiled else ""
-    return (f"roll run: pipeline {config.pipeline}, model {config.model.path}, {task}, executor {config.executor}, "
+    from roll_core.runtime.placement import controller_in_worker
+
+    executor = config.executor + (" (the controller inside its one worker)" if controller_in_worker(config) else "")
+    return (f"roll run: pipeline {config.pipeline}, model {config.model.path}, {task}, executor {executor}, "
             f"{config.trainer.max_steps} steps{compiling} -> {config.output_dir}")
 
 
@@ -154,7 +157,9 @@ def _cmd_run(args) -> int:
     from roll_core.config import load_and_check
     from roll_core.plugins import get_plugins
     from roll_core.runtime import make_executor
+    from roll_core.runtime.controller import HostedRun
     from roll_core.runtime.cpu_share import warn_if_cores_busy
+    from roll_core.runtime.placement import controller_in_worker
 
     _quiet_libraries(args.verbose)
     config = load_and_check(args.config, args.overrides)  # everything is checked before a worker starts
@@ -166,7 +171,8 @@ def _cmd_run(args) -> int:
     try:
         executor = make_executor(config)
         try:
-            pipeline = pipeline_cls(config, executor)
+            # a run whose roles all live in one Ray worker runs its pipeline there (ray.colocate_controller)
+            pipeline = (HostedRun if controller_in_worker(config) else pipeline_cls)(config, executor)
             pipeline.run()
         finally:
             executor.shutdown()  # every worker stops, on Ctrl-C too

@@ -717,6 +717,12 @@ class RayConfig(Strict):
         "engine: one process, its calls in order, the weight update handed over in memory. It needs a "
         "rollout that waits for the update (rollout.scheduler, agentic.rollout), CPU workers without device_mapping, one worker of each role, "
         "the same torch_threads and an engine that serves one request at a time. auto: on wherever it can be")
+    colocate_controller: bool | Literal["auto"] = Field(
+        "auto", description="run the pipeline's controller (its loop: scheduling, rewards, advantages, logging, "
+        "checkpoints) inside the run's one worker process, when every role lives there: one CPU worker of "
+        "actor_train with actor_infer inside it (the hybrid engine), rewards scored in the controller, no reference, "
+        "critic or environment workers of their own. A step then makes no Ray calls; `roll run` streams the run's "
+        "output and restarts the worker from the last checkpoint if it dies. auto: on wherever it can be")
 
 
 class RuntimeConfig(Strict):

@@ -464,11 +464,16 @@ def _worker_env(config) -> dict[str, str]:
       cores while the driver decodes, scores and sends the next call. ``GOMP_SPINCOUNT=30000``
       (about 1.7 ms there) ends the spin sooner: in alternating quickstart runs on Ray the time a
       step spends outside the worker's calls fell by 0.7-1.0 ms (6 of 6 pairs), the time per step
-      by 2% (median), and the worker's CPU time by about 10 ms a step."""
+      by 2% (median), and the worker's CPU time by about 10 ms a step. Not when the controller runs
+      inside the run's one worker (``ray.colocate_controller``): its work between calls is the
+      team's own, as on the local executor, which keeps OpenMP's default."""
     from roll_core.plugins import get_plugins
     from roll_core.rollout import overlaps_training
+    from roll_core.runtime.placement import controller_in_worker
 
     if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return {}
+    if controller_in_worker(config):  # one process: nothing else computes between its calls (runtime.controller)
         return {}
     if not overlaps_training(config.rollout.scheduler, get_plugins()):
         return {"GOMP_SPINCOUNT": "30000"}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roll_core.errors import ConfigError
+from roll_core.errors import ConfigError, RegistryError
 
 _TRAINED_KINDS = ("train", "critic")
 
@@ -30,7 +30,6 @@ def _overlap(a: list[int] | None, b: list[int] | None) -> list[int]:
 
 
 def _overlaps_training(cfg) -> bool:
-    from roll_core.errors import RegistryError
     from roll_core.plugins import get_plugins
     from roll_core.rollout import overlaps_training
 
@@ -86,6 +85,8 @@ def check_mappings(cfg) -> None:
                                  f"disjoint device_mapping")
     if cfg.executor == "ray" and cfg.ray.hybrid_engine is True and (blocker := hybrid_engine_blocker(cfg)):
         raise ValueError(f"ray.hybrid_engine: true, but {blocker}; use auto (on wherever it can be) or false")
+    if cfg.executor == "ray" and cfg.ray.colocate_controller is True and (blocker := controller_blocker(cfg)):
+        raise ValueError(f"ray.colocate_controller: true, but {blocker}; use auto (on wherever it can be) or false")
     per_node, nodes = cfg.runtime.num_gpus_per_node, cfg.runtime.num_nodes
     if per_node is not None:
         problems = cluster_problems(cfg, per_node, nodes)
@@ -110,7 +111,6 @@ def hybrid_engine_blocker(cfg) -> str | None:
     is its own; so: a rollout that waits for the update (``rollout.scheduler``, and for the agentic
     pipeline ``agentic.rollout``), CPU workers (no ``device_mapping``), one worker of each role, the
     same RL thread count, and an engine that serves one request at a time."""
-    from roll_core.errors import RegistryError
     from roll_core.plugins import get_plugins
 
     train, infer = cfg.roles.actor_train, cfg.roles.actor_infer
@@ -134,6 +134,52 @@ def hybrid_engine_blocker(cfg) -> str | None:
 def hybrid_engine(cfg) -> bool:
     """Whether actor_infer's worker is built inside actor_train's (``ray.hybrid_engine``)."""
     return cfg.executor == "ray" and cfg.ray.hybrid_engine is not False and hybrid_engine_blocker(cfg) is None
+
+
+def controller_blocker(cfg) -> str | None:
+    """Why the pipeline's controller cannot run inside the run's one worker process on Ray (None:
+    it can, ``ray.colocate_controller``). It can when every role the run starts lives in one
+    process: actor_train alone (one CPU worker), actor_infer inside it (the hybrid engine, its
+    weights handed over in memory), the rewards scored in the controller (``placement``), and no
+    reference, critic or environment workers of their own."""
+    from roll_core.algorithms.objective import reference_read
+    from roll_core.pipelines.runtime import scores_in_driver
+    from roll_core.plugins import get_plugins
+
+    roles = cfg.roles
+    if cfg.pipeline == "agentic":
+        return "the agentic pipeline's environment workers run in processes of their own"
+    train = roles.actor_train
+    if train.device_mapping is not None or train.num_workers != 1:
+        return "it needs one CPU worker of actor_train (no device_mapping, num_workers 1)"
+    if cfg.ray.hybrid_engine is False:
+        return "actor_infer runs in a process of its own (ray.hybrid_engine: false)"
+    if blocker := hybrid_engine_blocker(cfg):
+        return f"actor_infer runs in a process of its own: the hybrid engine is off, as {blocker}"
+    if cfg.runtime.weight_sync not in ("auto", "in_process"):
+        return f"runtime.weight_sync '{cfg.runtime.weight_sync}' moves the weights between processes"
+    if roles.critic is not None:
+        return "roles.critic runs on workers of its own"
+    plugins = get_plugins()
+    if roles.reference is not None and not cfg.reference_on_actor() and (
+            cfg.pipeline != "rlvr" or reference_read(cfg.algorithm, plugins)):
+        return "roles.reference runs on workers of its own"
+    specs = {"roles.reward": (roles.reward, [roles.reward.name])}
+    specs.update({f"roles.domain_rewards.{d}": (spec, [r.name for r in spec.rewards])
+                  for d, spec in roles.domain_rewards.items()})
+    for key, (spec, names) in specs.items():
+        try:
+            if not scores_in_driver(spec, names, plugins.rewards):
+                return f"{key} scores on workers of its own (its placement)"
+        except RegistryError:  # an unknown name is reported by the registry-name check
+            return f"{key} names a reward that is not registered"
+    return None
+
+
+def controller_in_worker(cfg) -> bool:
+    """Whether ``roll run`` runs the pipeline inside its one Ray worker (``ray.colocate_controller``,
+    :mod:`roll_core.runtime.controller`)."""
+    return cfg.executor == "ray" and cfg.ray.colocate_controller is not False and controller_blocker(cfg) is None
 
 
 def cluster_problems(cfg, per_node: int, nodes: int | None) -> list[str]:
