@@ -287,8 +287,9 @@ def test_workers_wait_for_openmp_work_as_the_scheduler_needs_unless_the_user_cho
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     assert _worker_env(load_and_check(None, ["rollout.scheduler=async"])) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    # sync: spinning inside a call, but not through the driver's turn after it
-    assert _worker_env(load_and_check(None, [])) == {"GOMP_SPINCOUNT": "30000"}
+    # sync, the controller in the driver: spinning inside a call, but not through the driver's turn after it
+    assert _worker_env(load_and_check(None, ["ray.colocate_controller=false"])) == {"GOMP_SPINCOUNT": "30000"}
+    assert _worker_env(load_and_check(None, [])) == {}  # the controller inside the one worker: no such turn
     one_each = [f"roles.{r}.torch_threads=1" for r in ("actor_train", "actor_infer", "reference")]
     assert _worker_env(load_and_check(None, ["rollout.scheduler=async", *one_each])) == {}  # no thread teams in RL
     assert _worker_env(load_and_check(None, ["rollout.scheduler=async", *one_each[:2]])) == {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -312,7 +313,7 @@ def test_ray_workers_start_with_the_openmp_setting(monkeypatch):
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
-    executor = make_executor(load_and_check(None, ["executor=ray", "ray.num_cpus=2"]))
+    executor = make_executor(load_and_check(None, ["executor=ray", "ray.num_cpus=2", "ray.colocate_controller=false"]))
     try:
         group = executor.spawn("probe", EnvProbe, [()])
         assert executor.get(group.call("env", "GOMP_SPINCOUNT")) == ["30000"]

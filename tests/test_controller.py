@@ -36,6 +36,7 @@ def test_the_quickstart_layout_runs_its_controller_in_its_one_worker():
     (["roles.actor_infer.num_workers=2"], "actor_infer runs in a process of its own: the hybrid engine is off, as it "
                                           "needs roles.actor_train.num_workers and roles.actor_infer.num_workers of 1"),
     (["roles.actor_train.num_workers=2"], "it needs one CPU worker of actor_train"),
+    (["roles.teacher={kind: infer}"], "roles.teacher runs on workers of its own"),
     (["runtime.weight_sync=shared_memory"], "runtime.weight_sync 'shared_memory' moves the weights between processes"),
     (["rollout.scheduler=async"], "the 'async' scheduler generates while the policy trains"),
 ])

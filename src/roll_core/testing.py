@@ -307,8 +307,9 @@ sys.exit(main(sys.argv[1:]))
 
 def run_with_a_killed_worker(run_dir, *overrides: str, timeout_s: float = 600):
     """``roll run`` of a small five-step quickstart on Ray (checkpoints every 2 steps, one restart
-    allowed unless ``overrides`` say otherwise) whose inference worker is SIGKILLed before step 3.
-    Returns the finished ``subprocess.CompletedProcess``."""
+    allowed unless ``overrides`` say otherwise) whose inference worker is SIGKILLed before step 3
+    by the driver (so the controller stays there, ``ray.colocate_controller=false``). Returns the
+    finished ``subprocess.CompletedProcess``."""
     import subprocess
     import sys
     from pathlib import Path
@@ -319,7 +320,8 @@ def run_with_a_killed_worker(run_dir, *overrides: str, timeout_s: float = 600):
     script.write_text(_KILL_INFER_BEFORE_STEP_3)
     args = ["run", f"output_dir={run_dir}", "executor=ray", "warmup.steps=20", "rollout.prompts_per_step=4",
             "rollout.num_return_sequences=4", "trainer.eval_every=0", "data.eval_size=16", "trackers=[jsonl]",
-            "torch_threads=1", "trainer.max_steps=5", "trainer.save_every=2", "runtime.max_restarts=1", *overrides]
+            "torch_threads=1", "trainer.max_steps=5", "trainer.save_every=2", "runtime.max_restarts=1",
+            "ray.colocate_controller=false", *overrides]
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout_s)
 
 

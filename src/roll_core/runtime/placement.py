@@ -160,6 +160,8 @@ def controller_blocker(cfg) -> str | None:
         return f"runtime.weight_sync '{cfg.runtime.weight_sync}' moves the weights between processes"
     if roles.critic is not None:
         return "roles.critic runs on workers of its own"
+    if own := roles.own():
+        return f"roles.{next(iter(own))} runs on workers of its own"
     plugins = get_plugins()
     if roles.reference is not None and not cfg.reference_on_actor() and (
             cfg.pipeline != "rlvr" or reference_read(cfg.algorithm, plugins)):
