@@ -31,19 +31,25 @@ def test_the_quickstart_layout_runs_its_controller_in_its_one_worker():
     (["algorithm.kl_metric=true"], "roles.reference runs on workers of its own"),
     (["algorithm.kl_loss_coef=0.1"], "roles.reference runs on workers of its own"),
     (["algorithm.advantage_estimator=gae", "roles.critic={}"], "roles.critic runs on workers of its own"),
-    (["roles.reward.placement=workers"], "roles.reward scores on workers of its own"),
+    (["roles.teacher={kind: infer}"], "roles.teacher runs on workers of its own"),
+    (["roles.reward.placement=workers"], "roles.reward scores on workers of its own (its placement)"),
     (["ray.hybrid_engine=false"], "actor_infer runs in a process of its own (ray.hybrid_engine: false)"),
     (["roles.actor_infer.num_workers=2"], "actor_infer runs in a process of its own: the hybrid engine is off, as it "
                                           "needs roles.actor_train.num_workers and roles.actor_infer.num_workers of 1"),
-    (["roles.actor_train.num_workers=2"], "it needs one CPU worker of actor_train"),
-    (["roles.teacher={kind: infer}"], "roles.teacher runs on workers of its own"),
+    (["rollout.scheduler=async"], "actor_infer runs in a process of its own: the hybrid engine is off, as the 'async' "
+                                  "scheduler generates while the policy trains"),
+    (["roles.actor_train.num_workers=2"], "it needs one CPU worker of actor_train (no device_mapping, num_workers 1)"),
     (["runtime.weight_sync=shared_memory"], "runtime.weight_sync 'shared_memory' moves the weights between processes"),
-    (["rollout.scheduler=async"], "the 'async' scheduler generates while the policy trains"),
+    (["pipeline=agentic"], "the agentic pipeline's environment workers run in processes of their own"),
 ])
 def test_a_layout_of_more_than_one_process_keeps_its_controller_in_the_driver(overrides, reason):
     cfg = load_config(None, RAY + overrides)
-    assert reason in (controller_blocker(cfg) or "")
+    assert controller_blocker(cfg) == reason
     assert not controller_in_worker(cfg)
+
+
+def test_the_weights_handed_over_in_the_process_keep_the_controller_in_the_worker():
+    assert controller_in_worker(load_config(None, RAY + ["runtime.weight_sync=in_process"]))
 
 
 def test_a_reference_nothing_reads_does_not_keep_the_controller_out():
@@ -92,6 +98,7 @@ def test_roll_run_on_ray_runs_the_quickstart_inside_its_worker_with_the_local_ru
     assert host != pid and {w["pid"] for ws in placement["roles"].values() for w in ws} == {host}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["controller"] == "worker" and summary["restarts"] == 0
+    assert json.loads((run_dir / "config.json").read_text())["executor"] == "local"  # what the pipeline ran on
     local, ray = _metrics(runs["local"][2]), _metrics(run_dir)
     assert [m["step"] for m in ray] == [0, 1, 2, 3] == [m["step"] for m in local]
     for a, b in zip(local, ray):

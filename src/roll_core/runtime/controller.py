@@ -13,7 +13,8 @@ into it, and a step makes no Ray call at all.
 How. ``roll run`` starts Ray as for any run, then one actor, :class:`ControllerHost`, on the
 driver's node (the run reads and writes the driver's files). It runs the pipeline on the local
 executor: every role an object in its process, the same code path and the same numbers as
-``executor: local``. The pipeline's output streams back to the driver, which prints it as it comes.
+``executor: local`` (which the run's ``config.json`` records; its ``summary.json`` says
+``"controller": "worker"``). The pipeline's output streams back to the driver, which prints it as it comes.
 If the process dies, the driver starts a fresh one that resumes from the last checkpoint, at most
 ``runtime.max_restarts`` times; Ctrl-C in the driver stops the actor with the cluster.
 :func:`~roll_core.runtime.placement.controller_blocker` says which layouts qualify.
@@ -117,11 +118,6 @@ class ControllerHost:
         if "error" in box:
             raise box["error"]
         yield "summary", box["summary"]
-
-    def pid(self) -> int:
-        import os
-
-        return os.getpid()
 
 
 def _joined(chunks: list[tuple[str, str]]) -> list[tuple[str, str]]:
