@@ -172,6 +172,12 @@ class HostedRun:
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
         # as the driver of a local run: the tokenizers' own thread pool would compete with torch's threads
         env = {"TOKENIZERS_PARALLELISM": "false"}
+        if config.runtime.reuse_freed_memory:
+            # the pipeline computes in a thread of its own, and glibc gives such a thread an arena of
+            # its own, capped at 64 MiB a heap: larger blocks (a 95M model's logits, its embedding's
+            # gradient) would then be mmap'ed and unmapped at every step, whatever mallopt says
+            # (runtime.host_memory). One arena keeps them in the main heap, as in a local run.
+            env["MALLOC_ARENA_MAX"] = "1"
         tty = sys.stdout.isatty()
         if tty:  # progress bars as wide as the terminal they are drawn on
             env["COLUMNS"] = str(shutil.get_terminal_size().columns)
