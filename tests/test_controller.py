@@ -178,7 +178,7 @@ def test_ctrl_c_stops_the_worker_and_names_the_step_it_stopped_in(tmp_path):
     assert proc.returncode == 130, stderr[-3000:]
     last = [line for line in stderr.splitlines() if line.strip()][-1]
     assert last.startswith("interrupted during RL step ") and "every worker was stopped" in last, stderr[-3000:]
-    assert "resumes from its last checkpoint" in last
+    assert "resumes from the last checkpoint" in last
     deadline = time.monotonic() + 30
     while os.path.exists(f"/proc/{host}") and time.monotonic() < deadline:
         time.sleep(0.2)

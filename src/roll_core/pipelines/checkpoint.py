@@ -36,6 +36,11 @@ class CheckpointManager:
         done = self.complete()
         return done[-1][1] if done else None
 
+    def resume_point(self) -> str:
+        """Where a run stopped now would resume from, in words: for messages to the user."""
+        latest = self.latest()
+        return f"the last checkpoint, {latest}" if latest else "the start (no checkpoint yet)"
+
     def save(self, step: int, write: Callable[[Path], dict | None], state: dict) -> Path:
         """``write(tmp_dir)`` fills the checkpoint; ``state`` and the dict ``write`` may return
         become ``state.json``."""

@@ -37,12 +37,13 @@ import torch
 from roll_core.config.resume import check_resume
 from roll_core.data import Batch
 from roll_core.embedded.model import build_tiny_model
-from roll_core.errors import ConfigError, WorkerLostError
+from roll_core.errors import ConfigError
 from roll_core.pipelines import Pipeline
 from roll_core.pipelines.checkpoint import CheckpointManager
 from roll_core.pipelines.rollout_dump import write_dump
 from roll_core.plugins import get_plugins
 from roll_core.runtime.executor import LocalExecutor, WorkerGroup
+from roll_core.runtime.restarts import run_restarting
 from roll_core.runtime.placement import (Residency, check_cluster, colocated, hybrid_engine, nodes_needed,
                                          worker_slots)
 from roll_core.rollout.rewards import RewardRouter
@@ -317,8 +318,7 @@ class TrainingLoop(Pipeline):
         return self.checkpoints.save(step, self.write_checkpoint, state)
 
     def resume_hint(self) -> str:
-        latest = self.checkpoints.latest()
-        return f"its last checkpoint, {latest}" if latest else "the start (no checkpoint yet)"
+        return self.checkpoints.resume_point()
 
     def run(self) -> dict:
         cfg = self.config
@@ -329,21 +329,10 @@ class TrainingLoop(Pipeline):
         self.prepare()
         self.roles.place()
         trackers = [self.plugins.trackers.get(name)(self.run_dir, cfg) for name in cfg.trackers]
-        restarts = 0
         try:
-            while True:
-                try:
-                    summary = self._attempt(trackers, resume=restarts > 0 or cfg.trainer.resume == "auto")
-                    break
-                except WorkerLostError as exc:
-                    where = self.resume_hint().replace("its last", "the last")
-                    if restarts >= cfg.runtime.max_restarts:
-                        raise WorkerLostError(f"{exc}. No restarts left (runtime.max_restarts={cfg.runtime.max_restarts}); "
-                                              f"run the same command again to resume from {where}") from exc
-                    restarts += 1
-                    print(f"warning: {exc}. Restarting every worker from {where} "
-                          f"(restart {restarts} of {cfg.runtime.max_restarts})", flush=True)
-                    self.executor.kill_all()
+            summary, restarts = run_restarting(
+                lambda restarts: self._attempt(trackers, resume=restarts > 0 or cfg.trainer.resume == "auto"),
+                self.checkpoints, cfg.runtime.max_restarts, before_restart=self.executor.kill_all)
         finally:
             for t in trackers:
                 t.close()

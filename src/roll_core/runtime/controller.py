@@ -32,8 +32,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from roll_core.errors import RollError, WorkerLostError
+from roll_core.errors import WorkerLostError
 from roll_core.pipelines.checkpoint import CheckpointManager
+from roll_core.runtime.executor import raise_roll_error
+from roll_core.runtime.restarts import run_restarting
 
 # the host sends what the pipeline printed at most this often (and its phase when that changed),
 # so a chatty run costs a message a second, not one per line
@@ -141,27 +143,15 @@ class HostedRun:
         self.checkpoints = CheckpointManager(Path(config.output_dir) / "checkpoints", config.trainer.keep_checkpoints)
 
     def resume_hint(self) -> str:
-        latest = self.checkpoints.latest()
-        return f"its last checkpoint, {latest}" if latest else "the start (no checkpoint yet)"
+        return self.checkpoints.resume_point()
 
     def run(self) -> dict:
-        config, restarts = self.config, 0
-        while True:
-            try:
-                summary = self._attempt(config)
-                break
-            except WorkerLostError as exc:
-                where = self.resume_hint().replace("its last", "the last")
-                limit = config.runtime.max_restarts
-                if restarts >= limit:
-                    raise WorkerLostError(f"{exc}. No restarts left (runtime.max_restarts={limit}); run the same "
-                                          f"command again to resume from {where}") from exc
-                restarts += 1
-                print(f"warning: {exc}. Restarting it from {where} (restart {restarts} of {limit})", flush=True)
-                # the new process continues this run: from its checkpoint, whatever trainer.resume said
-                config = config.model_copy(update={"trainer": config.trainer.model_copy(update={"resume": "auto"})})
+        # a fresh process continues this run: from its checkpoint, whatever trainer.resume said
+        resumed = self.config.model_copy(update={"trainer": self.config.trainer.model_copy(update={"resume": "auto"})})
+        summary, restarts = run_restarting(lambda restarts: self._attempt(resumed if restarts else self.config),
+                                           self.checkpoints, self.config.runtime.max_restarts, restarted="it")
         summary = {**summary, "restarts": summary.get("restarts", 0) + restarts, "controller": "worker"}
-        (Path(config.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
+        (Path(self.config.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
     def _attempt(self, config) -> dict:
@@ -205,7 +195,4 @@ class HostedRun:
         try:
             return ray.get(ref)
         except ray.exceptions.RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, RollError):
-                raise cause from None
-            raise
+            raise_roll_error(exc)

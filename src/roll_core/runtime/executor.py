@@ -40,7 +40,7 @@ import contextlib
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 from roll_core.errors import RollError, WorkerLostError
 
@@ -250,6 +250,16 @@ class LocalExecutor(Executor):
         return futures
 
 
+def raise_roll_error(exc: BaseException) -> NoReturn:
+    """Re-raise ``exc``, a failed Ray task, as what the worker raised when that was a
+    :class:`RollError` (a config or data error the user fixes, whose message is the whole story),
+    and as itself, with the worker's traceback, otherwise. Call it inside the ``except`` block."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, RollError):
+        raise cause from None
+    raise exc
+
+
 class RayExecutor(Executor):
     """Workers are Ray actors. Worker exceptions surface in ``get`` with the worker's own message."""
 
@@ -372,10 +382,7 @@ class RayExecutor(Executor):
         try:
             return self.ray.get(futures, timeout=self.timeout_s)
         except self.ray.exceptions.RayTaskError as exc:
-            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-            if isinstance(cause, RollError):
-                raise cause from None
-            raise
+            raise_roll_error(exc)
         except self.ray.exceptions.RayActorError as exc:
             raise WorkerLostError(f"a worker process died: {str(exc).splitlines()[0]}") from exc
         except self.ray.exceptions.GetTimeoutError as exc:
