@@ -10,7 +10,14 @@ widths an RL step's batches have (prompt plus response, varying from step to ste
 token log-probs, backward, gradient clipping, AdamW. It prints the median seconds of the passes after
 the first, the minor page faults per pass and the process's peak resident memory.
 
+``--threads-too`` adds two variants that run the same passes, memory kept, in a thread other than
+the process's main one, as the controller inside the worker (``runtime/controller.py``) runs its
+pipeline: once with glibc's default arenas (such a thread gets an arena of its own, whose heaps are
+capped at 64 MiB, so a larger block is mmap'ed whatever ``mallopt`` says) and once with
+``MALLOC_ARENA_MAX=1`` (every thread on the main heap), which is what the hosted run sets.
+
     python benchmarks/bench_host_memory.py [--rounds 2] [--widths 60 45 64 50 58 40 62 52] [--threads 2]
+    python benchmarks/bench_host_memory.py --rounds 1 --threads-too
 
 Run nothing else CPU-heavy beside it.
 """
@@ -21,18 +28,24 @@ import argparse
 import json
 import resource
 import statistics
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from scratch import scratch_dir  # a temporary directory, removed at exit
 
-VARIANTS = {"glibc default": False, "reuse_freed_memory": True}
+# name: (memory kept, passes in a thread of their own, extra environment of the child process)
+VARIANTS = {"glibc default": (False, False, {}), "reuse_freed_memory": (True, False, {})}
+THREAD_VARIANTS = {"reuse, in a thread": (True, True, {}),
+                   "reuse, thread, 1 arena": (True, True, {"MALLOC_ARENA_MAX": "1"})}
 
 
 def child(model: str, reuse: bool, widths: list[int], threads: int) -> None:
-    """Training passes in this process; prints ``{"seconds": [...], "faults": [...], "peak_mb": ...}``."""
+    """Training passes in this process; prints ``{"seconds": [...], "faults": [...], "peak_mb": ...}``.
+    Page faults are counted for the whole process (``RUSAGE_SELF``): the passes are all it does."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -69,37 +82,50 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--widths", type=int, nargs="+", default=[60, 45, 64, 50, 58, 40, 62, 52])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # model directory, 0 or 1
+    parser.add_argument("--threads-too", action="store_true",
+                        help="also run the passes in a thread of their own, with and without MALLOC_ARENA_MAX=1")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # model directory, 0 | 1 | thread
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], args.child[1] == "1", args.widths, args.threads)
+        passes = (args.child[0], args.child[1] != "0", args.widths, args.threads)
+        if args.child[1] == "thread":  # the thread's first allocation gives it an arena of its own (glibc)
+            worker = threading.Thread(target=child, args=passes, name="passes")
+            worker.start()
+            worker.join()
+        else:
+            child(*passes)
         return
     from large_model import build_large_model
 
     model = build_large_model(Path(scratch_dir(prefix="roll-host-memory-")))
-    runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+    variants = {**VARIANTS, **(THREAD_VARIANTS if args.threads_too else {})}
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
     for round_ in range(args.rounds):
-        for name, reuse in VARIANTS.items():
-            cmd = [sys.executable, __file__, "--child", str(model), str(int(reuse)), "--threads", str(args.threads),
+        for name, (reuse, in_thread, env) in variants.items():
+            how = "thread" if in_thread else str(int(reuse))
+            cmd = [sys.executable, __file__, "--child", str(model), how, "--threads", str(args.threads),
                    "--widths", *map(str, args.widths)]
-            result = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            result = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, **env})
             run = json.loads(result.stdout.strip().splitlines()[-1])
             runs[name].append(run)
-            print(f"round {round_ + 1} {name:<20} passes " + " ".join(f"{s:.2f}" for s in run["seconds"]), flush=True)
+            print(f"round {round_ + 1} {name:<24} passes " + " ".join(f"{s:.2f}" for s in run["seconds"]), flush=True)
     print(f"\n95M model, 64 samples per pass, widths {args.widths}, {args.threads} threads; "
           f"passes 2-{len(args.widths)} of {args.rounds} round(s)")
-    print(f"{'variant':<20}{'median s/pass':>14}{'faults/pass':>13}{'peak MB':>9}")
+    print(f"{'variant':<24}{'median s/pass':>14}{'faults/pass':>13}{'peak MB':>9}")
     medians = {}
     for name, rs in runs.items():
         medians[name] = statistics.median(s for r in rs for s in r["seconds"][1:])
         faults = statistics.median(f for r in rs for f in r["faults"][1:])
         peak = max(r["peak_mb"] for r in rs)
-        print(f"{name:<20}{medians[name]:>14.2f}{faults:>13.0f}{peak:>9.0f}")
-    default, reuse = medians.values()
-    pairs = [statistics.median(a["seconds"][1:]) / statistics.median(b["seconds"][1:])
-             for a, b in zip(*runs.values())]
-    print(f"reuse_freed_memory: {default / reuse:.2f}x faster per pass "
-          f"(round by round: {' '.join(f'{p:.2f}x' for p in pairs)})")
+        print(f"{name:<24}{medians[name]:>14.2f}{faults:>13.0f}{peak:>9.0f}")
+    comparisons = [("reuse_freed_memory", "glibc default", "reuse_freed_memory")]
+    if args.threads_too:
+        comparisons.append(("in a thread, MALLOC_ARENA_MAX=1", "reuse, in a thread", "reuse, thread, 1 arena"))
+    for label, slow, fast in comparisons:
+        pairs = [statistics.median(a["seconds"][1:]) / statistics.median(b["seconds"][1:])
+                 for a, b in zip(runs[slow], runs[fast])]
+        print(f"{label}: {medians[slow] / medians[fast]:.2f}x faster per pass "
+              f"(round by round: {' '.join(f'{p:.2f}x' for p in pairs)})")
 
 
 if __name__ == "__main__":
