@@ -160,3 +160,37 @@ def test_run_calls_runs_in_order_and_reports_seconds_last():
     assert [r[0] for r in results[:2]] == [1, 2] and results[2] == [1]
     assert worker.hosted["guest"].seen() == [2]
     assert len(seconds) == 3 and seconds[1] >= 0.05 > seconds[0]
+
+
+@pytest.mark.ray
+def test_reward_workers_take_one_thread_where_no_model_computes_and_leave_the_count_where_one_does(ray_executor):
+    """A reward worker of a Ray run (in its own process, or in the driver) computes on one thread;
+    one built where the models compute (the local executor's one process, also the controller's
+    inside a Ray worker) keeps the thread count their roles set: a replacement for a hung reward,
+    built mid-run, would otherwise slow every later step."""
+    import torch
+
+    from roll_core.config import load_config
+    from roll_core.pipelines.runtime import RoleGroups
+    from roll_core.plugins import get_plugins
+
+    def reward_group(executor, placement):
+        config = load_config(None, [f"executor={executor.name}", f"roles.reward.placement={placement}"])
+        groups = RoleGroups(config, executor, get_plugins())
+        groups.rewards()
+        return groups.groups["reward"]
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        own = reward_group(ray_executor, "workers")
+        assert ray_executor.get(own.call("threads")) == [1] and torch.get_num_threads() == 2
+        for handle in own.handles:
+            ray_executor.stop(handle)
+        for placement in ["workers", "driver"]:
+            assert isinstance(reward_group(LocalExecutor(), placement).executor, LocalExecutor)
+            assert torch.get_num_threads() == 2, placement
+        assert isinstance(reward_group(ray_executor, "driver").executor, LocalExecutor)  # in the driver
+        assert torch.get_num_threads() == 1  # as before: the driver of a Ray run computes no model
+    finally:
+        torch.set_num_threads(before)

@@ -152,11 +152,13 @@ class RoleGroups:
         roles = self.config.roles
 
         def spawn(name, spec, rewards, key):
-            args = [(rewards, self.config, key, spec.failure_policy())] * spec.num_workers
+            # models_here: the local executor's one process (also the controller's inside a Ray worker)
+            args = [(rewards, self.config, key, spec.failure_policy(), isinstance(self.executor, LocalExecutor))]
             if scores_in_driver(spec, [r[0] for r in rewards], self.plugins.rewards):
-                group = self.groups[name] = LocalExecutor().spawn(name, RewardWorker, [(*a, None) for a in args])
+                in_driver = [(*args[0], None)] * spec.num_workers  # no devices
+                group = self.groups[name] = LocalExecutor().spawn(name, RewardWorker, in_driver)
                 return group
-            return self.spawn(name, RewardWorker, args, spec)
+            return self.spawn(name, RewardWorker, args * spec.num_workers, spec)
         default = spawn("reward", roles.reward, [(roles.reward.name, roles.reward.options, 1.0)], "roles.reward")
         by_domain = {d: spawn(f"reward/{d}", spec, [(r.name, r.options, r.weight) for r in spec.rewards],
                               f"roles.domain_rewards.{d}") for d, spec in roles.domain_rewards.items()}

@@ -399,9 +399,10 @@ class RewardWorker(_Worker):
     """Scores finished samples with one or more registered rewards: ``sum(weight * reward)``.
 
     ``rewards`` is a list of ``(name, options, weight)``; ``key`` is the config key of the role
-    (for messages) and ``failures`` its policy (:class:`~roll_core.config.schema.RewardFailures`).
-    One worker serves one domain (or the default reward), so a slow reward of one domain never
-    holds up the others.
+    (for messages) and ``failures`` its policy (:class:`~roll_core.config.schema.RewardFailures`);
+    ``models_here`` says model roles compute in this worker's process (the local executor's, or
+    the controller's inside a Ray worker), whose torch thread count they set. One worker serves one
+    domain (or the default reward), so a slow reward of one domain never holds up the others.
 
     A reward that misbehaves is contained here, whatever plugin it comes from:
 
@@ -415,9 +416,13 @@ class RewardWorker(_Worker):
     """
 
     def __init__(self, rewards: list[tuple[str, dict, float]], run_config, key: str = "roles.reward",
-                 failures: dict | None = None, devices=None):
+                 failures: dict | None = None, models_here: bool = False, devices=None):
         _bind_devices(devices)
-        torch.set_num_threads(1)
+        # A reward computes little: where no model computes (a Ray worker of its own, or a Ray
+        # run's driver) one thread leaves the cores to the models' processes. Where models compute,
+        # their roles set the count, and a worker built later (replacing a hung one) must keep it.
+        if not models_here:
+            torch.set_num_threads(1)
         self.key, self.failures = key, RewardFailures(**(failures or {})).failure_policy()  # defaults from the schema
         self.broken: RewardConfigError | None = None
         plugins = get_plugins()
