@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
-import os
 import subprocess
 import sys
 import threading
