@@ -153,12 +153,12 @@ class RoleGroups:
 
         def spawn(name, spec, rewards, key):
             # models_here: the local executor's one process (also the controller's inside a Ray worker)
-            args = [(rewards, self.config, key, spec.failure_policy(), isinstance(self.executor, LocalExecutor))]
-            if scores_in_driver(spec, [r[0] for r in rewards], self.plugins.rewards):
-                in_driver = [(*args[0], None)] * spec.num_workers  # no devices
-                group = self.groups[name] = LocalExecutor().spawn(name, RewardWorker, in_driver)
+            args = (rewards, self.config, key, spec.failure_policy(), isinstance(self.executor, LocalExecutor))
+            if scores_in_driver(spec, [r[0] for r in rewards], self.plugins.rewards):  # no devices
+                group = LocalExecutor().spawn(name, RewardWorker, [(*args, None)] * spec.num_workers)
+                self.groups[name] = group
                 return group
-            return self.spawn(name, RewardWorker, args * spec.num_workers, spec)
+            return self.spawn(name, RewardWorker, [args] * spec.num_workers, spec)
         default = spawn("reward", roles.reward, [(roles.reward.name, roles.reward.options, 1.0)], "roles.reward")
         by_domain = {d: spawn(f"reward/{d}", spec, [(r.name, r.options, r.weight) for r in spec.rewards],
                               f"roles.domain_rewards.{d}") for d, spec in roles.domain_rewards.items()}
