@@ -36,6 +36,12 @@ def test_bench_sampling_replays_the_quickstart_s_generate_call_against_the_sampl
     assert any("RL step 1: 256 rows" in line for line in lines)
 
 
+def test_bench_cli_exit_times_a_command_exiting_both_ways():
+    lines = _bench("bench_cli_exit.py", "--rounds", "1", "--commands", "validate")
+    (row,) = [line for line in lines if line.startswith("roll validate")]
+    assert row.endswith("x") and row.count("s ") >= 4, lines
+
+
 def test_profile_generate_times_its_contenders_and_profiles_roll_s_call():
     """The GPU's generate profile runs on any device (on a CPU without the graph contenders)."""
     lines = _bench("profile_generate.py", "--new-tokens", "3", "--rounds", "1")

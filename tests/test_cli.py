@@ -20,6 +20,25 @@ def test_version_and_bare_roll_print_and_exit_zero():
         assert command in bare.stdout
 
 
+def test_the_roll_command_is_console_which_exits_with_mains_code_after_a_collection_and_a_freeze(monkeypatch):
+    """The freeze skips the interpreter's own collections at exit (benchmarks/bench_cli_exit.py);
+    the collection before it still finalizes what is garbage by then. Patched here: freezing this
+    test process's heap would keep its garbage for the rest of the session."""
+    from importlib.metadata import entry_points
+
+    from roll_core import cli
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "roll"]
+    assert script.value == "roll_core.cli:console"
+    calls = []
+    monkeypatch.setattr(cli, "main", lambda: calls.append("main") or 3)
+    monkeypatch.setattr(cli.gc, "collect", lambda: calls.append("collect"))
+    monkeypatch.setattr(cli.gc, "freeze", lambda: calls.append("freeze"))
+    with pytest.raises(SystemExit) as exited:
+        cli.console()
+    assert exited.value.code == 3 and calls == ["main", "collect", "freeze"]
+
+
 def test_run_and_validate_help_name_the_common_overrides_quoting_and_environment():
     for command in ("run", "validate"):
         out = run_roll(command, "--help").stdout
