@@ -31,16 +31,20 @@ from pathlib import Path
 from scratch import scratch_dir  # a temporary directory, removed at exit
 
 ROOT = Path(__file__).resolve().parent.parent
-# The child: runs the command as `main` or `console` does, printing when the command itself returned.
+# The child: runs the command through `main` alone or through `console` itself, printing the moment
+# the command returned (console calls the module's `main`, replaced by the timed one).
 CHILD = """
-import gc, sys, time
+import sys, time
 from roll_core import cli
-code = cli.main(sys.argv[2:])
-print("returned-at", time.monotonic(), flush=True)
-if sys.argv[1] == "console":  # what roll_core.cli.console does after main
-    gc.collect()
-    gc.freeze()
-sys.exit(code)
+command = cli.main
+def timed():
+    code = command(sys.argv[2:])
+    print("returned-at", time.monotonic(), flush=True)
+    return code
+if sys.argv[1] == "console":
+    cli.main = timed
+    cli.console()
+sys.exit(timed())
 """
 
 
