@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from child_env import child_env  # this checkout's src/ ahead on PYTHONPATH
 from scratch import scratch_dir  # a temporary directory, removed at exit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +62,8 @@ def commands(run_dir: str) -> dict[str, tuple[str, list[str]]]:
 def one(variant: str, argv: list[str]) -> tuple[float, float]:
     """(seconds from the command's return to the process's end, the process's wall seconds)."""
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", CHILD, variant, *argv], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", CHILD, variant, *argv], capture_output=True, text=True, cwd=ROOT,
+                         env=child_env(ROOT / "src"))
     end = time.monotonic()
     if out.returncode != 0:
         sys.exit(f"{variant} {' '.join(argv)} failed ({out.returncode}):\n{out.stderr[-2000:]}")
