@@ -1,8 +1,9 @@
 """torch's default fp32 GEMM against oneDNN's on this CPU, on the shapes roll's models compute.
 
 ``runtime.cpu_matmul`` (:mod:`roll_core.strategies.cpu_matmul`) can route the linear layers of models
-on CPU through oneDNN; ``auto`` does so on AMD CPUs, where MKL's sgemm ran at a third to a half of
-oneDNN's speed, and not on Intel's, where MKL was level or faster. This script shows whether it pays
+on CPU through oneDNN; ``auto`` does so on AMD CPUs with AVX-512, where MKL's sgemm ran at a third
+to a half of oneDNN's speed, and not on Intel's, where MKL was level or faster, nor on AMD's with
+AVX2 only, where oneDNN's 95M update was 1.7-2x slower. This script shows whether it pays
 on the machine it runs on: for each shape it times an ``nn.Linear`` forward, and forward plus
 backward, with torch's own kernel (``F.linear``: MKL in the official wheels) and with roll's
 :class:`~roll_core.strategies.cpu_matmul.OneDNNLinear`, alternating the two for ``--rounds`` rounds,
@@ -59,7 +60,8 @@ def main() -> None:
         raise SystemExit("this torch build offers no oneDNN linear kernel: nothing to compare")
     cpu_matmul.configure("onednn")
     print(f"torch {torch.__version__}, {args.threads} threads, medians of {args.rounds} alternating rounds; GFLOP/s")
-    print(f"CPU vendor {cpu_matmul.cpu_vendor() or 'unknown'}: runtime.cpu_matmul auto takes "
+    avx512 = "with" if "avx512f" in cpu_matmul.cpu_flags() else "without"
+    print(f"CPU vendor {cpu_matmul.cpu_vendor() or 'unknown'}, {avx512} AVX-512: runtime.cpu_matmul auto takes "
           f"{'oneDNN' if cpu_matmul.onednn_preferred() else 'torch'} here")
     print(f"{'shape':40s} {'rows x in -> out':>20s} {'pass':>9s} {'torch':>8s} {'oneDNN':>8s} {'ratio':>7s}")
     for label, rows, d_in, d_out in SHAPES:

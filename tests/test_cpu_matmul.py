@@ -136,11 +136,15 @@ def test_a_missing_kernel_is_an_error_for_onednn_and_falls_back_for_auto():
         cpu_matmul.configure("fast")
 
 
-@pytest.mark.parametrize("vendor, onednn", [("AuthenticAMD", True), ("GenuineIntel", False), ("", False)])
-def test_auto_takes_onednn_on_the_cpus_where_it_was_faster(monkeypatch, vendor, onednn):
-    """oneDNN beat MKL's sgemm 2-3x on an AMD EPYC; on an Intel Xeon MKL was level or faster, and
-    elsewhere nobody measured. ``onednn`` and ``torch`` ignore the CPU."""
+@pytest.mark.parametrize("vendor, flags, onednn", [
+    ("AuthenticAMD", {"avx2", "avx512f"}, True), ("AuthenticAMD", {"avx2"}, False),
+    ("GenuineIntel", {"avx2", "avx512f"}, False), ("", set(), False)])
+def test_auto_takes_onednn_on_the_cpus_where_it_was_faster(monkeypatch, vendor, flags, onednn):
+    """oneDNN beat MKL's sgemm 2-3x on AMD EPYCs with AVX-512 (Zen 4, Zen 5); on one with AVX2 only
+    (Zen 2) and on an Intel Xeon MKL was level or faster, and elsewhere nobody measured. ``onednn``
+    and ``torch`` ignore the CPU."""
     monkeypatch.setattr(cpu_matmul, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(cpu_matmul, "cpu_flags", lambda: frozenset(flags))
     cpu_matmul._available = True
     cpu_matmul.configure("auto")
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
@@ -165,6 +169,20 @@ def test_the_vendor_is_read_from_proc_cpuinfo(monkeypatch, tmp_path):
     assert cpu_matmul.cpu_vendor() == ""
     info.unlink()  # no /proc (macOS, Windows)
     assert cpu_matmul.cpu_vendor() == ""
+
+
+def test_the_features_are_read_from_proc_cpuinfo(monkeypatch, tmp_path):
+    info = tmp_path / "cpuinfo"
+    monkeypatch.setattr(cpu_matmul, "CPUINFO", info)
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f avx512bw\n"
+                    "vmx flags\t: ept\nprocessor\t: 1\nflags\t\t: fpu avx2\n")
+    assert cpu_matmul.cpu_flags() == {"fpu", "avx2", "avx512f", "avx512bw"}  # the first CPU's line
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse avx avx2 fma\n")
+    assert "avx512f" not in cpu_matmul.cpu_flags() and "avx2" in cpu_matmul.cpu_flags()
+    info.write_text("processor\t: 0\nFeatures\t: fp asimd\n")  # an Arm CPU names them Features
+    assert cpu_matmul.cpu_flags() == frozenset()
+    info.unlink()
+    assert cpu_matmul.cpu_flags() == frozenset()
 
 
 def test_the_config_key_is_checked_before_anything_starts():

@@ -747,9 +747,9 @@ class RuntimeConfig(Strict):
     worker_timeout_s: float = Field(1800, gt=0, description="a worker call that takes longer counts as a dead worker")
     cpu_matmul: Literal["auto", "onednn", "torch"] = Field(
         "auto", description="the kernel of the linear layers of models on CPU (hf strategies): onednn, torch's "
-        "oneDNN fp32 kernel (on an AMD EPYC 2-3x the speed of MKL's sgemm, torch's default; on an Intel Xeon level "
-        "or slower); torch, torch's default; auto: onednn on AMD CPUs where this torch build offers it, torch "
-        "elsewhere. The same fp32 arithmetic either way")
+        "oneDNN fp32 kernel (on an AMD EPYC with AVX-512 2-3x the speed of MKL's sgemm, torch's default; on an "
+        "Intel Xeon, or an AMD EPYC with AVX2 only, level or slower); torch, torch's default; auto: onednn on AMD "
+        "CPUs with AVX-512 where this torch build offers it, torch elsewhere. The same fp32 arithmetic either way")
     pack_decoding_weights: bool = Field(
         True, description="hf engines on CPU pack each large fp32 linear weight once per generate call into the "
         "layout of MKL's sgemm (torch's default kernel) and compute the decoding steps' small products from it "

@@ -1,19 +1,22 @@
 """The matrix products of roll's torch models on CPU: torch's default GEMM or oneDNN's.
 
 torch computes an fp32 ``nn.Linear`` on CPU with the BLAS its wheel was built with (MKL). MKL is
-Intel's library and takes slower code paths on other vendors' CPUs. On an AMD EPYC machine (2 cores)
-MKL's sgemm reached 180-210 GFLOP/s on two threads, where oneDNN's fp32 kernels, which ship inside
-the same torch, reached 350-430 GFLOP/s on the 95M model's training shapes and 350 against 115
-GFLOP/s on a decoding step's ``[64, 768] x [768, 3072]``. On an Intel Xeon with AVX-512 (2 cores)
-the two were level on most shapes and oneDNN was slower on some (0.50x on a training pass's
-``[3240, 3072] x [3072, 768]`` forward and backward; the quickstart's step 1.25x slower on oneDNN).
-``python benchmarks/bench_cpu_matmul.py`` shows it on the machine it runs on. Both are IEEE fp32
+Intel's library and does not run its AVX-512 code on other vendors' CPUs. On AMD EPYCs with AVX-512
+(Zen 4 and Zen 5, 2 cores) MKL's sgemm reached 180-210 GFLOP/s on two threads, about what AVX2 can
+give, where oneDNN's fp32 kernels, which ship inside the same torch and choose their code from the
+CPU's features, reached 350-430 GFLOP/s on the 95M model's training shapes and 350 against 115
+GFLOP/s on a decoding step's ``[64, 768] x [768, 3072]``. On an AMD EPYC without AVX-512 (Zen 2)
+both have only AVX2 and were within 0.8-1.3x of each other per product, and the 95M model's update
+took 1.7-2.0x longer on oneDNN (28-33 s against 16.5 s; its generate call 0.85x). On an Intel Xeon
+with AVX-512 (2 cores) the two were level on most shapes and oneDNN was slower on some (0.50x on a
+training pass's ``[3240, 3072] x [3072, 768]`` forward and backward; the quickstart's step 1.25x
+slower on oneDNN). ``python benchmarks/bench_cpu_matmul.py`` shows it on the machine it runs on. Both are IEEE fp32
 with fp32 accumulation: only the order of the sums differs (about 1e-6 relative), so this is the
 same arithmetic done faster, not a lower precision.
 
 ``runtime.cpu_matmul`` picks, for every worker process:
 
-* ``auto`` (default): oneDNN on AMD CPUs (:func:`onednn_preferred`), where this torch build offers
+* ``auto`` (default): oneDNN on AMD CPUs with AVX-512 (:func:`onednn_preferred`), where this torch build offers
   its kernel and it passes a check against torch's own product at start-up; torch's default
   otherwise. The choice follows the CPU, not a timing at start-up, so two runs of one config on one
   machine always compute alike;
@@ -60,7 +63,7 @@ Mode = Literal["auto", "onednn", "torch"]
 _mode: Mode = "auto"
 _available: bool | None = None  # whether oneDNN's kernel is offered and agrees with torch's (checked once)
 _pack_decoding = True  # runtime.pack_decoding_weights
-CPUINFO = Path("/proc/cpuinfo")  # where Linux names the CPU's vendor
+CPUINFO = Path("/proc/cpuinfo")  # where Linux names the CPU's vendor and its features
 MEMINFO = Path("/proc/meminfo")  # where Linux says how much memory is available
 
 
@@ -111,10 +114,17 @@ def cpu_vendor() -> str:
     return _proc_field(CPUINFO, "vendor_id") or ""
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU's features as Linux reports them (``avx2``, ``avx512f``, ...), or none where
+    ``/proc/cpuinfo`` has no ``flags`` line (other systems, other architectures)."""
+    return frozenset((_proc_field(CPUINFO, "flags") or "").split())
+
+
 def onednn_preferred() -> bool:
-    """Whether ``auto`` takes oneDNN on this CPU: on AMD's, where MKL's sgemm ran at a third to a half
-    of oneDNN's speed. Elsewhere MKL matched or beat it (Intel), or nobody has measured (the rest)."""
-    return cpu_vendor() == "AuthenticAMD"
+    """Whether ``auto`` takes oneDNN on this CPU: on AMD's with AVX-512, which MKL leaves unused there
+    and where its sgemm ran at a third to a half of oneDNN's speed. Elsewhere MKL matched or beat it
+    (Intel; AMD with AVX2 only, where oneDNN's update was 1.7-2x slower), or nobody has measured."""
+    return cpu_vendor() == "AuthenticAMD" and "avx512f" in cpu_flags()
 
 
 def configure(mode: Mode, pack_decoding_weights: bool = True) -> None:
