@@ -35,14 +35,22 @@ records each worker's resolved choice in ``placement.json`` (``cpu_matmul``).
 **Decoding steps on packed weights** (``runtime.pack_decoding_weights``, on by default). A decoding
 step multiplies a few dozen rows by every weight, and torch's default kernel (MKL's sgemm) spends a
 large part of such a product reordering the weight into the layout its inner loop reads, again at
-every step. :func:`packed_for_decoding` reorders each large weight once per generate call (MKL's
-``sgemm_pack``, through ``torch.ops.mkl``, which torch's compiler uses for frozen CPU models) and
-computes the products of 4-128 rows from that copy. On an Intel Xeon (2 cores) the 95M model's
-``[64, 768] x [768, 3072]`` ran 1.27x faster and its whole generate call 1.21x
-(``python benchmarks/bench_packed_decoding.py``). The packed copies hold 2-5x the bytes of the
-weights they copy, for the duration of the call; where they would take more than half the memory
-available, nothing is packed. It applies where the layers compute with torch's kernel (not to
-oneDNN's layers) and is checked against ``F.linear`` once per weight shape.
+every step. :func:`packed_for_decoding` reorders each large weight once per generate call and
+computes the products of 4-128 rows from that copy, with the kernel :func:`packing_kernel` picks:
+
+* MKL's (``sgemm_pack``, through ``torch.ops.mkl``, which torch's compiler uses for frozen CPU
+  models) on Intel's and unknown CPUs. On an Intel Xeon (2 cores) the 95M model's
+  ``[64, 768] x [768, 3072]`` ran 1.27x faster and its whole generate call 1.21x. Its copies hold
+  2-5x the bytes of the weights they copy;
+* oneDNN's (``torch.ops.mkldnn._reorder_linear_weight``) on AMD's, where MKL's products of a few
+  rows are slow, packed or not: on an AMD EPYC with AVX2 only (Zen 2, 2 cores), oneDNN's packed
+  products of 8-64 rows ran at 1.1-4x MKL's and the generate call 1.3x faster. Its copies hold the
+  weights' bytes.
+
+``python benchmarks/bench_packed_decoding.py`` shows both on the machine it runs on. The copies
+live for the duration of the call; where they would take more than half the memory available,
+nothing is packed. It applies where the layers compute with torch's kernel (not to oneDNN's layers
+of ``runtime.cpu_matmul``) and is checked against ``F.linear`` once per weight shape.
 """
 
 from __future__ import annotations
@@ -221,34 +229,56 @@ _packed_sizes: dict[tuple[int, int], int] = {}  # bytes of a weight shape's pack
 _room: dict[int, bool] = {}  # whether packed copies of so many bytes fit, decided once per process
 
 
+_packing_kernel: Literal["mkl", "onednn"] | None = None  # packing_kernel()'s answer, once per process
+
+
+def packing_kernel() -> Literal["mkl", "onednn"]:
+    """The kernel :func:`packed_for_decoding` packs weights for: oneDNN's on AMD CPUs where this torch
+    build offers it (MKL's products of a few rows ran at 0.25-0.9x its speed on an AMD EPYC), MKL's
+    elsewhere. Decided once per process: the CPU does not change."""
+    global _packing_kernel
+    if _packing_kernel is None:
+        _packing_kernel = "onednn" if cpu_vendor() == "AuthenticAMD" and onednn_available() else "mkl"
+    return _packing_kernel
+
+
 def _pack(weight: torch.Tensor) -> torch.Tensor:
-    """``weight [out, in]`` reordered into MKL's packed layout (an opaque buffer)."""
+    """``weight [out, in]`` reordered into the packed layout of :func:`packing_kernel`'s kernel (an
+    opaque buffer: MKL's of shape ``[bytes / 4, 1]``, oneDNN's of the weight's shape)."""
+    if packing_kernel() == "onednn":
+        return torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_ROWS[1])
     return torch.ops.mkl._mkl_reorder_linear_weight(weight, PACKED_ROWS[1])
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    rows: int) -> torch.Tensor:
-    """``x @ weight.T + bias`` for ``x [..., in]`` of ``rows`` rows, from ``packed = _pack(weight)``.
-    torch's op takes the packed copy only for the row count given; MKL's layout does not depend on
-    it (nor does its size), which :func:`packing_agrees` checks, so each call passes its own."""
+    """``x @ weight.T + bias`` for ``x [..., in]`` of ``rows`` rows, from ``packed = _pack(weight)``,
+    on the kernel that packed it. MKL's op takes the packed copy only for the row count given; its
+    layout does not depend on it (nor does its size), which :func:`packing_agrees` checks, so each
+    call passes its own. oneDNN's packed layout serves any row count."""
+    if packing_kernel() == "onednn":  # both copies are tensors of torch's _mkldnn layout: they do not tell
+        return _onednn_rows(x, packed, bias)[1]
     return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
 
 
 def _packed_size(out_features: int, in_features: int) -> int:
     """Bytes of the packed copy of an fp32 weight ``[out, in]``, or 0 where this torch build offers no
-    MKL packed product or, for this shape, it does not give ``F.linear``'s result at the row counts
-    decoding uses (checked once per shape and process)."""
+    packed product on :func:`packing_kernel`'s kernel or, for this shape, it does not give
+    ``F.linear``'s result at the row counts decoding uses (checked once per shape and process)."""
     shape = (out_features, in_features)
     if shape not in _packed_sizes:
         _packed_sizes[shape] = 0
         try:
-            if torch.backends.mkl.is_available():
+            if packing_kernel() == "onednn" or torch.backends.mkl.is_available():
                 gen = torch.Generator().manual_seed(0)
                 weight, bias = torch.randn(*shape, generator=gen), torch.randn(out_features, generator=gen)
                 packed = _pack(weight)
+                # inputs of an activation's scale (outputs about 1): fp32's rounding stays far inside the
+                # tolerance on either kernel, a wrong layout far outside it
                 if all(torch.allclose(_packed_linear(x, packed, weight, bias, len(x)), F.linear(x, weight, bias),
                                       rtol=1e-4, atol=1e-4)
-                       for x in (torch.randn(n, in_features, generator=gen) for n in (PACKED_ROWS[0], 37, PACKED_ROWS[1]))):
+                       for x in (torch.randn(n, in_features, generator=gen) * in_features ** -0.5
+                                 for n in (PACKED_ROWS[0], 37, PACKED_ROWS[1]))):
                     _packed_sizes[shape] = packed.numel() * packed.element_size()
         except (AttributeError, RuntimeError, NotImplementedError):  # op not built in (not x86, no MKL)
             pass
@@ -256,8 +286,9 @@ def _packed_size(out_features: int, in_features: int) -> int:
 
 
 def packing_agrees(out_features: int, in_features: int) -> bool:
-    """Whether this torch build offers MKL's packed product and, for a weight of this shape, it gives
-    ``F.linear``'s result at the row counts decoding uses (checked once per shape and process)."""
+    """Whether this torch build offers :func:`packing_kernel`'s packed product and, for a weight of this
+    shape, it gives ``F.linear``'s result at the row counts decoding uses (checked once per shape and
+    process)."""
     return _packed_size(out_features, in_features) > 0
 
 
