@@ -32,8 +32,11 @@ def kernel(request):
 
 @pytest.fixture
 def packing_offered(kernel):
-    if not cpu_matmul.packing_agrees(WIDE, WIDE):
-        pytest.skip(f"this torch build has no {kernel} packed product (not x86, or no MKL or oneDNN)")
+    """Skips where this torch build lacks the kernel (not x86, no MKL); where it has it, its packing
+    must agree with ``F.linear``."""
+    if not (cpu_matmul.onednn_available() if kernel == "onednn" else torch.backends.mkl.is_available()):
+        pytest.skip(f"this torch build has no {kernel} kernel (not x86, or built without it)")
+    assert cpu_matmul.packing_agrees(WIDE, WIDE), f"{kernel}'s packed product disagrees with F.linear"
 
 
 needs_packing = pytest.mark.usefixtures("packing_offered")
@@ -250,6 +253,7 @@ def test_each_kernel_packs_its_own_layout(kernel):
     assert (packed.shape == weight.shape) is (kernel == "onednn")
     if kernel == "onednn":
         assert cpu_matmul._packed_size(WIDE + 64, WIDE) == weight.numel() * 4
+    assert cpu_matmul.packing_agrees(768, 3072)  # the 95M model's MLP: sums of 3,072 terms pass the check
     for rows in (PACKED_ROWS[0], 9, PACKED_ROWS[1]):
         x = torch.randn(2, rows, WIDE) * WIDE ** -0.5
         torch.testing.assert_close(cpu_matmul._packed_linear(x, packed, weight, bias, 2 * rows),
