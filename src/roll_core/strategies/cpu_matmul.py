@@ -7,19 +7,19 @@ give, where oneDNN's fp32 kernels, which ship inside the same torch and choose t
 CPU's features, reached 350-430 GFLOP/s on the 95M model's training shapes and 350 against 115
 GFLOP/s on a decoding step's ``[64, 768] x [768, 3072]``. On an AMD EPYC without AVX-512 (Zen 2)
 both have only AVX2 and were within 0.8-1.3x of each other per product, and the 95M model's update
-took 1.7-2.0x longer on oneDNN (28-33 s against 16.5 s; its generate call 0.85x). On an Intel Xeon
-with AVX-512 (2 cores) the two were level on most shapes and oneDNN was slower on some (0.50x on a
-training pass's ``[3240, 3072] x [3072, 768]`` forward and backward; the quickstart's step 1.25x
-slower on oneDNN). ``python benchmarks/bench_cpu_matmul.py`` shows it on the machine it runs on. Both are IEEE fp32
-with fp32 accumulation: only the order of the sums differs (about 1e-6 relative), so this is the
-same arithmetic done faster, not a lower precision.
+took 1.7-2.0x longer on oneDNN (28-33 s against 16.5 s), though its generate call ran 1.15x faster.
+On an Intel Xeon with AVX-512 (2 cores) the two were level on most shapes and oneDNN was slower on
+some (0.50x on a training pass's ``[3240, 3072] x [3072, 768]`` forward and backward; the
+quickstart's step 1.25x slower on oneDNN). ``python benchmarks/bench_cpu_matmul.py`` shows it on the
+machine it runs on. Both are IEEE fp32 with fp32 accumulation: only the order of the sums differs
+(about 1e-6 relative), so this is the same arithmetic done faster, not a lower precision.
 
 ``runtime.cpu_matmul`` picks, for every worker process:
 
-* ``auto`` (default): oneDNN on AMD CPUs with AVX-512 (:func:`onednn_preferred`), where this torch build offers
-  its kernel and it passes a check against torch's own product at start-up; torch's default
-  otherwise. The choice follows the CPU, not a timing at start-up, so two runs of one config on one
-  machine always compute alike;
+* ``auto`` (default): oneDNN on AMD CPUs with AVX-512 (:func:`onednn_preferred`), where this torch
+  build offers its kernel and it passes a check against torch's own product at start-up; torch's
+  default otherwise. The choice follows the CPU, not a timing at start-up, so two runs of one
+  config on one machine always compute alike;
 * ``onednn``: oneDNN, an error where it is not offered;
 * ``torch``: torch's default everywhere.
 
@@ -44,7 +44,7 @@ computes the products of 4-128 rows from that copy, with the kernel :func:`packi
   2-5x the bytes of the weights they copy;
 * oneDNN's (``torch.ops.mkldnn._reorder_linear_weight``) on AMD's, where MKL's products of a few
   rows are slow, packed or not: on an AMD EPYC with AVX2 only (Zen 2, 2 cores), oneDNN's packed
-  products of 8-64 rows ran at 1.1-4x MKL's and the generate call 1.3x faster. Its copies hold the
+  products of 8-64 rows ran at 1.2-3.8x MKL's and the generate call 1.3x faster. Its copies hold the
   weights' bytes.
 
 ``python benchmarks/bench_packed_decoding.py`` shows both on the machine it runs on. The copies
