@@ -11,7 +11,10 @@ strategies roll's ``hf`` backend uses: fp32 generation, bf16 generation with cuD
 off, and one bf16 update with it on then off. Each reading is between two synchronisations. Round 0
 is every shape's first sight; later rounds show what stays. On a CPU the switch changes nothing.
 
-    python benchmarks/bench_cudnn_attention.py [--rounds 4] [--new-tokens 64]
+    python benchmarks/bench_cudnn_attention.py [--rounds 4] [--new-tokens 64] [--model large|tiny]
+
+``--model tiny`` (the quickstart's model) only checks that the script runs: the tests use it, since a
+95M bf16 update on a CPU without bf16 instructions takes minutes.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--model", choices=["large", "tiny"], default="large")
     args = ap.parse_args()
-    path = build("large", Path(scratch_dir()))
+    path = build(args.model, Path(scratch_dir()))
     tokenizer = load_tokenizer(path)
     batches = [rl_batch(tokenizer, 8, 64, 48.0, seed) for seed in range(args.rounds)]  # a new shape each round
     rows = len(batches[0])

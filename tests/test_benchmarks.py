@@ -63,7 +63,7 @@ def test_bench_next_token_checks_every_draw_against_the_sorted_nucleus():
 
 def test_bench_cudnn_attention_times_each_setting_on_the_strategies():
     """The GPU A/B of cuDNN's attention runs on any device (on a CPU the switch changes nothing)."""
-    lines = _bench("bench_cudnn_attention.py", "--rounds", "1", "--new-tokens", "2")
+    lines = _bench("bench_cudnn_attention.py", "--rounds", "1", "--new-tokens", "2", "--model", "tiny")
     (round_,) = [line for line in lines if line.startswith("round 0: ")]
     assert round_.count("generate ") == 3 and round_.count("update bf16 ") == 2, lines
 

@@ -45,8 +45,10 @@ def test_two_data_parallel_workers_match_one_worker_on_the_whole_batch(tiny_mode
     metrics, ranks, log_probs = data_parallel_update(str(tiny_model_path), cfg, batch, world=2)
     params, replica = ranks  # rank 0 sends every weight (full tensors), the replica nothing
     assert replica == {} and params.keys() == expected.keys()
-    for name, value in params.items():  # compiled kernels sum in another order: ~2e-6 apart, against Adam's ~lr moves
-        torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-5 if compiled else 1e-6, msg=name)
+    # compiled kernels sum in another order, and Adam scales each element's gradient to a move of about
+    # lr (3e-4 a step): 2e-6 apart on the Intel Xeon, 1.2e-5 on a Zen 2 EPYC (MKL), against moves of 6e-4
+    for name, value in params.items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=3e-5 if compiled else 1e-6, msg=name)
     torch.testing.assert_close(log_probs[0], log_probs[1])  # every rank ends with the same weights
     moved = max(float((expected[n] - before[n]).abs().max()) for n in expected)
     assert moved > 1e-4  # the step really changed the weights
