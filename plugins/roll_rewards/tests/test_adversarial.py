@@ -56,15 +56,24 @@ def _system_python_ready() -> bool:
     return probe.returncode == 0
 
 
+def _selected(request: pytest.FixtureRequest, test) -> bool:
+    """Whether this session runs ``test`` (``-k`` may have deselected it): a battery nobody reads
+    would only take cores from the one that is read."""
+    return any(getattr(item, "function", None) is test for item in request.session.items)
+
+
 @pytest.fixture(scope="module")
-def batteries():
-    """``this_user`` always; ``unprivileged`` as uid 65534 when this is root and the system's Python
-    can run it: on that Python (the worker's may sit in root's home), from a copy of the sources in a
-    directory that user can read."""
-    started = {"this_user": Battery([sys.executable, str(HERE / "adversarial.py")], dict(os.environ))}
+def batteries(request):
+    """``this_user`` when its test runs; ``unprivileged`` as uid 65534 when its test runs, this is root
+    and the system's Python can run it: on that Python (the worker's may sit in root's home), from a
+    copy of the sources in a directory that user can read."""
+    started = {}
+    if _selected(request, test_every_attack_fails_as_this_user):
+        started["this_user"] = Battery([sys.executable, str(HERE / "adversarial.py")], dict(os.environ))
     tree = tempfile.mkdtemp(prefix="roll-adversarial-")
     try:
-        if os.geteuid() == 0 and _system_python_ready():
+        if _selected(request, test_every_attack_fails_as_an_unprivileged_user) and os.geteuid() == 0 \
+                and _system_python_ready():
             os.chmod(tree, 0o755)
             for package in (roll_core, roll_rewards):
                 shutil.copytree(Path(package.__file__).parent, Path(tree, package.__name__),
