@@ -199,6 +199,33 @@ def test_a_group_of_sharded_replicas_dispatches_each_replica_once():
     assert [w.calls[-1] for w in group.handles] == [[0, 1], [0, 1], "x", "x"]
 
 
+def test_a_group_gives_each_worker_its_part_and_refuses_what_does_not_fit_its_workers():
+    """``map``: one part per worker, in order. ``data_parallel``: rank ``r`` gets its half of every
+    mini-batch (rows 0-3 and 4-7 over two ranks: rank 0 rows 0, 1, 4, 5), the workers of one rank
+    the same rows; a batch that does not divide over the ranks is refused before any call."""
+    import torch
+
+    from roll_core.data import Batch
+    from roll_core.errors import RollError
+
+    group = LocalExecutor().spawn("actor_train", _Recorder, [(i,) for i in range(3)])
+    with pytest.raises(ValueError, match="actor_train: 2 parts for 3 workers"):
+        group.map("work", ["a", "b"])
+    assert group.map("work", ["a", "b", "c"]) == [0, 1, 2]
+    assert [w.calls for w in group.handles] == [["a"], ["b"], ["c"]]
+    group.dp_ranks = [0, 1, 1]  # workers 1 and 2 hold replica 1 between them
+    assert group.data_parallel("work", Batch({"row": torch.arange(8)}), mini_batch_size=4) == [0, 1, 2]
+    assert [w.calls[-1]["row"].tolist() for w in group.handles] == [[0, 1, 4, 5], [2, 3, 6, 7], [2, 3, 6, 7]]
+    with pytest.raises(RollError, match="actor_train: a batch of 7 samples does not split over 2 data-parallel ranks"):
+        group.data_parallel("work", Batch({"row": torch.arange(7)}))
+    assert [len(w.calls) for w in group.handles] == [2, 2, 2]
+    # the same workers serving another role under its method names, replicas as they are
+    reference = group.as_role("reference", score="work")
+    assert (reference.role, reference.resident_role, group.resident_role) == ("reference", "actor_train", "actor_train")
+    assert reference.per_replica("score", _Chunks(["x", "y"])) == [0, 1]
+    assert [w.calls[-1] for w in group.handles] == [["x"], ["y"], ["y"]]
+
+
 class _Chunks(list):
     def chunk(self, n: int):
         size = len(self) // n
