@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from roll_core.cli import main
-from roll_core.pipelines.replay import parse_steps, plan
+from roll_core.pipelines.replay import ReplayedStep, largest_gap, parse_steps, plan, report
 from roll_core.pipelines.rollout_dump import dump_path, dumped_steps, load_dump
 
 
@@ -95,3 +95,53 @@ def test_replay_says_which_dumps_or_checkpoint_it_lacks(dumped_run, tmp_path):
     with pytest.raises(RollError, match="has no rollout dumps"):
         plan(tmp_path, None)
     assert Path(dumped_run / "checkpoints" / "step_000002").is_dir()
+
+
+def _run_dir(root: Path, dumped: list[int], checkpoints: list[int]) -> Path:
+    """A run's directory as ``plan`` reads it: empty dump files and complete checkpoint directories."""
+    for step in dumped:
+        dump_path(root, step, "pt").parent.mkdir(parents=True, exist_ok=True)
+        dump_path(root, step, "pt").touch()
+    for step in checkpoints:
+        (root / "checkpoints" / f"step_{step:06d}").mkdir(parents=True)
+        (root / "checkpoints" / f"step_{step:06d}" / "state.json").write_text("{}")
+    return root
+
+
+def test_by_default_replay_takes_the_unbroken_dumps_after_the_latest_checkpoint_before_the_last_one(tmp_path):
+    """Dumps 1-3, 5, 6 and checkpoints at 0 and 2: the last dump is 6, the checkpoint before it 2, and
+    of the dumps after it only 3 follows without a gap (4 was not dumped)."""
+    from roll_core.errors import RollError
+
+    run = _run_dir(tmp_path / "gap", [1, 2, 3, 5, 6], [0, 2])
+    assert plan(run, None) == ((2, run / "checkpoints" / "step_000002"), [3])
+    assert plan(run, (1, 2)) == ((0, run / "checkpoints" / "step_000000"), [1, 2])
+    # after the checkpoint at 2 the first dump is 5: nothing follows it unbroken, which is an error, not
+    # an empty replay
+    with pytest.raises(RollError, match="from the checkpoint at step 2 needs the dumps of steps 3; missing: 3 "):
+        plan(_run_dir(tmp_path / "none", [1, 5], [2]), None)
+    with pytest.raises(RollError, match="has no checkpoint before step 1"):
+        plan(_run_dir(tmp_path / "late", [1, 2], [1]), (1, 2))
+
+
+@pytest.mark.parametrize("text, message", [("0", "steps start at 1"), ("0-2", "steps start at 1"), ("x", "give a step"),
+                                           ("3-x", "give a step"), ("2-1", "steps start at 1 and a range goes up")])
+def test_bad_step_ranges_are_named(text, message):
+    from roll_core.errors import RollError
+
+    with pytest.raises(RollError, match=f"--steps '{text}': {message}"):
+        parse_steps(text)
+
+
+def test_the_report_compares_what_both_sides_have_and_names_the_largest_gap():
+    """A metric one side lacks (a step the run logged no gradient norm for) is shown as '-', not an error."""
+    both = ReplayedStep(1, {"train/pg_loss": 1.0, "train/grad_norm": 2.0}, {"train/pg_loss": 1.5, "train/grad_norm": 2.25})
+    one_sided = ReplayedStep(2, {"train/pg_loss": 1.0}, {"train/grad_norm": 3.0})  # nothing comparable
+    assert (both.gap("pg_loss"), both.gap("grad_norm")) == (0.5, 0.25)
+    assert (one_sided.gap("pg_loss"), one_sided.gap("grad_norm")) == (None, None)
+    assert largest_gap([both, one_sided]) == 0.5 and largest_gap([one_sided]) is None
+    lines = report([both, one_sided]).splitlines()
+    assert lines[1].split() == ["1", "1", "1.5", "5.0e-01", "2", "2.25", "2.5e-01"]
+    assert lines[2].split() == ["2", "1", "-", "-", "-", "3", "-"]
+    assert lines[-1] == "largest gap: 5.0e-01"
+    assert report([one_sided]).splitlines()[-1].split()[0] == "2"  # no gap line without a gap

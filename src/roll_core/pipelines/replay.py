@@ -123,8 +123,8 @@ def report(replayed: list[ReplayedStep]) -> str:
         for name in COMPARED:
             key, gap = f"train/{name}", r.gap(name)
             rec, rep = r.recorded.get(key), r.replayed.get(key)
-            cells.append(f"{rec if rec is None else f'{rec:.6g}':>20} {rep if rep is None else f'{rep:.6g}':>12} "
-                         f"{'-' if gap is None else f'{gap:.1e}':>9}")
+            cells.append(f"{'-' if rec is None else f'{rec:.6g}':>20} {'-' if rep is None else f'{rep:.6g}':>12} "
+                         f"{'-' if gap is None else f'{gap:.1e}':>9}")  # '-': a side without the metric
         lines.append(f"{r.step:>6}  " + "  ".join(cells))
     largest = largest_gap(replayed)
     if largest is not None:
