@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from roll_core.cli import main
+from roll_core.errors import RollError
+from roll_core.pipelines.checkpoint import CheckpointManager
 from roll_core.pipelines.replay import ReplayedStep, largest_gap, parse_steps, plan, report
 from roll_core.pipelines.rollout_dump import dump_path, dumped_steps, load_dump
 
@@ -83,8 +85,6 @@ def test_replay_fails_on_a_batch_that_is_not_the_one_trained_on(dumped_run, tmp_
 
 
 def test_replay_says_which_dumps_or_checkpoint_it_lacks(dumped_run, tmp_path):
-    from roll_core.errors import RollError
-
     assert plan(dumped_run, (4, 4))[0][0] == 2 and plan(dumped_run, (4, 4))[1] == [3, 4]
     assert parse_steps("11-13") == (11, 13) and parse_steps("7") == (7, 7)
     with pytest.raises(RollError, match="a range goes up"):
@@ -98,21 +98,20 @@ def test_replay_says_which_dumps_or_checkpoint_it_lacks(dumped_run, tmp_path):
 
 
 def _run_dir(root: Path, dumped: list[int], checkpoints: list[int]) -> Path:
-    """A run's directory as ``plan`` reads it: empty dump files and complete checkpoint directories."""
+    """A run's directory as ``plan`` reads it: empty dump files, and empty checkpoints saved as a run
+    saves them (all kept)."""
     for step in dumped:
         dump_path(root, step, "pt").parent.mkdir(parents=True, exist_ok=True)
         dump_path(root, step, "pt").touch()
+    saver = CheckpointManager(root / "checkpoints", keep=len(checkpoints))
     for step in checkpoints:
-        (root / "checkpoints" / f"step_{step:06d}").mkdir(parents=True)
-        (root / "checkpoints" / f"step_{step:06d}" / "state.json").write_text("{}")
+        saver.save(step, lambda directory: None, {})
     return root
 
 
 def test_by_default_replay_takes_the_unbroken_dumps_after_the_latest_checkpoint_before_the_last_one(tmp_path):
     """Dumps 1-3, 5, 6 and checkpoints at 0 and 2: the last dump is 6, the checkpoint before it 2, and
     of the dumps after it only 3 follows without a gap (4 was not dumped)."""
-    from roll_core.errors import RollError
-
     run = _run_dir(tmp_path / "gap", [1, 2, 3, 5, 6], [0, 2])
     assert plan(run, None) == ((2, run / "checkpoints" / "step_000002"), [3])
     assert plan(run, (1, 2)) == ((0, run / "checkpoints" / "step_000000"), [1, 2])
@@ -127,8 +126,6 @@ def test_by_default_replay_takes_the_unbroken_dumps_after_the_latest_checkpoint_
 @pytest.mark.parametrize("text, message", [("0", "steps start at 1"), ("0-2", "steps start at 1"), ("x", "give a step"),
                                            ("3-x", "give a step"), ("2-1", "steps start at 1 and a range goes up")])
 def test_bad_step_ranges_are_named(text, message):
-    from roll_core.errors import RollError
-
     with pytest.raises(RollError, match=f"--steps '{text}': {message}"):
         parse_steps(text)
 
