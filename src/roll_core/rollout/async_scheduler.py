@@ -15,8 +15,9 @@ generated at version ``v`` and trained on at step ``s`` (whose weights are versi
 staleness ``s - 1 - v``. ``rollout.async_generation_ratio`` = ``r`` bounds it: a group is only
 started if, counting the groups queued before it, it would be trained on within ``ceil(r)`` steps,
 and at most ``r * prompts_per_step`` groups are generated ahead of the step being trained. A group
-that is staler than ``ceil(r)`` when its turn comes (possible with redundant prompts) is dropped and
-counted, never trained on. ``r = 0`` is synchronous training on the same machinery: nothing starts
+that is staler than ``ceil(r)`` when its turn comes is dropped and counted, never trained on: with
+``r >= 1`` a slow group can be overtaken by groups started after it (long-tailed generation) until it
+is too old, and redundant prompts leave groups waiting. ``r = 0`` is synchronous training on the same machinery: nothing starts
 before the weights of the previous step arrive.
 
 Redundant prompts (``rollout.max_additional_running_prompts``) keep extra groups in flight so that a
@@ -69,7 +70,6 @@ from roll_core.rollout.sync import SyncRolloutScheduler, expand_rows
 class _Request:
     future: object
     worker: int
-    version: int
     samples: list[tuple[int, int]]  # (group, index within the group) per row
 
 
@@ -79,7 +79,6 @@ class _Scoring:
 
     ticket: RewardTicket
     part: Batch
-    version: int
     samples: list[tuple[int, int]]
     done: set[int] = field(default_factory=set)
 
@@ -320,7 +319,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
             batch.update(group_index=torch.tensor([g for g, _ in samples]))
             future = self.executor.invoke(self.infer.handles[worker], "generate", (batch,),
                                           self._sampling(self.config.rollout.temperature))
-            request = _Request(future, worker, self.budget.version, samples)
+            request = _Request(future, worker, samples)
             self.requests.append(request)
             self.inflight.add(future, lambda _, q=request: self._generated(q), _GENERATED)
             self.stats["rollout/requests"] += 1
@@ -353,7 +352,7 @@ class AsyncRolloutScheduler(SyncRolloutScheduler):
         self.requests = [r for r in self.requests if r is not q]  # by identity: results are not comparable
         self._note_if_idle(q.worker)
         part, samples = self._finish_request(self.executor.get(q.future))
-        scoring = _Scoring(self.reward.submit(samples), part, q.version, q.samples)
+        scoring = _Scoring(self.reward.submit(samples), part, q.samples)
         for k, future in enumerate(scoring.futures()):
             self.inflight.add(future, lambda _, s=scoring, k=k: self._scored(s, k), _SCORED)
 
