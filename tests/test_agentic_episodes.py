@@ -98,3 +98,178 @@ def test_a_reset_that_raises_fails_only_that_episode(tiny_model_path):
     assert len(good.turns) == 3
     with pytest.raises(ValueError, match="an episode without turns .* is not a training row"):
         episode_batch([bad], tokenizer.pad_token_id, max_length=16)  # an episode without turns is not a row
+
+
+# -- without a model: the teacher, one environment's own loop, stepping in threads, how episodes end --
+
+class Maze(Counter):
+    """Counter with a small action set and an expert who answers 'a' until the third reply; ends
+    ``truncated`` by the environment (a time limit) when ``cut`` is set, or both flags at once."""
+
+    actions = ("a", "b", "c")
+
+    def __init__(self, cut=False, both=False):
+        self.cut, self.both = cut, both
+
+    def expert_action(self):
+        return "a" if self.n < 2 else None
+
+    def step(self, action):
+        observation, reward, terminated, _, info = super().step(action)
+        if self.both:
+            return observation, reward, terminated, terminated, info
+        return observation, reward, False if self.cut else terminated, terminated and self.cut, info
+
+
+def replies(episode, tokenizer):
+    return [tokenizer.decode(t.action_ids, skip_special_tokens=True) for t in episode.turns]
+
+
+def test_the_teacher_follows_the_expert_and_draws_from_the_actions_when_it_has_none_or_errs():
+    from roll_core.agentic.episodes import teacher_policy
+    from roll_core.embedded.model import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    (careful,) = play([Maze()], [1], [0], teacher_policy(tokenizer, noise=0.0, seed=3), tokenizer)
+    first_two = replies(careful, tokenizer)[:2]
+    assert first_two == ["a", "a"] and replies(careful, tokenizer)[2] in Maze.actions  # no expert at turn 3
+    assert careful.turns[0].action_ids[-1] == tokenizer.eos_token_id and careful.turns[0].action_log_probs == [0.0, 0.0]
+    draws = [replies(play([Maze()], [1], [0], teacher_policy(tokenizer, noise=1.0, seed=s), tokenizer)[0], tokenizer)
+             for s in range(8)]
+    assert {r for d in draws for r in d} == set(Maze.actions)  # every turn a uniform draw, 'b' and 'c' too
+    assert draws == [replies(play([Maze()], [1], [0], teacher_policy(tokenizer, noise=1.0, seed=s), tokenizer)[0],
+                             tokenizer) for s in range(8)]  # seeded
+    with pytest.raises(ValueError, match=r"noise must be in \[0, 1\], got 1.5"):
+        teacher_policy(tokenizer, noise=1.5)
+
+    class FreeText(Counter):
+        def expert_action(self):
+            return None
+
+    with pytest.raises(ValueError, match="FreeText has no expert action here and no 'actions' to draw from"):
+        play([FreeText()], [1], [0], teacher_policy(tokenizer), tokenizer)
+
+
+def test_one_environments_own_loop_plays_what_the_lockstep_loop_plays():
+    from roll_core.agentic.episodes import Rules, play_one
+    from roll_core.embedded.model import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    policy = scripted_policy(["a", "b", "a"], tokenizer)
+    (together,) = play([Counter()], [4], [2], policy, tokenizer, max_turns=5)
+    alone = play_one(Counter(), 4, 2, lambda conversation, env: policy([conversation], [env])[0],
+                     Rules(tokenizer, max_turns=5), label="counter")
+    assert alone.env == "counter" and alone.group == together.group == 2
+    assert [(t.observation_ids, t.action_ids, t.reward, t.state_hash) for t in alone.turns] == [
+        (t.observation_ids, t.action_ids, t.reward, t.state_hash) for t in together.turns]
+    assert (alone.truncated, alone.failed, alone.info) == (together.truncated, together.failed, together.info)
+
+    class WontStart(Counter):
+        def reset(self, seed=None):
+            raise ValueError("no such map")
+
+    broken = play_one(WontStart(), 4, 2, lambda conversation, env: policy([conversation], [env])[0],
+                      Rules(tokenizer))
+    assert broken.failed and broken.turns == [] and broken.info == {"error": "reset: ValueError: no such map",
+                                                                      "hung": False}
+
+
+def test_environments_stepped_in_threads_play_the_same_episodes():
+    from roll_core.embedded.model import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    policy = scripted_policy(["a", "b"], tokenizer)
+    envs = [Counter, Explodes, Counter, Maze]
+    serial = play([e() for e in envs], [1, 2, 3, 4], [0, 0, 1, 1], policy, tokenizer)
+    threaded = play([e() for e in envs], [1, 2, 3, 4], [0, 0, 1, 1], policy, tokenizer, concurrent_steps=True)
+    summary = [[(t.observation_ids, t.action_ids, t.reward) for t in e.turns] + [e.failed, e.truncated]
+               for e in serial]
+    assert summary == [[(t.observation_ids, t.action_ids, t.reward) for t in e.turns] + [e.failed, e.truncated]
+                       for e in threaded]
+    assert [e.failed for e in threaded] == [False, True, False, False]
+
+
+@pytest.mark.parametrize("cut, both, truncated", [(False, False, False), (True, False, True), (False, True, False)])
+def test_an_episode_the_environment_ends_is_truncated_only_when_it_says_so_without_terminating(cut, both, truncated):
+    from roll_core.embedded.model import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    (episode,) = play([Maze(cut=cut, both=both)], [1], [0], scripted_policy(["a"], tokenizer), tokenizer)
+    assert len(episode.turns) == 3 and episode.truncated is truncated and episode.info == {"success": True}
+
+
+def test_the_limits_cut_at_exactly_max_turns_and_max_length():
+    """Counter ends after 3 replies: max_turns=3 lets the environment end it, 2 cuts it; with
+    "s1n0>" (5), "b</s>" (2) and "n1>" (3), 10 tokens cannot hold a next reply, 11 can."""
+    from roll_core.embedded.model import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    policy = scripted_policy(["b"], tokenizer)
+    (ended,) = play([Counter()], [1], [0], policy, tokenizer, max_turns=3)
+    (cut,) = play([Counter()], [1], [0], policy, tokenizer, max_turns=2)
+    assert (len(ended.turns), ended.truncated) == (3, False) and (len(cut.turns), cut.truncated) == (2, True)
+    (tight,) = play([Counter()], [1], [0], policy, tokenizer, max_length=10)
+    (roomy,) = play([Counter()], [1], [0], policy, tokenizer, max_length=11)
+    assert (len(tight.turns), tight.truncated) == (1, True)
+    assert len(roomy.turns) == 2 and tokenizer.decode(roomy.turns[1].observation_ids) == "n1>"
+
+
+def test_engine_policy_left_pads_the_conversations_and_keeps_only_generated_tokens():
+    from roll_core.agentic.episodes import engine_policy
+
+    seen = {}
+
+    def generate(batch, **sampling):
+        seen.update(ids=batch["prompt_ids"].tolist(), mask=batch["prompt_mask"].tolist(), sampling=sampling)
+        return {"responses": torch.tensor([[7, 8, 0], [9, 0, 0]]), "response_mask": torch.tensor([[1, 1, 0], [1, 0, 0]]),
+                "infer_log_probs": torch.tensor([[-0.5, -0.25, 0.0], [-1.0, 0.0, 0.0]])}
+
+    policy = engine_policy(generate, pad_token_id=0, max_new_tokens=3, temperature=0.5)
+    assert policy([[5, 6, 7], [4]]) == [([7, 8], [-0.5, -0.25]), ([9], [-1.0])]
+    assert seen == {"ids": [[5, 6, 7], [0, 0, 4]], "mask": [[1, 1, 1], [0, 0, 1]],
+                    "sampling": {"max_new_tokens": 3, "temperature": 0.5}}
+
+
+def test_an_env_workers_failure_and_hang_are_reported_as_they_come():
+    """An environment on an env worker fails with the worker's own message (it names the environment
+    already); one that hung is flagged, so the metrics count it apart; a reply without ``success``
+    is no success."""
+    from roll_core.agentic.env_workers import EnvFailed, EnvHung
+    from roll_core.embedded.model import build_char_tokenizer
+
+    class Remote(Counter):
+        def __init__(self, error=None):
+            self.error = error
+
+        def step(self, action):
+            if self.error is not None:
+                raise self.error
+            return "n1", 0.5, True, False, {}
+
+    tokenizer = build_char_tokenizer()
+    failed, hung, plain = play([Remote(EnvFailed("maze: step raised KeyError 'x'")),
+                                Remote(EnvHung("maze: no answer in 5 s; replaced")), Remote()],
+                               [1, 2, 3], [0, 1, 2], scripted_policy(["a"], tokenizer), tokenizer)
+    assert failed.info == {"error": "maze: step raised KeyError 'x'", "hung": False}
+    assert hung.info == {"error": "maze: no answer in 5 s; replaced", "hung": True}
+    assert plain.info == {"success": False} and plain.reward == 0.5
+
+
+def test_with_concurrent_steps_a_turns_environments_step_at_once():
+    """Each step waits at a barrier for all three: stepped one after the other, the first would wait
+    for the others forever (here: fail after 5 s)."""
+    import threading
+
+    from roll_core.embedded.model import build_char_tokenizer
+
+    barrier = threading.Barrier(3, timeout=5)
+
+    class Together(Counter):
+        def step(self, action):
+            barrier.wait()
+            return super().step(action)
+
+    tokenizer = build_char_tokenizer()
+    episodes = play([Together() for _ in range(3)], [1, 2, 3], [0, 0, 0], scripted_policy(["a"], tokenizer),
+                    tokenizer, concurrent_steps=True)
+    assert [(len(e.turns), e.failed) for e in episodes] == [(3, False)] * 3
