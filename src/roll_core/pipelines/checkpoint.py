@@ -43,7 +43,7 @@ class CheckpointManager:
 
     def save(self, step: int, write: Callable[[Path], dict | None], state: dict) -> Path:
         """``write(tmp_dir)`` fills the checkpoint; ``state`` and the dict ``write`` may return
-        become ``state.json``."""
+        become ``state.json`` (where both name a key, ``write``'s value)."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step_{step:06d}"
         tmp = self.root / f"{final.name}.tmp-{os.getpid()}"
