@@ -28,10 +28,11 @@ import tempfile
 import time
 
 
-def capture(step: int, out: str) -> dict:
+def capture(step: int, out: str, warmup_steps: int | None = None) -> dict:
     """Constructor arguments of the quickstart's train and infer workers, and the arguments of the
     update and the generate call of RL step ``step`` (the last RL step of the run in ``out``, which
-    keeps the model the workers load)."""
+    keeps the model the workers load). ``warmup_steps`` shortens the supervised warm-up before it
+    (a quicker capture of a less trained policy; None: the quickstart's own)."""
     from roll_core.cli import main as roll
     from roll_core.pipelines.rlvr import RLVRPipeline
     from roll_core.runtime import workers
@@ -74,7 +75,8 @@ def capture(step: int, out: str) -> dict:
                  record(workers.InferWorker, "generate", "generate", lambda: in_step[0])]
     try:
         code = roll(["run", f"output_dir={out}", "executor=local", f"trainer.max_steps={step}",
-                     "trainer.eval_every=0", "trainer.save_every=0", "trainer.resume=never", "trackers=[]"])
+                     "trainer.eval_every=0", "trainer.save_every=0", "trainer.resume=never", "trackers=[]",
+                     *([f"warmup.steps={warmup_steps}"] if warmup_steps is not None else [])])
     finally:
         RLVRPipeline.step = rl_step
         for cls, method, original in originals:

@@ -66,6 +66,8 @@ def main():
                     help="keep freed memory in the process, as roll's CPU workers do (runtime.reuse_freed_memory)")
     ap.add_argument("--finish", action="store_true", help="rows end at EOS; compare how the cache drops them")
     ap.add_argument("--rl-step", type=int, help="replay the quickstart's generate call of this RL step")
+    ap.add_argument("--warmup-steps", type=int, help="with --rl-step: supervised warm-up steps before RL (default: "
+                    "the quickstart's; fewer capture sooner, from a less trained policy)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU (not with --rl-step)")
     args = ap.parse_args()
     if args.rl_step and args.device != "cpu":
@@ -192,7 +194,7 @@ def rl_step(args) -> None:
 
     from roll_core.runtime.workers import InferWorker
 
-    calls = capture(args.rl_step, scratch_dir())
+    calls = capture(args.rl_step, scratch_dir(), args.warmup_steps)
     init_args, init_kwargs = calls["infer"]
     worker = InferWorker(*init_args, **init_kwargs)
     worker.setup()

@@ -30,7 +30,7 @@ def test_bench_sampling_runs_and_compares_its_contenders(mode, contenders):
 
 
 def test_bench_sampling_replays_the_quickstart_s_generate_call_against_the_sampler_before():
-    lines = _bench("bench_sampling.py", "--rl-step", "1", "--repeats", "1")
+    lines = _bench("bench_sampling.py", "--rl-step", "1", "--repeats", "1", "--warmup-steps", "5")
     rows = [line for line in lines if "tokens/s" in line]
     assert [row.split()[0] for row in rows] == ["roll", "the"], lines
     assert any("RL step 1: 256 rows" in line for line in lines)
