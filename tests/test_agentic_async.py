@@ -128,3 +128,167 @@ def test_groups_staler_than_the_bound_are_dropped_counted_and_replaced():
     assert {e.group for e in episodes}.isdisjoint({0, 1, 2, 3})
     loops.stop()
     batcher.close()
+
+
+# -- the batcher's rules, and the loops' counts, one by one ---------------------------------------
+
+def _gated_batcher(max_batch=None, fail_first=False):
+    """A batcher whose first policy call waits for ``gate`` (so later callers queue up behind it);
+    ``sizes`` records every call's batch size."""
+    from roll_core.agentic.async_rollout import RequestBatcher
+
+    sizes, gate = [], threading.Event()
+
+    def policy(conversations, envs):
+        sizes.append(len(conversations))
+        if len(sizes) == 1:
+            gate.wait(5)
+            if fail_first:
+                raise RuntimeError("the engine died")
+        return [([len(c)], [0.0]) for c in conversations]
+
+    return RequestBatcher(policy, max_batch=max_batch), sizes, gate
+
+
+def _callers(batcher, n):
+    """``n`` callers started 0.1 s apart (so they queue in order); their replies or errors by index."""
+    out = {}
+
+    def call(i):
+        try:
+            out[i] = batcher([0] * i, None)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            out[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(1, n + 1)]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    return out, threads
+
+
+def _settles_at(read, value, timeout_s=5.0):
+    """Whether ``read()`` reaches ``value`` (polled for up to ``timeout_s``) and stays there 0.2 s."""
+    deadline = time.monotonic() + timeout_s
+    while read() < value and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    return read() == value
+
+
+def test_max_batch_caps_each_policy_call_and_the_batcher_counts_its_calls():
+    batcher, sizes, gate = _gated_batcher(max_batch=2)
+    out, threads = _callers(batcher, 5)
+    gate.set()
+    for t in threads:
+        t.join(5)
+    batcher.close()
+    assert sizes == [1, 2, 2] and out == {i: ([i], [0.0]) for i in range(1, 6)}
+    assert (batcher.calls, batcher.requests_served) == (3, 5)
+
+
+def test_a_failing_policy_call_fails_its_callers_and_the_batcher_serves_the_next():
+    batcher, sizes, gate = _gated_batcher(fail_first=True)
+    out, threads = _callers(batcher, 1)
+    gate.set()
+    threads[0].join(5)
+    assert isinstance(out[1], RuntimeError) and str(out[1]) == "the engine died"
+    assert batcher([0, 0], None) == ([2], [0.0]) and (batcher.calls, batcher.requests_served) == (1, 1)
+    batcher.close()
+
+
+def test_no_policy_call_runs_while_paused_and_close_finishes_the_queued_requests_first():
+    batcher, sizes, gate = _gated_batcher()
+    gate.set()
+    with batcher.paused():  # a weight update: the request waits
+        out, threads = _callers(batcher, 1)
+        time.sleep(0.2)
+        assert out == {} and sizes == []
+    threads[0].join(5)
+    assert out == {1: ([1], [0.0])}
+    # closing with requests queued behind a running call: they are answered, then the thread ends
+    batcher, sizes, gate = _gated_batcher()
+    out, threads = _callers(batcher, 3)
+    closing = threading.Thread(target=batcher.close)
+    closing.start()
+    gate.set()
+    closing.join(5)
+    for t in threads:
+        t.join(5)
+    assert not closing.is_alive() and not batcher.thread.is_alive()
+    assert sizes == [1, 2] and out == {i: ([i], [0.0]) for i in (1, 2, 3)}
+
+
+def test_take_counts_updates_and_takes_so_the_slots_stay_within_the_bound():
+    """ratio 0, two groups of three per step: two groups out per policy version. Two takes without
+    an update between them are impossible at ratio 0, so ratio 1 shows that a step's groups are
+    replaced only at the next update, all takes since the last one together."""
+    loops, batcher = _loops(ratio=0.0)
+    loops.start()
+    for version in range(3):
+        loops.take()
+        assert _settles_at(lambda: loops.lanes[0].next_episode, 6 * (version + 1))  # the groups released so far
+        loops.policy_updated()
+    loops.stop()
+    batcher.close()
+    loops, batcher = _loops(ratio=1.0, slots=12)
+    loops.start()
+    loops.take()
+    loops.take()  # both steps' groups were released at once
+    assert loops.lanes[0].released == 4 and _settles_at(lambda: loops.lanes[0].next_episode, 12)
+    loops.policy_updated()
+    assert loops.lanes[0].released == 8 and _settles_at(lambda: loops.lanes[0].next_episode, 24)
+    loops.stop()
+    batcher.close()
+
+
+def test_a_dropped_group_is_replaced_and_a_fractional_ratio_rounds_up():
+    """ratio 0.25, groups of one played by one slot (they complete in order), two a step:
+    ceil(1.25 * 2) = 3 groups out at first, and groups one version old (ceil(0.25) = 1) are still taken. Group 4, left complete at version 1, is two versions
+    old after two more updates: dropped, and one more group is released in its place."""
+    loops, batcher = _loops(ratio=0.25, group_size=1, slots=1)
+    loops.start()
+    assert loops.lanes[0].released == 3 and _settles_at(lambda: loops.lanes[0].next_episode, 3)
+    loops.take()  # groups 0, 1; group 2 (version 0) stays complete
+    loops.policy_updated()
+    episodes, metrics = loops.take()  # group 2 is one version old: taken, with group 3
+    assert [e.group for e in episodes] == [2, 3] and metrics["rollout/staleness_mean"] == 0.5
+    assert metrics["rollout/stale_groups_dropped"] == 0
+    loops.policy_updated()
+    loops.policy_updated()  # version 3: groups 5 and 6 (version 2 or 3) replace the two taken
+    episodes, metrics = loops.take()
+    assert metrics["rollout/stale_groups_dropped"] == 1 and [e.group for e in episodes] == [5, 6]
+    assert loops.lanes[0].released == 8
+    loops.stop()
+    batcher.close()
+
+
+def test_every_lane_gets_its_groups_its_seeds_and_its_label_and_stop_ends_every_loop():
+    from roll_core.agentic.async_rollout import EnvLoops, Lane, RequestBatcher
+    from roll_core.agentic.episodes import Rules
+
+    class Tok:
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [1] * len(text)}
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "0"
+
+    def policy(conversations, envs):  # slow enough for the other slots' requests to queue behind a call
+        time.sleep(0.05)
+        return [([7], [0.0]) for _ in conversations]
+
+    batcher = RequestBatcher(policy)
+    lanes = [Lane("odd", [Sleepy() for _ in range(4)], Rules(Tok()), 1, seed_of=lambda g: 2 * g + 1),
+             Lane("even", [Sleepy() for _ in range(4)], Rules(Tok()), 2, seed_of=lambda g: 2 * g)]
+    loops = EnvLoops(lanes, batcher, group_size=2)
+    loops.start()
+    episodes, metrics = loops.take()
+    assert metrics["rollout/requests_per_call"] == batcher.requests_served / batcher.calls > 1
+    assert [(e.env, e.group, e.reward) for e in episodes] == [("odd", 0, 2.0)] * 2 + [
+        ("even", 0, 0.0), ("even", 0, 0.0), ("even", 1, 0.0), ("even", 1, 0.0)]
+    loops.stop()
+    for thread in loops.threads:
+        thread.join(5)
+    assert not any(thread.is_alive() for thread in loops.threads)
+    batcher.close()
