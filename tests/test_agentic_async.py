@@ -244,8 +244,9 @@ def test_take_counts_updates_and_takes_so_the_slots_stay_within_the_bound():
 
 def test_a_dropped_group_is_replaced_and_a_fractional_ratio_rounds_up():
     """ratio 0.25, groups of one played by one slot (they complete in order), two a step:
-    ceil(1.25 * 2) = 3 groups out at first, and groups one version old (ceil(0.25) = 1) are still taken. Group 4, left complete at version 1, is two versions
-    old after two more updates: dropped, and one more group is released in its place."""
+    ceil(1.25 * 2) = 3 groups out at first, and groups one version old (ceil(0.25) = 1) are still
+    taken. Group 4, left complete at version 1, is two versions old after two more updates:
+    dropped, and one more group is released in its place."""
     loops, batcher = _loops(ratio=0.25, group_size=1, slots=1)
     loops.start()
     assert loops.lanes[0].released == 3 and _settles_at(lambda: loops.lanes[0].next_episode, 3)

@@ -221,7 +221,8 @@ def test_engine_policy_left_pads_the_conversations_and_keeps_only_generated_toke
 
     def generate(batch, **sampling):
         seen.update(ids=batch["prompt_ids"].tolist(), mask=batch["prompt_mask"].tolist(), sampling=sampling)
-        return {"responses": torch.tensor([[7, 8, 0], [9, 0, 0]]), "response_mask": torch.tensor([[1, 1, 0], [1, 0, 0]]),
+        return {"responses": torch.tensor([[7, 8, 0], [9, 0, 0]]),
+                "response_mask": torch.tensor([[1, 1, 0], [1, 0, 0]]),
                 "infer_log_probs": torch.tensor([[-0.5, -0.25, 0.0], [-1.0, 0.0, 0.0]])}
 
     policy = engine_policy(generate, pad_token_id=0, max_new_tokens=3, temperature=0.5)

@@ -333,9 +333,9 @@ def test_a_straggler_is_cancelled_when_it_can_no_longer_be_fresh_enough():
 
     t0: 2 + 1 groups start, p0 on worker 0. At t1 p1 and p2 fill step 1; p0 (version 0) would be
     stale for step 2, so it is aborted and its running request cancelled at t1 (it stops at
-    t1.25 instead of running to t10). Version 1 admits p3, p4, p5 (all end at t3); step 2 takes p3, p4 and keeps p5 ready. At
-    step 3 p5 is one update too old: dropped, never trained on; p6, p7 (admitted at version 2)
-    fill it while p8 takes p5's place in flight."""
+    t1.25 instead of running to t10). Version 1 admits p3, p4, p5 (all end at t3); step 2 takes
+    p3, p4 and keeps p5 ready. At step 3 p5 is one update too old: dropped, never trained on; p6,
+    p7 (admitted at version 2) fill it while p8 takes p5's place in flight."""
     sim, scheduler, engines = cluster(
         "rollout.async_generation_ratio=0", "rollout.request_size=2", "rollout.max_running_requests=1",
         "rollout.max_additional_running_prompts=1", workers=3,
@@ -466,7 +466,8 @@ def test_stop_cancels_what_runs_and_waits_until_every_worker_is_free():
     scheduler.stop()
     assert [c.method for c in sim.calls[sent:]] == []  # no new request once stopping
     assert (scheduler.stats["rollout/aborted_groups"], scheduler.stats["rollout/aborted_requests"]) == (2, 2)
-    assert [(c.result["prompt"][0], c.end) for c in sim.calls if c.cancelled_at is not None] == [("p2", 2.25), ("p3", 2.25)]
+    cancelled = [(c.result["prompt"][0], c.end) for c in sim.calls if c.cancelled_at is not None]
+    assert cancelled == [("p2", 2.25), ("p3", 2.25)]
     assert not scheduler.inflight and not scheduler.requests and not scheduler.aborting and not scheduler.open
     assert scheduler.accepting  # admission reopens for a scheduler that is started again
 
