@@ -83,16 +83,19 @@ def test_requests_waiting_together_go_to_the_policy_in_one_call():
     assert sizes == [1, 4] and replies == {i: ([i], [0.0]) for i in range(1, 6)}  # each caller its own reply
 
 
+class Tok:
+    """A tokenizer that needs no files: a token per character, every reply read as "0" (no sleep)."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1] * len(text)}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "0"
+
+
 def _loops(ratio, groups_per_step=2, group_size=3, slots=6):
     from roll_core.agentic.async_rollout import EnvLoops, Lane, RequestBatcher
     from roll_core.agentic.episodes import Rules
-
-    class Tok:
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [1] * len(text)}
-
-        def decode(self, ids, skip_special_tokens=True):
-            return "0"
 
     batcher = RequestBatcher(lambda convs, envs: [([7], [0.0]) for _ in convs])
     lane = Lane("sleepy", [Sleepy() for _ in range(slots)], Rules(Tok(), max_turns=4), groups_per_step,
@@ -267,13 +270,6 @@ def test_a_dropped_group_is_replaced_and_a_fractional_ratio_rounds_up():
 def test_every_lane_gets_its_groups_its_seeds_and_its_label_and_stop_ends_every_loop():
     from roll_core.agentic.async_rollout import EnvLoops, Lane, RequestBatcher
     from roll_core.agentic.episodes import Rules
-
-    class Tok:
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [1] * len(text)}
-
-        def decode(self, ids, skip_special_tokens=True):
-            return "0"
 
     def policy(conversations, envs):  # slow enough for the other slots' requests to queue behind a call
         time.sleep(0.05)

@@ -3,11 +3,16 @@ for token; a failing environment ends its episode only; long conversations are c
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from roll_core.agentic.episodes import TurnFormat, engine_policy, play, scripted_policy, transcript
+from roll_core.agentic.env_workers import EnvFailed, EnvHung
+from roll_core.agentic.episodes import (Rules, TurnFormat, engine_policy, play, play_one, scripted_policy,
+                                        teacher_policy, transcript)
 from roll_core.agentic.samples import episode_batch
+from roll_core.embedded.model import build_char_tokenizer
 from roll_core.envs import Env
 from roll_core.pipelines.runtime import load_tokenizer
 
@@ -102,6 +107,9 @@ def test_a_reset_that_raises_fails_only_that_episode(tiny_model_path):
 
 # -- without a model: the teacher, one environment's own loop, stepping in threads, how episodes end --
 
+CHARS = build_char_tokenizer()  # the embedded model's tokenizer, built without the model
+
+
 class Maze(Counter):
     """Counter with a small action set and an expert who answers 'a' until the third reply; ends
     ``truncated`` by the environment (a time limit) when ``cut`` is set, or both flags at once."""
@@ -126,10 +134,7 @@ def replies(episode, tokenizer):
 
 
 def test_the_teacher_follows_the_expert_and_draws_from_the_actions_when_it_has_none_or_errs():
-    from roll_core.agentic.episodes import teacher_policy
-    from roll_core.embedded.model import build_char_tokenizer
-
-    tokenizer = build_char_tokenizer()
+    tokenizer = CHARS
     (careful,) = play([Maze()], [1], [0], teacher_policy(tokenizer, noise=0.0, seed=3), tokenizer)
     first_two = replies(careful, tokenizer)[:2]
     assert first_two == ["a", "a"] and replies(careful, tokenizer)[2] in Maze.actions  # no expert at turn 3
@@ -151,10 +156,7 @@ def test_the_teacher_follows_the_expert_and_draws_from_the_actions_when_it_has_n
 
 
 def test_one_environments_own_loop_plays_what_the_lockstep_loop_plays():
-    from roll_core.agentic.episodes import Rules, play_one
-    from roll_core.embedded.model import build_char_tokenizer
-
-    tokenizer = build_char_tokenizer()
+    tokenizer = CHARS
     policy = scripted_policy(["a", "b", "a"], tokenizer)
     (together,) = play([Counter()], [4], [2], policy, tokenizer, max_turns=5)
     alone = play_one(Counter(), 4, 2, lambda conversation, env: policy([conversation], [env])[0],
@@ -175,9 +177,7 @@ def test_one_environments_own_loop_plays_what_the_lockstep_loop_plays():
 
 
 def test_environments_stepped_in_threads_play_the_same_episodes():
-    from roll_core.embedded.model import build_char_tokenizer
-
-    tokenizer = build_char_tokenizer()
+    tokenizer = CHARS
     policy = scripted_policy(["a", "b"], tokenizer)
     envs = [Counter, Explodes, Counter, Maze]
     serial = play([e() for e in envs], [1, 2, 3, 4], [0, 0, 1, 1], policy, tokenizer)
@@ -191,9 +191,7 @@ def test_environments_stepped_in_threads_play_the_same_episodes():
 
 @pytest.mark.parametrize("cut, both, truncated", [(False, False, False), (True, False, True), (False, True, False)])
 def test_an_episode_the_environment_ends_is_truncated_only_when_it_says_so_without_terminating(cut, both, truncated):
-    from roll_core.embedded.model import build_char_tokenizer
-
-    tokenizer = build_char_tokenizer()
+    tokenizer = CHARS
     (episode,) = play([Maze(cut=cut, both=both)], [1], [0], scripted_policy(["a"], tokenizer), tokenizer)
     assert len(episode.turns) == 3 and episode.truncated is truncated and episode.info == {"success": True}
 
@@ -201,9 +199,7 @@ def test_an_episode_the_environment_ends_is_truncated_only_when_it_says_so_witho
 def test_the_limits_cut_at_exactly_max_turns_and_max_length():
     """Counter ends after 3 replies: max_turns=3 lets the environment end it, 2 cuts it; with
     "s1n0>" (5), "b</s>" (2) and "n1>" (3), 10 tokens cannot hold a next reply, 11 can."""
-    from roll_core.embedded.model import build_char_tokenizer
-
-    tokenizer = build_char_tokenizer()
+    tokenizer = CHARS
     policy = scripted_policy(["b"], tokenizer)
     (ended,) = play([Counter()], [1], [0], policy, tokenizer, max_turns=3)
     (cut,) = play([Counter()], [1], [0], policy, tokenizer, max_turns=2)
@@ -215,8 +211,6 @@ def test_the_limits_cut_at_exactly_max_turns_and_max_length():
 
 
 def test_engine_policy_left_pads_the_conversations_and_keeps_only_generated_tokens():
-    from roll_core.agentic.episodes import engine_policy
-
     seen = {}
 
     def generate(batch, **sampling):
@@ -235,8 +229,6 @@ def test_an_env_workers_failure_and_hang_are_reported_as_they_come():
     """An environment on an env worker fails with the worker's own message (it names the environment
     already); one that hung is flagged, so the metrics count it apart; a reply without ``success``
     is no success."""
-    from roll_core.agentic.env_workers import EnvFailed, EnvHung
-    from roll_core.embedded.model import build_char_tokenizer
 
     class Remote(Counter):
         def __init__(self, error=None):
@@ -247,7 +239,7 @@ def test_an_env_workers_failure_and_hang_are_reported_as_they_come():
                 raise self.error
             return "n1", 0.5, True, False, {}
 
-    tokenizer = build_char_tokenizer()
+    tokenizer = CHARS
     failed, hung, plain = play([Remote(EnvFailed("maze: step raised KeyError 'x'")),
                                 Remote(EnvHung("maze: no answer in 5 s; replaced")), Remote()],
                                [1, 2, 3], [0, 1, 2], scripted_policy(["a"], tokenizer), tokenizer)
@@ -259,10 +251,6 @@ def test_an_env_workers_failure_and_hang_are_reported_as_they_come():
 def test_with_concurrent_steps_a_turns_environments_step_at_once():
     """Each step waits at a barrier for all three: stepped one after the other, the first would wait
     for the others forever (here: fail after 5 s)."""
-    import threading
-
-    from roll_core.embedded.model import build_char_tokenizer
-
     barrier = threading.Barrier(3, timeout=5)
 
     class Together(Counter):
@@ -270,7 +258,7 @@ def test_with_concurrent_steps_a_turns_environments_step_at_once():
             barrier.wait()
             return super().step(action)
 
-    tokenizer = build_char_tokenizer()
+    tokenizer = CHARS
     episodes = play([Together() for _ in range(3)], [1, 2, 3], [0, 0, 0], scripted_policy(["a"], tokenizer),
                     tokenizer, concurrent_steps=True)
     assert [(len(e.turns), e.failed) for e in episodes] == [(3, False)] * 3

@@ -132,7 +132,8 @@ def test_bad_step_ranges_are_named(text, message):
 
 def test_the_report_compares_what_both_sides_have_and_names_the_largest_gap():
     """A metric one side lacks (a step the run logged no gradient norm for) is shown as '-', not an error."""
-    both = ReplayedStep(1, {"train/pg_loss": 1.0, "train/grad_norm": 2.0}, {"train/pg_loss": 1.5, "train/grad_norm": 2.25})
+    both = ReplayedStep(1, {"train/pg_loss": 1.0, "train/grad_norm": 2.0},
+                        {"train/pg_loss": 1.5, "train/grad_norm": 2.25})
     one_sided = ReplayedStep(2, {"train/pg_loss": 1.0}, {"train/grad_norm": 3.0})  # nothing comparable
     assert (both.gap("pg_loss"), both.gap("grad_norm")) == (0.5, 0.25)
     assert (one_sided.gap("pg_loss"), one_sided.gap("grad_norm")) == (None, None)

@@ -17,8 +17,8 @@ started if, counting the groups queued before it, it would be trained on within 
 and at most ``r * prompts_per_step`` groups are generated ahead of the step being trained. A group
 that is staler than ``ceil(r)`` when its turn comes is dropped and counted, never trained on: with
 ``r >= 1`` a slow group can be overtaken by groups started after it (long-tailed generation) until it
-is too old, and redundant prompts leave groups waiting. ``r = 0`` is synchronous training on the same machinery: nothing starts
-before the weights of the previous step arrive.
+is too old, and redundant prompts leave groups waiting. ``r = 0`` is synchronous training on the same
+machinery: nothing starts before the weights of the previous step arrive.
 
 Redundant prompts (``rollout.max_additional_running_prompts``) keep extra groups in flight so that a
 batch fills without waiting for stragglers or for groups the filter rejects; groups left over when
