@@ -58,6 +58,105 @@ def test_a_raising_environment_is_rebuilt_for_its_next_episode(sleepy):
     assert worker.slots[0] is None and worker.reset(0, 3)[0] == "s3" and worker.slots[0] is not broken
 
 
+class Counter(Env):
+    """Counts its steps from ``start`` (an option); the expert says the next count; records closes."""
+
+    actions = ("up", "down")
+    closed: list = []
+
+    def __init__(self, start=0):
+        self.start = self.n = start
+
+    def reset(self, seed=None):
+        if seed is not None and seed < 0:
+            raise ValueError("seeds are >= 0")
+        self.n = self.start
+        return f"at {self.n}", {"seed": seed}
+
+    def step(self, action):
+        self.n += 1
+        return f"at {self.n} after {action}", 1.0, False, self.n >= 3, {}
+
+    def expert_action(self):
+        return f"to {self.n + 1}"
+
+    def close(self):
+        Counter.closed.append(self)
+
+
+@pytest.fixture
+def counter(roll_plugins):
+    Counter.closed = []
+    roll_plugins(("counter", types.SimpleNamespace(
+        roll_register_envs=hookimpl(lambda register: register("counter", Counter)))))
+
+
+def test_each_slot_builds_its_environment_with_the_options_on_first_use_and_keeps_it(counter):
+    from roll_core.agentic.env_workers import EnvWorker
+
+    options = {"start": 1}
+    worker = EnvWorker("counter", options, num_envs=3, timeout_s=5)
+    options["start"] = 99  # the worker took a copy
+    assert worker.slots == [None, None, None]  # nothing is built before a slot's first call
+    assert worker.reset(1, 7) == ("at 1", {"seed": 7})
+    assert worker.slots[0] is None and worker.slots[2] is None
+    env = worker.slots[1]
+    assert worker.step(1, "up") == ("at 2 after up", 1.0, False, False, {})
+    assert worker.expert_action(1) == "to 3" and worker.slots[1] is env  # the same environment throughout
+    assert worker.step(1, "down")[3] is True  # truncated at 3
+    assert worker.expert_action(0) == "to 2"  # slot 0 built by this call, at its options' start
+
+
+def test_close_closes_each_built_environment_once_and_empties_the_slots(counter):
+    from roll_core.agentic.env_workers import EnvWorker
+
+    worker = EnvWorker("counter", {}, num_envs=3, timeout_s=5)
+    worker.reset(0, None)
+    worker.reset(2, None)
+    built = [worker.slots[0], worker.slots[2]]
+    worker.close()
+    assert Counter.closed == built and worker.slots == [None, None, None]
+    worker.reset(1, None)  # still serves: a fresh environment
+    assert worker.slots[1] is not None and worker.slots[1] not in built
+
+
+def test_a_remote_env_calls_its_own_slot_of_the_worker_through_the_executor(counter):
+    from roll_core.agentic.env_workers import EnvWorker, RemoteEnv
+    from roll_core.runtime.executor import LocalExecutor
+
+    executor = LocalExecutor()
+    (handle,) = executor.spawn("env", EnvWorker, [("counter", {"start": 5}, 2, 5.0)]).handles
+    first, second = (RemoteEnv(executor, handle, slot, Counter) for slot in (0, 1))
+    assert second.actions == ("up", "down")
+    assert second.reset(seed=3) == ("at 5", {"seed": 3}) and handle.slots[0] is None
+    assert second.step("up") == ("at 6 after up", 1.0, False, True, {})
+    assert second.expert_action() == "to 7"
+    assert first.reset() == ("at 5", {"seed": None}) and first.expert_action() == "to 6"
+    assert second.expert_action() == "to 7"  # slot 1 kept its own state
+
+
+def test_a_raising_reset_names_the_call_and_the_error_without_the_worker_s_traceback(counter):
+    from roll_core.agentic.env_workers import EnvFailed, EnvWorker
+
+    worker = EnvWorker("counter", {}, num_envs=2, timeout_s=5)
+    with pytest.raises(EnvFailed, match=r"^reset: ValueError: seeds are >= 0$") as failed:
+        worker.reset(1, -1)
+    assert failed.value.__cause__ is None and failed.value.__suppress_context__
+    assert worker.slots[1] is None and worker.replaced_count() == 0  # rebuilt next time, not counted as hung
+
+
+def test_a_hung_call_names_the_environment_and_leaves_its_thread_named_after_the_slot_and_call(sleepy):
+    from roll_core.agentic.env_workers import EnvHung, EnvWorker
+
+    worker = EnvWorker("sleepy", {}, num_envs=2, timeout_s=0.2)
+    worker.reset(1, 3)
+    with pytest.raises(EnvHung, match=r"^environment 'sleepy' did not return from step within "
+                                      r"agentic.step_timeout_s=0.2 s; it was replaced$") as hung:
+        worker.step(1, "2")
+    assert hung.value.__cause__ is None and hung.value.__suppress_context__
+    assert "env-sleepy-1-step" in [t.name for t in threading.enumerate()]  # the abandoned call, still running
+
+
 def test_requests_waiting_together_go_to_the_policy_in_one_call():
     from roll_core.agentic.async_rollout import RequestBatcher
 

@@ -1,6 +1,8 @@
-"""Plugin discovery through the ``roll`` entry-point group, in a real subprocess of the CLI."""
+"""Plugin discovery through the ``roll`` entry-point group, in a real subprocess of the CLI; then the plugin
+manager's rules (switches, withdrawal, order, taken names) in the test's own process."""
 
 import json
+import types
 
 from conftest import run_roll
 
@@ -112,8 +114,6 @@ def test_listing_imports_no_heavy_backend(fake_dist):
 
 
 def test_duplicate_name_from_two_plugins_names_both(roll_plugins):
-    import types
-
     from roll_core import hookimpl
 
     impostor = types.SimpleNamespace(
@@ -172,3 +172,107 @@ def test_third_party_estimator_and_loss_are_listed_and_used_by_name(fake_dist, t
     # a misspelled name lists the valid ones, including the plugin's
     result = run_roll("validate", "algorithm.advantage_estimator=sing", env_extra=env)
     assert result.returncode == 2 and "Did you mean 'sign'?" in result.stderr and "gigpo" in result.stderr
+
+
+# -- the plugin manager in the test's own process: switches, withdrawal, metadata ----------------------------
+
+def test_the_switches_take_spaced_lists_and_any_case_of_yes(monkeypatch):
+    from roll_core import plugins
+
+    monkeypatch.setenv("ROLL_DISABLE_PLUGINS", " core.trackers ,, roll-acme ,")
+    assert plugins._env_list("ROLL_DISABLE_PLUGINS") == {"core.trackers", "roll-acme"}
+    for value, strict in (("1", True), ("TRUE", True), ("Yes", True), ("0", False), ("no", False), ("", False)):
+        monkeypatch.setenv("ROLL_STRICT_PLUGINS", value)
+        assert plugins._strict() is strict, value
+
+
+def test_a_disabled_plugin_is_never_imported(monkeypatch):
+    from roll_core.plugins import RollPlugins
+
+    def load():
+        raise AssertionError("imported")
+
+    monkeypatch.setenv("ROLL_DISABLE_PLUGINS", "acme-dist")
+    p = RollPlugins()
+    info = p.add("acme", load, module="acme.plugin", distribution="acme-dist", version="1.0")
+    assert (info.status, info.error) == ("disabled", "") and not p.pm.has_plugin("acme")
+
+
+def test_a_plugin_that_raises_in_a_later_hook_is_withdrawn_from_every_registry_and_from_pluggy(roll_plugins):
+    from roll_core import hookimpl
+
+    def roll_register_trackers(register):
+        raise RuntimeError("no tracker today")
+
+    half = types.SimpleNamespace(
+        roll_register_rewards=hookimpl(lambda register: register("half_reward", "x:Y")),
+        roll_register_trackers=hookimpl(roll_register_trackers))
+    p = roll_plugins(("half", half))
+    info = p.plugins["half"]
+    assert info.status == "broken" and info.error == "roll_register_trackers raised RuntimeError: no tracker today"
+    assert "half_reward" not in p.rewards and info.provides == {} and not p.pm.has_plugin("half")
+    assert p.plugins["core.rewards"].status == "ok" and "exact_match" in p.rewards
+
+
+def test_registries_are_attributes_and_other_names_are_not(roll_plugins):
+    p = roll_plugins(entry_points=False)
+    assert p.rewards is p.registry("rewards") and p.train_strategies is p.registry("train_strategies")
+    assert getattr(p, "no_such_registry", None) is None and not hasattr(p, "no_such_registry")
+
+
+def test_a_strategy_s_metadata_and_description_reach_its_registry(roll_plugins):
+    from roll_core import hookimpl
+
+    def roll_register_strategies(register):
+        register("mine", "roll_core.strategies.hf:HFTrainStrategy", kind="train", description="my trainer",
+                 packed_sequences=True)
+
+    p = roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies))))
+    entry = p.train_strategies.entry("mine")
+    assert (entry.plugin, entry.description, entry.metadata) == ("t", "my trainer", {"packed_sequences": True})
+    assert p.provider_of("mine") == [("train strategy", "t")]
+    info = p.plugins["t"]  # a plugin object handed in, not installed
+    assert (info.distribution, info.version, info.builtin) == ("<in-process>", "", False)
+
+
+def test_the_process_builds_its_plugins_once_until_reset():
+    from roll_core.plugins import get_plugins, reset_plugins
+
+    reset_plugins(None)
+    try:
+        first = get_plugins()
+        assert get_plugins() is first
+        reset_plugins(None)
+        assert get_plugins() is not first
+    finally:
+        reset_plugins(None)
+
+
+def test_entry_points_load_in_name_order_and_a_taken_name_is_refused_naming_its_owner(tmp_path, monkeypatch):
+    import importlib.metadata as md
+
+    from conftest import make_fake_distribution
+    from roll_core.plugins import load_plugins
+
+    sites = [make_fake_distribution(tmp_path / dist, dist, module, "", version="2.0")
+             for dist, module in (("roll-zeta", "roll_zeta"), ("roll-alpha", "roll_alpha"),
+                                  ("roll-alpha-fork", "roll_alpha"))]
+    for site in sites:
+        monkeypatch.syspath_prepend(str(site))
+    found = [ep for site in sites for dist in md.distributions(path=[str(site)]) for ep in dist.entry_points]
+    monkeypatch.setattr(md, "entry_points", lambda group: [ep for ep in found if ep.group == group])
+    p = load_plugins()
+    third_party = [(name, info.distribution, info.status) for name, info in p.plugins.items() if not info.builtin]
+    assert third_party == [("roll_alpha", "roll-alpha", "ok"),
+                           ("roll_alpha@roll-alpha-fork", "roll-alpha-fork", "broken"),
+                           ("roll_zeta", "roll-zeta", "ok")]
+    fork = p.plugins["roll_alpha@roll-alpha-fork"]
+    assert (fork.name, fork.version) == ("roll_alpha", "2.0")
+    assert fork.error == "plugin name 'roll_alpha' is already taken by roll-alpha"
+    assert all(info.builtin for info in load_plugins(entry_points=False).plugins.values())  # entry points skipped
+
+
+def test_a_distribution_that_is_not_installed_has_an_unknown_version():
+    from roll_core.plugins import _dist_version
+
+    assert _dist_version("roll-core") not in ("", "unknown") and _dist_version("no-such-distribution") == "unknown"
