@@ -1,5 +1,6 @@
 """Trackers: several at once, each one's files read back with its own format, and steps replayed
-after a resume written once."""
+after a resume written once; the services' run names, config and mode; the display's lines and
+the time left it prints."""
 
 import json
 import struct
@@ -151,4 +152,100 @@ def test_the_live_line_prints_evaluations_above_it_and_finishes_before_the_run_e
     assert tracker.progress is None  # stopped at the last step
     text = screen.getvalue()
     assert "[step 2] reward/mean=0.6 eval/accuracy=0.7" in text and "3/3 reward/mean=0.8" in text
+    assert "[step 1]" not in text and "[step 3]" not in text  # only evaluations go above the line
     tracker.close()
+
+    early = trackers.StdoutTracker(tmp_path, SimpleNamespace(trainer=SimpleNamespace(max_steps=3)))
+    early.live = True
+    early.log({"reward/mean": 0.5}, 1)
+    assert early.progress.live.is_started
+    early.close()  # a run that ends before its last step (an error, Ctrl-C) stops its bar too
+    assert not early.progress.live.is_started
+
+
+# -- each tracker's own rules -------------------------------------------------------------------------------
+
+def _config(**fields):
+    from roll_core.config import load_config
+
+    return load_config(None, [f"{k}={v}" for k, v in fields.items()])
+
+
+def test_swanlab_and_wandb_runs_are_named_after_the_experiment_and_the_run_and_carry_the_config(
+        tmp_path, monkeypatch):
+    for package in ("swanlab", "wandb"):
+        pytest.importorskip(package, reason="pip install 'roll-core[trackers]' (the README's setup does)")
+    import yaml
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record as SwanLabRecord
+    from wandb.proto.wandb_internal_pb2 import Record as WandbRecord
+
+    from roll_core.trackers import SwanLabTracker, WandbTracker
+
+    for name in ("SWANLAB_MODE", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir, config = tmp_path / "run7", _config(exp_name="myexp", seed=11)
+    run_dir.mkdir()
+    for cls in (SwanLabTracker, WandbTracker):
+        tracker = cls(run_dir, config)
+        tracker.log({"a/b": 1.5}, 1)
+        tracker.close()
+    (swanlab_log,) = run_dir.glob("swanlab/run-*/run-*.swanlab")
+    records = [SwanLabRecord.FromString(raw) for raw in _log_records(swanlab_log)]
+    (start,) = [r.start for r in records if r.HasField("start")]
+    assert (start.project, start.name) == ("myexp", "run7") and any(r.HasField("finish") for r in records)
+    (swanlab_config,) = run_dir.glob("swanlab/run-*/files/config.yaml")
+    saved = yaml.safe_load(swanlab_config.read_text())
+    assert saved["seed"]["value"] == 11 and saved["trainer"]["value"]["max_steps"] == config.trainer.max_steps
+    (wandb_log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    wandb_records = map(WandbRecord.FromString, _log_records(wandb_log))
+    (run,) = [r.run for r in wandb_records if r.WhichOneof("record_type") == "run"]
+    items = {i.key: json.loads(i.value_json) for i in run.config.update}
+    assert (run.project, run.display_name, items["seed"], items["exp_name"]) == ("myexp", "run7", 11, "myexp")
+
+
+def test_the_services_mode_is_the_users_when_set(tmp_path, monkeypatch):
+    for package in ("swanlab", "wandb"):
+        pytest.importorskip(package, reason="pip install 'roll-core[trackers]' (the README's setup does)")
+    from roll_core.trackers import SwanLabTracker, WandbTracker
+
+    monkeypatch.setenv("SWANLAB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for cls in (SwanLabTracker, WandbTracker):
+        tracker = cls(tmp_path, None)
+        tracker.log({"a/b": 1.5}, 1)
+        tracker.close()
+    assert list(tmp_path.iterdir()) == []  # disabled: nothing written, where offline writes a run
+
+
+def test_piped_lines_give_the_time_left_from_the_first_step_logged(monkeypatch, capsys, tmp_path):
+    """Steps 1-45 of 45 (a line every 2nd step, and the last), 2 s a step from step 1 on; step 1 is
+    logged twice (its metrics, then an evaluation's, 4 s later), which must not restart the clock."""
+    import roll_core.trackers as trackers
+
+    clock = iter([0.0, 4.0, *(2.0 * (step - 1) for step in range(2, 46))])
+    monkeypatch.setattr(trackers.time, "monotonic", lambda: next(clock))
+    tracker = trackers.StdoutTracker(tmp_path, _config(**{"trainer.max_steps": 45}))
+    tracker.log({"reward/mean": 0.5}, 1)
+    tracker.log({"eval/accuracy": 0.25}, 1)  # the same step again, 4 s later
+    for step in range(2, 46):
+        tracker.log({"reward/mean": 0.5, "train/other": 1.0}, step)
+        tracker.log({"train/other": 1.0}, step)  # nothing the display shows: no line
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "[step 1/45] eval/accuracy=0.25"  # an evaluation: printed, with no time left yet
+    assert lines[1] == "[step 2/45] reward/mean=0.5 eta 1:26"  # (2 - 0) s / (2 - 1) steps x 43 steps left
+    assert lines[2] == "[step 4/45] reward/mean=0.5 eta 1:22"  # 6 s / 3 steps x 41
+    assert lines[-3:] == ["[step 42/45] reward/mean=0.5 eta 0:06", "[step 44/45] reward/mean=0.5 eta 0:02",
+                          "[step 45/45] reward/mean=0.5 eta 0:00"]
+    assert [int(line.split()[1].split("/")[0]) for line in lines[1:]] == [*range(2, 45, 2), 45]  # and the last
+
+
+def test_without_a_run_length_every_step_prints_a_plain_line(capsys, tmp_path):
+    from roll_core.trackers import StdoutTracker
+
+    tracker = StdoutTracker(tmp_path)  # built by hand: no config
+    for step in (0, 1, 2, 3):
+        tracker.log({"reward/mean": step / 4}, step)
+    tracker.log({"train/other": 1.0}, 4)
+    assert capsys.readouterr().out.splitlines() == [f"[step {s}] reward/mean={s / 4:.4g}" for s in range(4)]
