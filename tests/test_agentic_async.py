@@ -4,6 +4,7 @@ under the staleness bound."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import types
@@ -91,9 +92,10 @@ def counter(roll_plugins):
         roll_register_envs=hookimpl(lambda register: register("counter", Counter)))))
 
 
-def test_each_slot_builds_its_environment_with_the_options_on_first_use_and_keeps_it(counter):
+def test_each_slot_builds_its_environment_with_the_options_on_first_use_and_keeps_it(counter, monkeypatch):
     from roll_core.agentic.env_workers import EnvWorker
 
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     options = {"start": 1}
     worker = EnvWorker("counter", options, num_envs=3, timeout_s=5)
     options["start"] = 99  # the worker took a copy
@@ -105,6 +107,7 @@ def test_each_slot_builds_its_environment_with_the_options_on_first_use_and_keep
     assert worker.expert_action(1) == "to 3" and worker.slots[1] is env  # the same environment throughout
     assert worker.step(1, "down")[3] is True  # truncated at 3
     assert worker.expert_action(0) == "to 2"  # slot 0 built by this call, at its options' start
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"  # tokenizers single-threaded: environments may fork
 
 
 def test_close_closes_each_built_environment_once_and_empties_the_slots(counter):
@@ -143,6 +146,9 @@ def test_a_raising_reset_names_the_call_and_the_error_without_the_worker_s_trace
         worker.reset(1, -1)
     assert failed.value.__cause__ is None and failed.value.__suppress_context__
     assert worker.slots[1] is None and worker.replaced_count() == 0  # rebuilt next time, not counted as hung
+    odd = EnvWorker("counter", {"start": "x"}, num_envs=1, timeout_s=5)
+    with pytest.raises(EnvFailed, match=r"^expert_action: TypeError: "):
+        odd.expert_action(0)
 
 
 def test_a_hung_call_names_the_environment_and_leaves_its_thread_named_after_the_slot_and_call(sleepy):
@@ -155,6 +161,10 @@ def test_a_hung_call_names_the_environment_and_leaves_its_thread_named_after_the
         worker.step(1, "2")
     assert hung.value.__cause__ is None and hung.value.__suppress_context__
     assert "env-sleepy-1-step" in [t.name for t in threading.enumerate()]  # the abandoned call, still running
+    worker.reset(0, 1)
+    with pytest.raises(EnvHung):
+        worker.step(0, "2")
+    assert worker.replaced_count() == 2
 
 
 def test_requests_waiting_together_go_to_the_policy_in_one_call():

@@ -4,6 +4,8 @@ manager's rules (switches, withdrawal, order, taken names) in the test's own pro
 import json
 import types
 
+import pytest
+
 from conftest import run_roll
 
 GOOD = """
@@ -226,11 +228,13 @@ def test_a_strategy_s_metadata_and_description_reach_its_registry(roll_plugins):
     def roll_register_strategies(register):
         register("mine", "roll_core.strategies.hf:HFTrainStrategy", kind="train", description="my trainer",
                  packed_sequences=True)
+        register("mine", "roll_core.strategies.hf:HFInferStrategy", kind="infer")
 
     p = roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies))))
     entry = p.train_strategies.entry("mine")
     assert (entry.plugin, entry.description, entry.metadata) == ("t", "my trainer", {"packed_sequences": True})
-    assert p.provider_of("mine") == [("train strategy", "t")]
+    assert p.infer_strategies.entry("mine").description == "" and p.infer_strategies.entry("mine").metadata == {}
+    assert p.provider_of("mine") == [("train strategy", "t"), ("infer strategy", "t")]
     info = p.plugins["t"]  # a plugin object handed in, not installed
     assert (info.distribution, info.version, info.builtin) == ("<in-process>", "", False)
 
@@ -260,15 +264,17 @@ def test_entry_points_load_in_name_order_and_a_taken_name_is_refused_naming_its_
     for site in sites:
         monkeypatch.syspath_prepend(str(site))
     found = [ep for site in sites for dist in md.distributions(path=[str(site)]) for ep in dist.entry_points]
+    found.append(md.EntryPoint("roll_bare", "types", "roll"))  # an entry point that names no distribution
     monkeypatch.setattr(md, "entry_points", lambda group: [ep for ep in found if ep.group == group])
     p = load_plugins()
     third_party = [(name, info.distribution, info.status) for name, info in p.plugins.items() if not info.builtin]
     assert third_party == [("roll_alpha", "roll-alpha", "ok"),
                            ("roll_alpha@roll-alpha-fork", "roll-alpha-fork", "broken"),
-                           ("roll_zeta", "roll-zeta", "ok")]
+                           ("roll_bare", "unknown", "ok"), ("roll_zeta", "roll-zeta", "ok")]
     fork = p.plugins["roll_alpha@roll-alpha-fork"]
     assert (fork.name, fork.version) == ("roll_alpha", "2.0")
     assert fork.error == "plugin name 'roll_alpha' is already taken by roll-alpha"
+    assert p.plugins["roll_bare"].version == "unknown"
     assert all(info.builtin for info in load_plugins(entry_points=False).plugins.values())  # entry points skipped
 
 
@@ -276,3 +282,47 @@ def test_a_distribution_that_is_not_installed_has_an_unknown_version():
     from roll_core.plugins import _dist_version
 
     assert _dist_version("roll-core") not in ("", "unknown") and _dist_version("no-such-distribution") == "unknown"
+
+
+def test_strict_mode_raises_naming_the_plugin_its_distribution_and_the_cause(monkeypatch, roll_plugins):
+    from roll_core import hookimpl
+    from roll_core.errors import PluginError
+    from roll_core.plugins import RollPlugins
+
+    def load():
+        raise ImportError("needs libfoo")
+
+    monkeypatch.setenv("ROLL_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError) as failed:
+        RollPlugins().add("acme", load, module="acme.plugin", distribution="acme-dist", version="1.0")
+    assert str(failed.value) == ("plugin 'acme' (acme-dist 1.0) is broken: import failed: ImportError: needs libfoo. "
+                                 "Unset ROLL_STRICT_PLUGINS to continue without it.")
+    assert isinstance(failed.value.__cause__, ImportError)
+
+    def roll_register_rewards(register):
+        raise RuntimeError("no reward today")
+
+    with pytest.raises(PluginError, match="roll_register_rewards raised RuntimeError: no reward today") as failed:
+        roll_plugins(("late", types.SimpleNamespace(roll_register_rewards=hookimpl(roll_register_rewards))))
+    assert isinstance(failed.value.__cause__, RuntimeError)
+
+
+def test_the_listing_names_the_python_every_plugin_and_every_component(roll_plugins):
+    import importlib.metadata as md
+    import sys
+
+    from roll_core import hookimpl
+
+    def roll_register_rewards(register):
+        register("plain_reward", "x:Y")  # no description
+
+    p = roll_plugins(("t", types.SimpleNamespace(roll_register_rewards=hookimpl(roll_register_rewards))),
+                     entry_points=False)
+    listing = p.listing()
+    assert listing["python"] == {"version": sys.version.split()[0], "executable": sys.executable}
+    rewards = next(info for info in listing["plugins"] if info["name"] == "core.rewards")
+    assert rewards == {"name": "core.rewards", "module": "roll_core.default_plugins.rewards",
+                       "distribution": "roll-core", "version": md.version("roll-core"), "status": "ok", "error": "",
+                       "builtin": True, "provides": p.plugins["core.rewards"].provides}
+    assert {"registry": "rewards", "kind": "reward", "name": "plain_reward", "plugin": "t",
+            "description": ""} in listing["components"]
