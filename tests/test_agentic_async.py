@@ -30,7 +30,8 @@ class Sleepy(Env):
 
 @pytest.fixture
 def sleepy(roll_plugins):
-    roll_plugins(("sleepy", types.SimpleNamespace(roll_register_envs=hookimpl(lambda register: register("sleepy", Sleepy)))))
+    roll_plugins(("sleepy", types.SimpleNamespace(
+        roll_register_envs=hookimpl(lambda register: register("sleepy", Sleepy)))))
 
 
 def test_a_hung_environment_is_abandoned_replaced_and_its_worker_keeps_serving(sleepy):
