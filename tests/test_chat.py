@@ -51,6 +51,35 @@ def test_a_conversation_without_a_template_names_the_setting(tiny_model_path):
     assert render_rows(tokenizer, [{"prompt": "1+1="}]) == [{"prompt": "1+1="}]  # nothing to render: fine
 
 
+def test_a_tokenizer_keeps_its_own_template_unless_the_config_gives_one(tiny_model_path):
+    from roll_core.chat import use_template
+
+    tokenizer = load_tokenizer(str(tiny_model_path), TEMPLATE)
+    use_template(tokenizer, None)  # data.chat_template unset
+    assert tokenizer.chat_template == TEMPLATE
+    use_template(tokenizer, "{{ messages[0]['content'] }}")
+    assert render_rows(tokenizer, [{"messages": conversation("1+1=")}])[0]["prompt"] == "add the numbers"
+    tokenizer.chat_template = ""  # an empty template is none
+    with pytest.raises(ConfigError, match="has no chat template"):
+        render_rows(tokenizer, [{"messages": conversation("1+1=")}])
+
+
+def test_a_row_s_own_demonstration_wins_over_its_conversation_s_answer(tiny_model_path):
+    tokenizer = load_tokenizer(str(tiny_model_path), TEMPLATE)
+    (row,) = render_rows(tokenizer, [{"messages": conversation("12+34=", "46"), "demonstration": "forty-six"}])
+    assert row == {"prompt": "system: add the numbers | user: 12+34= | assistant: ", "demonstration": "forty-six"}
+
+
+def test_a_template_whose_generation_prompt_is_not_a_prefix_of_the_conversation_is_refused(tiny_model_path):
+    # the generation prompt says "assistant:" but a rendered answer turn "bot:", so the answer cannot be cut out
+    template = TEMPLATE.replace("{{ m['role'] }}: ", "{{ 'bot' if m['role'] == 'assistant' else m['role'] }}: ")
+    tokenizer = load_tokenizer(str(tiny_model_path), template)
+    with pytest.raises(ConfigError, match="renders a conversation differently from its prefix with a generation"):
+        render_rows(tokenizer, [{"messages": conversation("1+1=", "2")}])
+    (row,) = render_rows(tokenizer, [{"messages": conversation("1+1=")}])  # no answer to cut out: fine
+    assert row["prompt"].endswith("assistant: ")
+
+
 @pytest.mark.parametrize("messages", [[{"role": "user"}], "1+1=", [["user", "1+1="]]])
 def test_malformed_messages_are_refused(tiny_model_path, messages):
     tokenizer = load_tokenizer(str(tiny_model_path), TEMPLATE)
