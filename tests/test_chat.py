@@ -91,7 +91,8 @@ def test_the_demonstration_ends_with_one_eos_and_the_loss_covers_the_answer_only
     from roll_core.pipelines.batches import demonstration_batch
 
     tokenizer = load_tokenizer(str(tiny_model_path), TEMPLATE)
-    rows = render_rows(tokenizer, [{"messages": conversation("12+34=", "46")}, {"prompt": "1+1=", "demonstration": "2"}])
+    rows = render_rows(tokenizer, [{"messages": conversation("12+34=", "46")},
+                                   {"prompt": "1+1=", "demonstration": "2"}])
     batch = demonstration_batch(tokenizer, rows)
     eos = tokenizer.eos_token_id
     answers = [tokenizer.decode(ids[mask.bool()]) for ids, mask in zip(batch["responses"], batch["response_mask"])]
@@ -140,7 +141,8 @@ def test_rlvr_refuses_rows_without_ground_truth(tmp_path):
     from roll_core.runtime.executor import LocalExecutor
 
     (tmp_path / "train.jsonl").write_text(json.dumps({"messages": conversation("1+1=", "2")}) + "\n")
-    cfg = load_config(None, [f"output_dir={tmp_path / 'run'}", "executor=local", f"data.train_file={tmp_path / 'train.jsonl'}",
+    cfg = load_config(None, [f"output_dir={tmp_path / 'run'}", "executor=local",
+                             f"data.train_file={tmp_path / 'train.jsonl'}",
                              f"data.chat_template={json.dumps(TEMPLATE)}", "warmup.steps=0"])
     with pytest.raises(ConfigError, match="1 training rows have no 'ground_truth' \\(the first: row 0\\)"):
         RLVRPipeline(cfg, LocalExecutor()).run()
