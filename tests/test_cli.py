@@ -146,3 +146,95 @@ def test_quiet_runs_name_the_cpu_to_deepspeed(monkeypatch, verbose, cuda, export
     monkeypatch.setattr(cli, "_has_cuda", lambda: cuda)
     cli._quiet_libraries(verbose)
     assert os.environ.get("DS_ACCELERATOR") == expected
+
+
+@pytest.mark.parametrize("exported, expected", [(None, "1"), ("0", "0"), ("false", "false")])
+def test_quiet_runs_hide_the_hubs_progress_bars_unless_the_user_exported_a_choice(monkeypatch, exported, expected):
+    from roll_core import cli
+
+    for name in ("DS_ACCELERATOR", "ROLL_VERBOSE", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        monkeypatch.setenv(name, "")  # recorded, so whatever the call sets is undone afterwards
+        monkeypatch.delenv(name)
+    if exported is not None:
+        monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", exported)
+    monkeypatch.setattr(cli, "_has_cuda", lambda: False)
+    cli._quiet_libraries(False)
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == expected
+    cli._quiet_libraries(True)  # roll run -v: only its own flag
+    assert os.environ["ROLL_VERBOSE"] == "1" and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == expected
+
+
+def test_play_checks_its_options_and_actions_and_a_random_policy_draws_from_the_actions(roll_plugins, capsys):
+    import types
+
+    from roll_core import hookimpl
+    from roll_core.cli import main
+    from roll_core.envs import Env
+
+    class Echo(Env):
+        """Records every action; ends after 8."""
+
+        taken: list = []
+
+        def reset(self, seed=None):
+            return "go", {}
+
+        def step(self, action):
+            Echo.taken.append(action)
+            return "go", 0.0, len(Echo.taken) >= 8, False, {}
+
+    roll_plugins(("echo", types.SimpleNamespace(roll_register_envs=hookimpl(lambda register: register("echo", Echo)))))
+    assert main(["play", "echo", "--options", "{size: 4"]) == 2
+    assert "error: --options must be a JSON object: " in capsys.readouterr().err
+    assert main(["play", "echo", "--policy", "scripted", "--actions", ","]) == 2
+    assert "error: --policy scripted needs --actions" in capsys.readouterr().err
+    letters = "a,b,c,d,e,f,g,h"
+    assert main(["play", "echo", "--policy", "scripted", "--actions", letters, "--max-turns", "8"]) == 0
+    assert Echo.taken == letters.split(",")
+    Echo.taken = []
+    assert main(["play", "echo", "--policy", "random", "--actions", letters, "--max-turns", "8", "--seed", "1"]) == 0
+    assert len(Echo.taken) == 8 and set(Echo.taken) <= set(letters.split(",")) and Echo.taken != letters.split(",")
+
+
+def test_the_version_line_says_when_roll_core_is_not_installed(monkeypatch):
+    import importlib.metadata as md
+
+    from roll_core import cli
+
+    assert cli._version().startswith(f"roll-core {md.version('roll-core')} (Python 3.")
+
+    def missing(name):
+        raise md.PackageNotFoundError(name)
+
+    monkeypatch.setattr(md, "version", missing)
+    assert cli._version().startswith("roll-core unknown (not installed) (Python 3.")
+
+
+def test_a_config_file_with_an_equals_sign_in_its_name_is_read_as_a_file(tmp_path, capsys):
+    from roll_core.cli import main
+
+    config = tmp_path / "lr=3e-4.yaml"  # as a sweep names its files
+    config.write_text("trainer:\n  max_steps: 3\n")
+    assert main(["validate", str(config), "data.eval_size=8"]) == 0
+    assert capsys.readouterr().out.startswith(f"{config}: ok (pipeline 'rlvr', executor 'ray', 3 steps")
+    assert main(["validate", "trainer.max_steps=4"]) == 0  # no file: the first override stays an override
+    assert capsys.readouterr().out.startswith("the embedded default: ok (pipeline 'rlvr', executor 'ray', 4 steps")
+
+
+def test_ctrl_c_stops_the_run_with_130_and_says_how_to_resume_it(tmp_path, monkeypatch, capsys):
+    from roll_core import cli
+    from roll_core.pipelines.rlvr import RLVRPipeline
+
+    for name in ("DS_ACCELERATOR", "ROLL_VERBOSE", "HF_HUB_DISABLE_PROGRESS_BARS", "TOKENIZERS_PARALLELISM"):
+        monkeypatch.setenv(name, "")  # recorded, so whatever the run sets is undone afterwards
+        monkeypatch.delenv(name)
+
+    def interrupted(self):
+        self.phase = "RL step 3 of 5"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RLVRPipeline, "run", interrupted)
+    argv = ["run", "executor=local", f"output_dir={tmp_path / 'run'}"]
+    assert cli.main(argv) == 130
+    assert (f"interrupted during RL step 3 of 5; every worker was stopped. `roll run executor=local "
+            f"output_dir={tmp_path / 'run'}` resumes from the start") in capsys.readouterr().err

@@ -191,3 +191,22 @@ def test_environments_are_checked_for_the_contract_and_determinism_under_a_seed(
     assert not any(component == "envs:good" for component, _ in failures)
     assert "with seed 1234 and the same actions differ" in failures[("envs:seedless", "determinism under a seed")]
     assert "step() must return 5 values" in failures[("envs:four", "episode")]
+
+
+def test_the_cli_exits_1_when_a_check_fails_and_checks_a_plugin_named_like_one_of_its_components(roll_plugins,
+                                                                                                   capsys):
+    import re
+
+    from roll_core.cli import main
+    from roll_core.rewards import ExactMatch
+
+    roll_plugins(("bad", types.SimpleNamespace(roll_register_rewards=hookimpl(
+                     lambda register: register("text", ReturnsText)))),
+                 ("same", types.SimpleNamespace(roll_register_rewards=hookimpl(
+                     lambda register: register("same", ExactMatch)))))
+    assert main(["check-plugin", "bad"]) == 1
+    failed = re.search(r"^(\d+) passed, (\d+) failed, (\d+) skipped$", capsys.readouterr().out, re.M)
+    assert failed and int(failed[2]) >= 1 and int(failed[1]) + int(failed[2]) + int(failed[3]) > int(failed[2])
+    assert main(["check-plugin", "same"]) == 0  # the plugin, not the reward of that name in another plugin
+    out = capsys.readouterr()
+    assert "is not a plugin" not in out.err and "contract checks of 'same'" in out.out

@@ -47,6 +47,9 @@ def test_show_rollouts_prints_a_step_and_names_the_dumped_steps_when_asked_for_a
     out = capsys.readouterr().out
     assert out.startswith("step 3: 32 samples, the first 2") and out.count("--- sample") == 2
     assert "  prompt:   '" in out and "  response: '" in out and "  expected: '" in out
+    assert main(["show-rollouts", str(dumped_run), "--step", "3", "--limit", "0"]) == 0  # 0: every sample
+    out = capsys.readouterr().out
+    assert out.startswith("step 3: 32 samples\n") and out.count("--- sample") == 32
     assert main(["show-rollouts", str(dumped_run), "--step", "9"]) == 2
     assert "no rollout dump of step 9; dumped steps: 1-4" in capsys.readouterr().err
 
@@ -82,6 +85,7 @@ def test_replay_fails_on_a_batch_that_is_not_the_one_trained_on(dumped_run, tmp_
     torch.save(saved, dump_path(copy, 3, "pt"))
     assert main(["replay", str(copy), "--steps", "3"]) == 1
     assert "not reproduced" in capsys.readouterr().err
+    assert main(["replay", str(copy), "--steps", "3", "--tolerance", "1e9"]) == 0  # a gap the user allows
 
 
 def test_replay_says_which_dumps_or_checkpoint_it_lacks(dumped_run, tmp_path):

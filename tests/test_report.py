@@ -95,3 +95,14 @@ def test_a_reused_folder_keeps_only_this_reports_plots_and_the_count_says_so(tmp
     assert main(["report", str(lean), "--out", str(out)]) == 0
     assert sorted(p.stem for p in out.glob("*.png")) == ["reward"]
     assert "and 1 PNG plots in" in capsys.readouterr().out
+
+
+def test_without_out_one_run_s_report_goes_into_it_and_several_runs_into_roll_report_here(tmp_path, monkeypatch,
+                                                                                            capsys):
+    monkeypatch.chdir(tmp_path)
+    one = _synthetic_run(tmp_path / "one", steps=4)
+    assert main(["report", str(one)]) == 0
+    assert (one / "report" / "report.html").exists() and not (tmp_path / "roll-report").exists()
+    assert main(["report", str(one), str(_synthetic_run(tmp_path / "two", steps=4))]) == 0
+    assert (tmp_path / "roll-report" / "report.html").exists()
+    assert f"in {Path('roll-report')}" in capsys.readouterr().out.splitlines()[-1]
