@@ -222,10 +222,13 @@ def test_the_services_mode_is_the_users_when_set(tmp_path, monkeypatch):
 def test_piped_lines_give_the_time_left_from_the_first_step_logged(monkeypatch, capsys, tmp_path):
     """Steps 1-45 of 45 (a line every 2nd step, and the last), 2 s a step from step 1 on; step 1 is
     logged twice (its metrics, then an evaluation's, 4 s later), which must not restart the clock."""
+    from types import SimpleNamespace
+
     import roll_core.trackers as trackers
 
     clock = iter([0.0, 4.0, *(2.0 * (step - 1) for step in range(2, 46))])
-    monkeypatch.setattr(trackers.time, "monotonic", lambda: next(clock))
+    # the module's own name for `time` only: threads of earlier tests keep the real clock
+    monkeypatch.setattr(trackers, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     tracker = trackers.StdoutTracker(tmp_path, _config(**{"trainer.max_steps": 45}))
     tracker.log({"reward/mean": 0.5}, 1)
     tracker.log({"eval/accuracy": 0.25}, 1)  # the same step again, 4 s later
