@@ -168,31 +168,6 @@ def test_a_hung_call_names_the_environment_and_leaves_its_thread_named_after_the
     assert worker.replaced_count() == 2
 
 
-def test_requests_waiting_together_go_to_the_policy_in_one_call():
-    from roll_core.agentic.async_rollout import RequestBatcher
-
-    sizes, gate = [], threading.Event()
-
-    def policy(conversations, envs):
-        sizes.append(len(conversations))
-        gate.wait(5)  # the first call holds the dispatcher while the others queue up
-        return [([len(c)], [0.0]) for c in conversations]
-
-    batcher = RequestBatcher(policy)
-    replies = {}
-    threads = [threading.Thread(target=lambda i=i: replies.__setitem__(i, batcher([0] * i, None))) for i in range(1, 6)]
-    threads[0].start()
-    time.sleep(0.2)
-    for t in threads[1:]:
-        t.start()
-    time.sleep(0.2)
-    gate.set()
-    for t in threads:
-        t.join(5)
-    batcher.close()
-    assert sizes == [1, 4] and replies == {i: ([i], [0.0]) for i in range(1, 6)}  # each caller its own reply
-
-
 class Tok:
     """A tokenizer that needs no files: a token per character, every reply read as "0" (no sleep)."""
 
@@ -287,6 +262,16 @@ def _settles_at(read, value, timeout_s=5.0):
         time.sleep(0.01)
     time.sleep(0.2)
     return read() == value
+
+
+def test_requests_waiting_together_go_to_the_policy_in_one_call():
+    batcher, sizes, gate = _gated_batcher()
+    out, threads = _callers(batcher, 5)  # the first call holds the dispatcher while the others queue up
+    gate.set()
+    for t in threads:
+        t.join(5)
+    batcher.close()
+    assert sizes == [1, 4] and out == {i: ([i], [0.0]) for i in range(1, 6)}  # each caller its own reply
 
 
 def test_max_batch_caps_each_policy_call_and_the_batcher_counts_its_calls():

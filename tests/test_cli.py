@@ -129,6 +129,14 @@ def test_piped_output_prints_a_line_every_twentieth_of_the_run_with_evaluations_
     assert all(" eta " in line for line in lines[1:]) and lines[-1].startswith("[step 200/200] reward/mean=0.5")
 
 
+def _unset_for_this_test(monkeypatch, *names: str) -> None:
+    """Unset ``names``, recorded by monkeypatch first, so whatever the code under test sets is undone
+    afterwards."""
+    for name in names:
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
 @pytest.mark.parametrize("verbose, cuda, exported, expected", [
     (False, False, None, "cpu"),     # DeepSpeed would warn that it fell back to the CPU
     (False, True, None, None),       # a GPU: DeepSpeed detects it
@@ -138,9 +146,7 @@ def test_piped_output_prints_a_line_every_twentieth_of_the_run_with_evaluations_
 def test_quiet_runs_name_the_cpu_to_deepspeed(monkeypatch, verbose, cuda, exported, expected):
     from roll_core import cli
 
-    for name in ("DS_ACCELERATOR", "ROLL_VERBOSE", "HF_HUB_DISABLE_PROGRESS_BARS"):
-        monkeypatch.setenv(name, "")  # recorded, so whatever the call sets is undone afterwards
-        monkeypatch.delenv(name)
+    _unset_for_this_test(monkeypatch, "DS_ACCELERATOR", "ROLL_VERBOSE", "HF_HUB_DISABLE_PROGRESS_BARS")
     if exported:
         monkeypatch.setenv("DS_ACCELERATOR", exported)
     monkeypatch.setattr(cli, "_has_cuda", lambda: cuda)
@@ -152,9 +158,7 @@ def test_quiet_runs_name_the_cpu_to_deepspeed(monkeypatch, verbose, cuda, export
 def test_quiet_runs_hide_the_hubs_progress_bars_unless_the_user_exported_a_choice(monkeypatch, exported, expected):
     from roll_core import cli
 
-    for name in ("DS_ACCELERATOR", "ROLL_VERBOSE", "HF_HUB_DISABLE_PROGRESS_BARS"):
-        monkeypatch.setenv(name, "")  # recorded, so whatever the call sets is undone afterwards
-        monkeypatch.delenv(name)
+    _unset_for_this_test(monkeypatch, "DS_ACCELERATOR", "ROLL_VERBOSE", "HF_HUB_DISABLE_PROGRESS_BARS")
     if exported is not None:
         monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", exported)
     monkeypatch.setattr(cli, "_has_cuda", lambda: False)
@@ -225,9 +229,8 @@ def test_ctrl_c_stops_the_run_with_130_and_says_how_to_resume_it(tmp_path, monke
     from roll_core import cli
     from roll_core.pipelines.rlvr import RLVRPipeline
 
-    for name in ("DS_ACCELERATOR", "ROLL_VERBOSE", "HF_HUB_DISABLE_PROGRESS_BARS", "TOKENIZERS_PARALLELISM"):
-        monkeypatch.setenv(name, "")  # recorded, so whatever the run sets is undone afterwards
-        monkeypatch.delenv(name)
+    _unset_for_this_test(monkeypatch, "DS_ACCELERATOR", "ROLL_VERBOSE", "HF_HUB_DISABLE_PROGRESS_BARS",
+                         "TOKENIZERS_PARALLELISM")
 
     def interrupted(self):
         self.phase = "RL step 3 of 5"
