@@ -7,12 +7,11 @@ import os
 import subprocess
 import sys
 import textwrap
-import types
 from pathlib import Path
 
 import pytest
 
-from roll_core import hookimpl
+from roll_core.testing import hooks
 
 
 def make_fake_distribution(root: Path, dist: str, module_name: str, source: str, version: str = "0.0.1") -> Path:
@@ -58,7 +57,7 @@ def plain_train_strategy(roll_plugins):
     def roll_register_strategies(register):
         register("plain", "roll_core.strategies.hf:HFTrainStrategy", kind="train")
 
-    return roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies))))
+    return roll_plugins(("t", hooks(roll_register_strategies=roll_register_strategies)))
 
 
 # -- packed forward passes (roll_core.strategies.packing, packed_attention) -------------------------

@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-import types
 
 import pytest
 
-from roll_core import hookimpl
 from roll_core.envs import Env
+from roll_core.testing import hooks
 
 
 class Sleepy(Env):
@@ -30,8 +29,8 @@ class Sleepy(Env):
 
 @pytest.fixture
 def sleepy(roll_plugins):
-    roll_plugins(("sleepy", types.SimpleNamespace(
-        roll_register_envs=hookimpl(lambda register: register("sleepy", Sleepy)))))
+    roll_plugins(("sleepy", hooks(
+        roll_register_envs=lambda register: register("sleepy", Sleepy))))
 
 
 def test_a_hung_environment_is_abandoned_replaced_and_its_worker_keeps_serving(sleepy):
@@ -89,8 +88,8 @@ class Counter(Env):
 @pytest.fixture
 def counter(roll_plugins):
     Counter.closed = []
-    roll_plugins(("counter", types.SimpleNamespace(
-        roll_register_envs=hookimpl(lambda register: register("counter", Counter)))))
+    roll_plugins(("counter", hooks(
+        roll_register_envs=lambda register: register("counter", Counter))))
 
 
 def test_each_slot_builds_its_environment_with_the_options_on_first_use_and_keeps_it(counter, monkeypatch):

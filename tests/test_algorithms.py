@@ -1,7 +1,6 @@
 """Algorithms against numbers computed by hand (the arithmetic is in the comments)."""
 
 import math
-import types
 from types import SimpleNamespace
 
 import pytest
@@ -768,12 +767,10 @@ def test_supervised_objective_is_token_mean_cross_entropy_over_the_mini_batch():
 
 
 def test_a_loss_registered_with_options_is_called_with_them(roll_plugins):
-    import types
-
     from pydantic import BaseModel
 
-    from roll_core import hookimpl
     from roll_core.algorithms.objective import ActorObjective
+    from roll_core.testing import hooks
 
     class Opts(BaseModel):
         scale: float = 1.0
@@ -781,8 +778,8 @@ def test_a_loss_registered_with_options_is_called_with_them(roll_plugins):
     def scaled(inputs, config, options):
         return options.scale * inputs.advantages, {}
 
-    plugins = roll_plugins(("o", types.SimpleNamespace(roll_register_policy_losses=hookimpl(
-        lambda register: register("scaled", scaled, options=Opts)))))
+    plugins = roll_plugins(("o", hooks(
+        roll_register_policy_losses=lambda register: register("scaled", scaled, options=Opts))))
     obj = ActorObjective.from_config(_algo(policy_loss="scaled", policy_loss_options={"scale": 3.0}), plugins=plugins)
     out, _ = obj.policy_loss(PolicyLossInput(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1)),
                              None)
@@ -917,12 +914,12 @@ def test_old_log_probs_are_only_reused_for_a_single_optimizer_step():
 
 
 def test_the_reference_is_read_only_by_kl_terms_distillation_and_what_registers_a_need(roll_plugins):
-    from roll_core import hookimpl
     from roll_core.algorithms.objective import reference_read
     from roll_core.config import load_config
+    from roll_core.testing import hooks
 
-    plugins = roll_plugins(("needy", types.SimpleNamespace(roll_register_policy_losses=hookimpl(
-        lambda register: register("needs_ref", lambda *a, **k: None, needs=("reference",))))))
+    plugins = roll_plugins(("needy", hooks(roll_register_policy_losses=lambda register: register(
+        "needs_ref", lambda *a, **k: None, needs=("reference",)))))
 
     def read(*overrides):
         return reference_read(load_config(None, list(overrides)).algorithm, plugins)

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import json
 import math
-import types
 from pathlib import Path
 
 import pytest
 import torch
 
-from roll_core import hookimpl
 from roll_core.config import load_and_check
 from roll_core.errors import ConfigError
 from roll_core.pipelines.rlvr import RLVRPipeline
 from roll_core.pipelines.runtime import log_probs
 from roll_core.rewards import Reward
 from roll_core.runtime import make_executor
+from roll_core.testing import hooks
 
 
 class RecordingPipeline(RLVRPipeline):
@@ -118,8 +117,8 @@ class ParityReward(Reward):
 
 
 def test_filtered_groups_never_reach_training(tiny_config, engine, roll_plugins):
-    roll_plugins(("parity", types.SimpleNamespace(
-        roll_register_rewards=hookimpl(lambda register: register("parity", ParityReward)))))
+    roll_plugins(("parity", hooks(
+        roll_register_rewards=lambda register: register("parity", ParityReward))))
     pipeline, steps = _run(tiny_config(*ASYNC, *engine, "rollout.async_generation_ratio=1", "roles.reward.name=parity",
                                        "algorithm.dynamic_sampling.filter=mean",
                                        "rollout.max_additional_running_prompts=4",
@@ -365,7 +364,7 @@ def test_each_domain_gets_its_share_of_every_async_batch(tiny_config, roll_plugi
         register("only_odd", OnlyOddReward)
         register("parity", ParityReward)
 
-    roll_plugins(("odd", types.SimpleNamespace(roll_register_rewards=hookimpl(register_rewards))))
+    roll_plugins(("odd", hooks(roll_register_rewards=register_rewards)))
     pipeline, steps = _run(tiny_config(
         *ASYNC, "rollout.async_generation_ratio=1", "rollout.prompts_per_step=4",
         "rollout.max_additional_running_prompts=2", "algorithm.dynamic_sampling.filter=mean",

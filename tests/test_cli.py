@@ -169,11 +169,9 @@ def test_quiet_runs_hide_the_hubs_progress_bars_unless_the_user_exported_a_choic
 
 
 def test_play_checks_its_options_and_actions_and_a_random_policy_draws_from_the_actions(roll_plugins, capsys):
-    import types
-
-    from roll_core import hookimpl
     from roll_core.cli import main
     from roll_core.envs import Env
+    from roll_core.testing import hooks
 
     class Echo(Env):
         """Records every action; ends after 8."""
@@ -187,7 +185,7 @@ def test_play_checks_its_options_and_actions_and_a_random_policy_draws_from_the_
             Echo.taken.append(action)
             return "go", 0.0, len(Echo.taken) >= 8, False, {}
 
-    roll_plugins(("echo", types.SimpleNamespace(roll_register_envs=hookimpl(lambda register: register("echo", Echo)))))
+    roll_plugins(("echo", hooks(roll_register_envs=lambda register: register("echo", Echo))))
     assert main(["play", "echo", "--options", "{size: 4"]) == 2
     assert "error: --options must be a JSON object: " in capsys.readouterr().err
     assert main(["play", "echo", "--policy", "scripted", "--actions", ","]) == 2

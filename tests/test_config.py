@@ -129,10 +129,8 @@ def test_example_configs_validate(path, tiny_model_path):
 
 
 def test_reward_options_are_checked_against_the_reward_before_workers_start(roll_plugins):
-    import types
-
-    from roll_core import hookimpl
     from roll_core.rewards import Reward
+    from roll_core.testing import hooks
 
     class Graded(Reward):
         def __init__(self, threshold: float, partial: bool = True):
@@ -141,8 +139,8 @@ def test_reward_options_are_checked_against_the_reward_before_workers_start(roll
         def score(self, sample):
             return 0.0
 
-    roll_plugins(("t", types.SimpleNamespace(
-        roll_register_rewards=hookimpl(lambda register: register("graded", Graded)))))
+    roll_plugins(("t", hooks(
+        roll_register_rewards=lambda register: register("graded", Graded))))
     with pytest.raises(ConfigError, match=r"unknown option 'partal'. Did you mean 'partial'\? Valid options: threshold, partial"):
         load_and_check(None, ["roles.reward.name=graded", "roles.reward.options.threshold=1",
                               "roles.reward.options.partal=false"])
@@ -167,12 +165,10 @@ def test_invalid_settings_are_named(overrides, message):
 
 
 def test_validate_imports_what_the_config_names(roll_plugins):
-    import types
+    from roll_core.testing import hooks
 
-    from roll_core import hookimpl
-
-    roll_plugins(("typo", types.SimpleNamespace(roll_register_rewards=hookimpl(
-        lambda register: register("typo_reward", "roll_no_such_module.rewards:Thing")))))
+    roll_plugins(("typo", hooks(
+        roll_register_rewards=lambda register: register("typo_reward", "roll_no_such_module.rewards:Thing"))))
     with pytest.raises(ConfigError) as err:
         load_and_check(None, ["roles.reward.name=typo_reward"])
     assert "key 'roles.reward.name'" in str(err.value) and "roll_no_such_module" in str(err.value)
@@ -189,10 +185,8 @@ def test_cli_validate_without_a_config_checks_the_embedded_default(capsys):
 
 
 def test_reward_option_values_are_checked_and_coerced_to_the_declared_types(roll_plugins):
-    import types
-
-    from roll_core import hookimpl
     from roll_core.rewards import Reward
+    from roll_core.testing import hooks
 
     class Typed(Reward):
         def __init__(self, explode_on: str = "x", threshold: float = 0.5, rounds: int | None = None,
@@ -202,7 +196,7 @@ def test_reward_option_values_are_checked_and_coerced_to_the_declared_types(roll
         def score(self, sample):
             return 0.0
 
-    roll_plugins(("t", types.SimpleNamespace(roll_register_rewards=hookimpl(lambda register: register("typed", Typed)))))
+    roll_plugins(("t", hooks(roll_register_rewards=lambda register: register("typed", Typed))))
     cfg = load_and_check(None, ["roles.reward.name=typed", "roles.reward.options.explode_on=9",
                                 "roles.reward.options.threshold=1", "roles.reward.options.strict=true",
                                 "roles.reward.options.extra={a: 1}"])

@@ -181,10 +181,8 @@ def test_overrides_parse_as_yaml_and_build_missing_levels():
 
 
 def test_reward_option_messages_name_the_reward_and_every_problem(roll_plugins):
-    import types
-
-    from roll_core import hookimpl
     from roll_core.rewards import Reward
+    from roll_core.testing import hooks
 
     class Graded(Reward):
         def __init__(self, threshold: float, rounds: int | None = None, *, mode: str = "all"):
@@ -209,7 +207,7 @@ def test_reward_option_messages_name_the_reward_and_every_problem(roll_plugins):
         register("plain", Plain)
         register("open", Open)
 
-    roll_plugins(("t", types.SimpleNamespace(roll_register_rewards=hookimpl(register))))
+    roll_plugins(("t", hooks(roll_register_rewards=register)))
     assert error(None, ["roles.reward.name=graded", "roles.reward.options={thresold: 1, rounds: x}"]) == (
         "config error in the default config: key 'roles.reward.options' for reward 'graded': unknown option 'thresold'. Did you mean "
         "'threshold'? Valid options: threshold, rounds, mode; key 'roles.reward.options' for reward 'graded': "
@@ -229,15 +227,13 @@ def test_reward_option_messages_name_the_reward_and_every_problem(roll_plugins):
 
 
 def test_an_options_model_registered_by_import_path_gets_the_same_checks(roll_plugins):
-    import types
-
-    from roll_core import hookimpl
+    from roll_core.testing import hooks
 
     def register(register):
         register("lazy_opts", "roll_core.algorithms.losses:vanilla_pg",
                  options="roll_core.config.schema:KLPenaltyConfig")  # any pydantic model, named by path
 
-    roll_plugins(("t", types.SimpleNamespace(roll_register_policy_losses=hookimpl(register))))
+    roll_plugins(("t", hooks(roll_register_policy_losses=register)))
     assert error(None, ["algorithm.policy_loss=lazy_opts", "algorithm.policy_loss_options={coeff: 1}"]) == (
         "config error in the default config: key 'algorithm.policy_loss_options' for policy loss 'lazy_opts': unknown option 'coeff'. "
         "Did you mean 'coef'? Valid options: coef, estimator, adaptive, target_kl, horizon")
@@ -263,15 +259,13 @@ def test_strategy_options_are_checked_against_the_strategy_and_missing_plugins_a
 
 
 def test_a_strategy_whose_engine_is_not_installed_is_rejected_with_its_install_hint(roll_plugins):
-    import types
-
-    from roll_core import hookimpl
+    from roll_core.testing import hooks
 
     def register(register):
         register("warp", "roll_core.strategies.hf:HFInferStrategy", kind="infer",
                  requires={"roll_no_such_engine": "pip install 'roll-warp[engine]'", "torch": "never shown"})
 
-    roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(register))))
+    roll_plugins(("t", hooks(roll_register_strategies=register)))
     assert error(None, ["roles.actor_infer.strategy=warp"]) == (
         "config error in the default config: key 'roles.actor_infer.strategy': infer strategy 'warp' needs the 'roll_no_such_engine' "
         "package, which is not installed: pip install 'roll-warp[engine]'")
@@ -285,14 +279,12 @@ class _EngineWithoutTopK:
 
 
 def test_top_k_needs_a_generate_that_takes_it_and_is_not_sent_unless_it_cuts(roll_plugins):
-    import types
-
-    from roll_core import hookimpl
+    from roll_core.testing import hooks
 
     def register(register):
         register("older", _EngineWithoutTopK, kind="infer")
 
-    roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(register))))
+    roll_plugins(("t", hooks(roll_register_strategies=register)))
     assert error(None, ["roles.actor_infer.strategy=older", "rollout.top_k=50"]) == (
         "config error in the default config: key 'rollout.top_k': roles.actor_infer's infer strategy 'older' cannot "
         "sample with top-k (its generate() takes no top_k); set rollout.top_k=0, or use a strategy whose generate() "

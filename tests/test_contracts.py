@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
 
-from roll_core import hookimpl
 from roll_core.contracts import check_plugin
 from roll_core.errors import PluginError
 from roll_core.rewards import Reward, RewardInput
+from roll_core.testing import hooks
 
 
 @pytest.mark.parametrize("name", ["roll-core", "rewards"])
@@ -66,10 +65,10 @@ def _buggy_plugin():
         for cls in (ReturnsText, WrongExample, NeedsOptions, TakesTwo):
             register(cls.__name__.lower(), cls)
 
-    return types.SimpleNamespace(
-        roll_register_rewards=hookimpl(rewards),
-        roll_register_advantage_estimators=hookimpl(lambda register: register("per_seq", per_sequence_estimator)),
-        roll_register_policy_losses=hookimpl(lambda register: register("scalar", scalar_loss)),
+    return hooks(
+        roll_register_rewards=rewards,
+        roll_register_advantage_estimators=lambda register: register("per_seq", per_sequence_estimator),
+        roll_register_policy_losses=lambda register: register("scalar", scalar_loss),
     )
 
 
@@ -93,8 +92,8 @@ def test_a_component_whose_package_is_not_installed_is_skipped_with_how_to_insta
         register("remote", "roll_core.trackers:JsonlTracker", requires={"roll_no_such_client": "pip install client"})
         register("local", "roll_core.trackers:JsonlTracker")
 
-    report = check_plugin("services", roll_plugins(("services", types.SimpleNamespace(
-        roll_register_trackers=hookimpl(trackers)))))
+    report = check_plugin("services", roll_plugins(("services", hooks(
+        roll_register_trackers=trackers))))
     assert report.ok, report.failures()
     by_component = {r.component: (r.check, r.status, r.detail) for r in report.results}
     assert by_component["trackers:remote"] == (
@@ -110,8 +109,8 @@ def test_unknown_and_broken_plugins(roll_plugins):
     def boom(register):
         raise RuntimeError("bad import")
 
-    report = check_plugin("broken", roll_plugins(("broken", types.SimpleNamespace(
-        roll_register_rewards=hookimpl(boom)))))
+    report = check_plugin("broken", roll_plugins(("broken", hooks(
+        roll_register_rewards=boom))))
     assert not report.ok and "bad import" in report.failures()
 
 
@@ -129,8 +128,7 @@ def test_kl_estimators_are_checked_on_distributions_when_registered_so(roll_plug
     def full_like(log_dist, ref_log_dist):
         return (log_dist.exp() * (log_dist - ref_log_dist)).sum(-1)
 
-    plugin = types.SimpleNamespace(roll_register_kl_estimators=hookimpl(
-        lambda register: register("full_like", full_like, distribution=True)))
+    plugin = hooks(roll_register_kl_estimators=lambda register: register("full_like", full_like, distribution=True))
     report = check_plugin("dist", roll_plugins(("dist", plugin)))
     assert report.ok, report.failures()
     assert "from [4, 3, 5] distributions" in report.results[0].detail
@@ -147,10 +145,10 @@ def test_preference_and_distillation_losses_are_checked_on_sample_inputs(roll_pl
     def squared_hellinger(student_logp, teacher_logp):
         return 1 - ((student_logp + teacher_logp) / 2).exp().sum(-1)
 
-    plugin = types.SimpleNamespace(
-        roll_register_preference_losses=hookimpl(lambda register: register("per_batch", per_batch_dpo)),
-        roll_register_distill_losses=hookimpl(lambda register: (register("ce", cross_entropy),
-                                                                register("hellinger", squared_hellinger))))
+    plugin = hooks(
+        roll_register_preference_losses=lambda register: register("per_batch", per_batch_dpo),
+        roll_register_distill_losses=lambda register: (register("ce", cross_entropy),
+                                                       register("hellinger", squared_hellinger)))
     report = check_plugin("pd", roll_plugins(("pd", plugin)))
     failures = {r.component: r.detail for r in report.results if r.status == "failed"}
     assert set(failures) == {"preference_losses:per_batch", "distill_losses:ce"}, report.results
@@ -183,8 +181,8 @@ def test_environments_are_checked_for_the_contract_and_determinism_under_a_seed(
         def step(self, action):
             return "x", 0.0, True, {}
 
-    plugin = types.SimpleNamespace(roll_register_envs=hookimpl(lambda register: (
-        register("good", Deterministic), register("seedless", IgnoresTheSeed), register("four", ReturnsFour))))
+    plugin = hooks(roll_register_envs=lambda register: (
+        register("good", Deterministic), register("seedless", IgnoresTheSeed), register("four", ReturnsFour)))
     report = check_plugin("myenvs", roll_plugins(("myenvs", plugin)))
     failures = {(r.component, r.check): r.detail for r in report.results if r.status == "failed"}
     assert {("envs:seedless", "determinism under a seed"), ("envs:four", "episode")} <= set(failures), report.results
@@ -198,10 +196,8 @@ def test_the_cli_exits_1_when_a_check_fails_and_checks_a_plugin_named_like_one_o
     from roll_core.cli import main
     from roll_core.rewards import ExactMatch
 
-    roll_plugins(("bad", types.SimpleNamespace(roll_register_rewards=hookimpl(
-                     lambda register: register("text", ReturnsText)))),
-                 ("same", types.SimpleNamespace(roll_register_rewards=hookimpl(
-                     lambda register: register("same", ExactMatch)))))
+    roll_plugins(("bad", hooks(roll_register_rewards=lambda register: register("text", ReturnsText))),
+                 ("same", hooks(roll_register_rewards=lambda register: register("same", ExactMatch))))
     assert main(["check-plugin", "bad"]) == 1
     counts = [sum(r.status == s for r in check_plugin("bad").results) for s in ("ok", "failed", "skipped")]
     assert counts[1] >= 1 and counts[0] + counts[2] >= 1  # failures among passes: the line counts each apart

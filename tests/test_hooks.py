@@ -1,17 +1,10 @@
 """One test per hook: a plugin implementing it registers something that the registry then serves."""
 
-import types
-
 import pytest
 
-from roll_core import hookimpl
 from roll_core.envs import Env
 from roll_core.rewards import Reward, RewardInput
-
-
-def plugin(**hooks):
-    """A plugin object with the given hook implementations."""
-    return types.SimpleNamespace(**{name: hookimpl(fn) for name, fn in hooks.items()})
+from roll_core.testing import hooks
 
 
 def test_roll_register_strategies(roll_plugins):
@@ -19,7 +12,7 @@ def test_roll_register_strategies(roll_plugins):
         register("mine", "roll_core.strategies.hf:HFTrainStrategy", kind="train")
         register("mine", "roll_core.strategies.hf:HFInferStrategy", kind="infer")
 
-    p = roll_plugins(("t", plugin(roll_register_strategies=roll_register_strategies)))
+    p = roll_plugins(("t", hooks(roll_register_strategies=roll_register_strategies)))
     assert p.train_strategies.get("mine").__name__ == "HFTrainStrategy"
     assert p.infer_strategies.get("mine").__name__ == "HFInferStrategy"
     assert p.plugins["t"].provides == {"train_strategies": ["mine"], "infer_strategies": ["mine"]}
@@ -29,7 +22,7 @@ def test_roll_register_strategies_rejects_unknown_kind(roll_plugins):
     def roll_register_strategies(register):
         register("x", "a:b", kind="trian")
 
-    p = roll_plugins(("t", plugin(roll_register_strategies=roll_register_strategies)))
+    p = roll_plugins(("t", hooks(roll_register_strategies=roll_register_strategies)))
     assert p.plugins["t"].status == "broken" and "kind must be one of" in p.plugins["t"].error
 
 
@@ -37,7 +30,7 @@ def test_roll_register_advantage_estimators(roll_plugins):
     def double(batch, config):
         return batch * 2, batch
 
-    p = roll_plugins(("t", plugin(roll_register_advantage_estimators=lambda register: register("double", double))))
+    p = roll_plugins(("t", hooks(roll_register_advantage_estimators=lambda register: register("double", double))))
     assert p.advantage_estimators.get("double") is double
 
 
@@ -45,7 +38,7 @@ def test_roll_register_policy_losses(roll_plugins):
     def zero(inputs, config):
         return 0, {}
 
-    p = roll_plugins(("t", plugin(roll_register_policy_losses=lambda register: register("zero", zero))))
+    p = roll_plugins(("t", hooks(roll_register_policy_losses=lambda register: register("zero", zero))))
     assert p.policy_losses.get("zero") is zero and "ppo_clip" in p.policy_losses
 
 
@@ -53,7 +46,7 @@ def test_roll_register_kl_estimators(roll_plugins):
     def halved(lp, ref):
         return 0.5 * (lp - ref).abs()
 
-    p = roll_plugins(("t", plugin(roll_register_kl_estimators=lambda register: register("halved", halved))))
+    p = roll_plugins(("t", hooks(roll_register_kl_estimators=lambda register: register("halved", halved))))
     assert p.kl_estimators.get("halved") is halved
 
 
@@ -61,7 +54,7 @@ def test_roll_register_preference_losses(roll_plugins):
     def hinge(inputs, *, beta, label_smoothing=0.0):
         return (1 - beta * inputs.policy_chosen).clamp(min=0), {}
 
-    p = roll_plugins(("t", plugin(roll_register_preference_losses=lambda register: register("hinge", hinge))))
+    p = roll_plugins(("t", hooks(roll_register_preference_losses=lambda register: register("hinge", hinge))))
     assert p.preference_losses.get("hinge") is hinge and "dpo_sigmoid" in p.preference_losses
 
 
@@ -69,7 +62,7 @@ def test_roll_register_distill_losses(roll_plugins):
     def total_variation(student_logp, teacher_logp):
         return 0.5 * (student_logp.exp() - teacher_logp.exp()).abs().sum(-1)
 
-    p = roll_plugins(("t", plugin(roll_register_distill_losses=lambda register: register("tv", total_variation))))
+    p = roll_plugins(("t", hooks(roll_register_distill_losses=lambda register: register("tv", total_variation))))
     assert p.distill_losses.get("tv") is total_variation and "jsd" in p.distill_losses
 
 
@@ -84,7 +77,7 @@ def test_roll_register_datasets(roll_plugins):
         def eval_rows(self):
             return []
 
-    p = roll_plugins(("t", plugin(roll_register_datasets=lambda register: register("two", Two))))
+    p = roll_plugins(("t", hooks(roll_register_datasets=lambda register: register("two", Two))))
     assert p.datasets.get("two")({}).train_rows()[0]["ground_truth"] == "2"
 
 
@@ -93,7 +86,7 @@ def test_roll_register_rewards(roll_plugins):
         def score(self, sample):
             return len(sample.response)
 
-    p = roll_plugins(("t", plugin(roll_register_rewards=lambda register: register("length", Length))))
+    p = roll_plugins(("t", hooks(roll_register_rewards=lambda register: register("length", Length))))
     assert p.rewards.get("length")().score(RewardInput("p", "abc", None)) == 3
 
 
@@ -107,7 +100,7 @@ def test_roll_register_envs(roll_plugins):
             self.n += 1
             return str(self.n), float(action == "up"), self.n >= 2, False, {}
 
-    p = roll_plugins(("t", plugin(roll_register_envs=lambda register: register("counter", Counter))))
+    p = roll_plugins(("t", hooks(roll_register_envs=lambda register: register("counter", Counter))))
     env = p.envs.get("counter")()
     assert env.reset() == ("0", {})
     assert env.step("up")[:3] == ("1", 1.0, False)
@@ -115,7 +108,7 @@ def test_roll_register_envs(roll_plugins):
 
 
 def test_roll_register_schedulers(roll_plugins):
-    p = roll_plugins(("t", plugin(roll_register_schedulers=lambda register: register(
+    p = roll_plugins(("t", hooks(roll_register_schedulers=lambda register: register(
         "sync2", "roll_core.rollout.sync:SyncRolloutScheduler"))))
     assert p.schedulers.get("sync2") is p.schedulers.get("sync")
 
@@ -123,7 +116,7 @@ def test_roll_register_schedulers(roll_plugins):
 def test_roll_register_schedulers_metadata_says_whether_it_overlaps_training(roll_plugins):
     from roll_core.rollout import overlaps_training
 
-    p = roll_plugins(("t", plugin(roll_register_schedulers=lambda register: register(
+    p = roll_plugins(("t", hooks(roll_register_schedulers=lambda register: register(
         "ahead", "roll_core.rollout.async_scheduler:AsyncRolloutScheduler", overlaps_training=True))))
     assert overlaps_training("ahead", p) and overlaps_training("async", p)
     assert not overlaps_training("sync", p)
@@ -135,7 +128,7 @@ def test_roll_register_weight_syncs(roll_plugins):
     class Pigeon(ObjectStoreSync):
         pass
 
-    p = roll_plugins(("t", plugin(roll_register_weight_syncs=lambda register: register("pigeon", Pigeon))))
+    p = roll_plugins(("t", hooks(roll_register_weight_syncs=lambda register: register("pigeon", Pigeon))))
     assert issubclass(p.weight_syncs.get("pigeon"), WeightSync)
     assert set(p.weight_syncs.names()) == {"collective", "in_process", "object_store", "pigeon", "shared_memory"}
 
@@ -149,7 +142,7 @@ def test_roll_register_trackers(roll_plugins, tmp_path):
         def log(self, metrics, step):
             logged.append((step, metrics))
 
-    p = roll_plugins(("t", plugin(roll_register_trackers=lambda register: register("list", ListTracker))))
+    p = roll_plugins(("t", hooks(roll_register_trackers=lambda register: register("list", ListTracker))))
     p.trackers.get("list")(tmp_path).log({"a": 1.0}, 3)
     assert logged == [(3, {"a": 1.0})]
 
@@ -161,14 +154,14 @@ def test_roll_register_pipelines(roll_plugins):
         def run(self):
             return {"config": self.config}
 
-    p = roll_plugins(("t", plugin(roll_register_pipelines=lambda register: register("echo", Echo))))
+    p = roll_plugins(("t", hooks(roll_register_pipelines=lambda register: register("echo", Echo))))
     assert p.pipelines.get("echo")("cfg", None).run() == {"config": "cfg"}
 
 
 def test_hook_implementations_may_take_no_arguments(roll_plugins):
     """Opt-in arguments: an implementation that accepts none of the hook's arguments still runs."""
     called = []
-    p = roll_plugins(("t", plugin(roll_register_rewards=lambda: called.append(True))))
+    p = roll_plugins(("t", hooks(roll_register_rewards=lambda: called.append(True))))
     assert called == [True] and p.plugins["t"].status == "ok"
 
 
@@ -178,7 +171,7 @@ def test_hook_raising_marks_plugin_broken_and_withdraws_registrations(roll_plugi
         register("half_done", "a:b")
         raise RuntimeError("boom")
 
-    p = roll_plugins(("bad", plugin(**{hook: impl})))
+    p = roll_plugins(("bad", hooks(**{hook: impl})))
     assert p.plugins["bad"].status == "broken"
     assert "RuntimeError: boom" in p.plugins["bad"].error
     assert "half_done" not in p.rewards and "half_done" not in p.envs

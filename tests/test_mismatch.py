@@ -1,16 +1,15 @@
 """Train/inference mismatch: the step-0 check, its metric and its gate."""
 
 import json
-import types
 from pathlib import Path
 
 import pytest
 import torch
 
-from roll_core.hookspecs import hookimpl
 from roll_core.pipelines.mismatch import MismatchError, check_mismatch, log_prob_gap
 from roll_core.runtime.executor import LocalExecutor
 from roll_core.strategies.hf import HFInferStrategy
+from roll_core.testing import hooks
 
 
 def test_the_gap_is_the_mean_absolute_difference_over_sampled_tokens():
@@ -55,8 +54,7 @@ def test_step_0_reports_the_gap_and_leaves_the_sampling_rng_as_it_was(tiny_confi
 def test_a_run_whose_engines_disagree_is_stopped_at_step_0(tiny_config, roll_plugins):
     from roll_core.pipelines.rlvr import RLVRPipeline
 
-    roll_plugins(("skewed", types.SimpleNamespace(roll_register_strategies=hookimpl(
-        lambda register: register("skewed", _Skewed, kind="infer")))))
+    roll_plugins(("skewed", hooks(roll_register_strategies=lambda register: register("skewed", _Skewed, kind="infer"))))
     cfg = tiny_config("warmup.steps=0", "roles.actor_infer.strategy=skewed", "trainer.max_initial_mismatch=0.1")
     with pytest.raises(MismatchError, match="by 0.3 per token"):
         RLVRPipeline(cfg, LocalExecutor()).run()

@@ -5,18 +5,17 @@ code-style task scored by running the model's program in roll-rewards' sandbox).
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
 
 import pytest
 
-from roll_core import hookimpl
 from roll_core.config import load_and_check
 from roll_core.errors import ConfigError
 from roll_core.rewards import Reward, RewardInput
 from roll_core.rollout.rewards import RewardRouter
 from roll_core.runtime.executor import LocalExecutor
 from roll_core.runtime.workers import RewardWorker
+from roll_core.testing import hooks
 
 
 def _rows(domain, n):
@@ -49,8 +48,8 @@ class _Const(Reward):
 
 
 def test_router_sends_each_domain_to_its_workers_with_weights(roll_plugins):
-    roll_plugins(("consts", types.SimpleNamespace(
-        roll_register_rewards=hookimpl(lambda register: register("const", _Const)))))
+    roll_plugins(("consts", hooks(
+        roll_register_rewards=lambda register: register("const", _Const))))
     ex = LocalExecutor()
     default = ex.spawn("reward", RewardWorker, [([("const", {"value": 1.0}, 1.0)], None)])
     code = ex.spawn("reward/code", RewardWorker,

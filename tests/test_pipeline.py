@@ -60,18 +60,16 @@ def test_the_reference_starts_only_when_something_reads_it(tiny_config, reader):
 
 
 def test_failing_reward_stops_with_a_clear_message(tiny_config, roll_plugins):
-    import types
-
-    from roll_core import hookimpl
     from roll_core.errors import RollError
     from roll_core.rewards import Reward
+    from roll_core.testing import hooks
 
     class Crashing(Reward):
         def score(self, sample):
             raise ZeroDivisionError("my bug")
 
-    roll_plugins(("mine", types.SimpleNamespace(
-        roll_register_rewards=hookimpl(lambda register: register("crashing", Crashing)))))
+    roll_plugins(("mine", hooks(
+        roll_register_rewards=lambda register: register("crashing", Crashing))))
     cfg = tiny_config("roles.reward.name=crashing", "warmup.steps=0")
     with pytest.raises(RollError, match=r"reward 'crashing' \(plugin 'mine'\) raised ZeroDivisionError: my bug"):
         RLVRPipeline(cfg, LocalExecutor()).run()

@@ -2,11 +2,12 @@
 manager's rules (switches, withdrawal, order, taken names) in the test's own process."""
 
 import json
-import types
 
 import pytest
 
 from conftest import run_roll
+
+from roll_core.testing import hooks
 
 GOOD = """
 from roll_core import hookimpl
@@ -116,10 +117,9 @@ def test_listing_imports_no_heavy_backend(fake_dist):
 
 
 def test_duplicate_name_from_two_plugins_names_both(roll_plugins):
-    from roll_core import hookimpl
 
-    impostor = types.SimpleNamespace(
-        roll_register_rewards=hookimpl(lambda register: register("exact_match", "x:y")))
+    impostor = hooks(
+        roll_register_rewards=lambda register: register("exact_match", "x:y"))
     p = roll_plugins(("impostor", impostor))
     info = p.plugins["impostor"]
     assert info.status == "broken"
@@ -201,14 +201,13 @@ def test_a_disabled_plugin_is_never_imported(monkeypatch):
 
 
 def test_a_plugin_that_raises_in_a_later_hook_is_withdrawn_from_every_registry_and_from_pluggy(roll_plugins):
-    from roll_core import hookimpl
 
     def roll_register_trackers(register):
         raise RuntimeError("no tracker today")
 
-    half = types.SimpleNamespace(
-        roll_register_rewards=hookimpl(lambda register: register("half_reward", "x:Y")),
-        roll_register_trackers=hookimpl(roll_register_trackers))
+    half = hooks(
+        roll_register_rewards=lambda register: register("half_reward", "x:Y"),
+        roll_register_trackers=roll_register_trackers)
     p = roll_plugins(("half", half))
     info = p.plugins["half"]
     assert info.status == "broken" and info.error == "roll_register_trackers raised RuntimeError: no tracker today"
@@ -223,14 +222,13 @@ def test_registries_are_attributes_and_other_names_are_not(roll_plugins):
 
 
 def test_a_strategy_s_metadata_and_description_reach_its_registry(roll_plugins):
-    from roll_core import hookimpl
 
     def roll_register_strategies(register):
         register("mine", "roll_core.strategies.hf:HFTrainStrategy", kind="train", description="my trainer",
                  packed_sequences=True)
         register("mine", "roll_core.strategies.hf:HFInferStrategy", kind="infer")
 
-    p = roll_plugins(("t", types.SimpleNamespace(roll_register_strategies=hookimpl(roll_register_strategies))))
+    p = roll_plugins(("t", hooks(roll_register_strategies=roll_register_strategies)))
     entry = p.train_strategies.entry("mine")
     assert (entry.plugin, entry.description, entry.metadata) == ("t", "my trainer", {"packed_sequences": True})
     assert p.infer_strategies.entry("mine").description == "" and p.infer_strategies.entry("mine").metadata == {}
@@ -285,7 +283,6 @@ def test_a_distribution_that_is_not_installed_has_an_unknown_version():
 
 
 def test_strict_mode_raises_naming_the_plugin_its_distribution_and_the_cause(monkeypatch, roll_plugins):
-    from roll_core import hookimpl
     from roll_core.errors import PluginError
     from roll_core.plugins import RollPlugins
 
@@ -303,7 +300,7 @@ def test_strict_mode_raises_naming_the_plugin_its_distribution_and_the_cause(mon
         raise RuntimeError("no reward today")
 
     with pytest.raises(PluginError, match="roll_register_rewards raised RuntimeError: no reward today") as failed:
-        roll_plugins(("late", types.SimpleNamespace(roll_register_rewards=hookimpl(roll_register_rewards))))
+        roll_plugins(("late", hooks(roll_register_rewards=roll_register_rewards)))
     assert isinstance(failed.value.__cause__, RuntimeError)
 
 
@@ -311,12 +308,11 @@ def test_the_listing_names_the_python_every_plugin_and_every_component(roll_plug
     import importlib.metadata as md
     import sys
 
-    from roll_core import hookimpl
 
     def roll_register_rewards(register):
         register("plain_reward", "x:Y")  # no description
 
-    p = roll_plugins(("t", types.SimpleNamespace(roll_register_rewards=hookimpl(roll_register_rewards))),
+    p = roll_plugins(("t", hooks(roll_register_rewards=roll_register_rewards)),
                      entry_points=False)
     listing = p.listing()
     assert listing["python"] == {"version": sys.version.split()[0], "executable": sys.executable}

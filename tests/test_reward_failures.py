@@ -14,19 +14,18 @@ import subprocess
 import sys
 import threading
 import time
-import types
 import uuid
 
 import pytest
 from conftest import proc_cmdline
 
-from roll_core import hookimpl
 from roll_core.config.resume import check_resume, meaningful_changes
 from roll_core.errors import ConfigError
 from roll_core.rewards import Reward, RewardInput
 from roll_core.rollout.rewards import RewardRouter
 from roll_core.runtime import LocalExecutor
 from roll_core.runtime.workers import RewardConfigError, RewardError, RewardWorker
+from roll_core.testing import hooks
 
 SAMPLES = [RewardInput("p", "r", "r"), RewardInput("p", "x", "r")]
 
@@ -93,7 +92,7 @@ def rewards(roll_plugins):
         register("crashing", Crashing)
         register("short", Short)
 
-    roll_plugins(("mine", types.SimpleNamespace(roll_register_rewards=hookimpl(register))))
+    roll_plugins(("mine", hooks(roll_register_rewards=register)))
 
 
 def test_a_nan_score_is_an_error_naming_the_reward_and_the_policy_to_change(rewards):

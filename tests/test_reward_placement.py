@@ -6,11 +6,9 @@ Fast unit tests; the Ray runs that check where the reward landed (``placement.js
 ``test_multi_domain.py::test_two_domain_run_reports_per_domain_metrics`` (both in one run).
 """
 
-import types
 
 import pytest
 
-from roll_core import hookimpl
 from roll_core.config.schema import DomainRewardConfig, RewardRoleConfig
 from roll_core.errors import ConfigError
 from roll_core.pipelines.runtime import scores_in_driver
@@ -18,6 +16,7 @@ from roll_core.rewards import ExactMatch, Reward, RewardInput
 from roll_core.rollout.rewards import RewardRouter
 from roll_core.runtime import LocalExecutor
 from roll_core.runtime.workers import RewardWorker
+from roll_core.testing import hooks
 
 
 class Judge(Reward):
@@ -29,8 +28,8 @@ class Judge(Reward):
 
 @pytest.fixture
 def registry(roll_plugins):
-    return roll_plugins(("mine", types.SimpleNamespace(
-        roll_register_rewards=hookimpl(lambda register: register("judge", Judge))))).rewards
+    return roll_plugins(("mine", hooks(
+        roll_register_rewards=lambda register: register("judge", Judge)))).rewards
 
 
 def test_only_the_built_in_string_checks_declare_themselves_lightweight():

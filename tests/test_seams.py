@@ -9,18 +9,17 @@ options, and the strategy's record shows begin, load... and end, in order, once 
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from roll_core import hookimpl
 from roll_core.algorithms.losses import ppo_clip
 from roll_core.pipelines.rlvr import RLVRPipeline
 from roll_core.rollout.sync import SyncRolloutScheduler
 from roll_core.runtime import LocalExecutor
 from roll_core.strategies.hf import HFInferStrategy
+from roll_core.testing import hooks
 
 EVENTS: list[tuple] = []
 
@@ -83,9 +82,9 @@ def _plugin():
     def roll_register_schedulers(register):
         register("ahead", AheadScheduler, overlaps_training=True)
 
-    return types.SimpleNamespace(roll_register_policy_losses=hookimpl(roll_register_policy_losses),
-                                 roll_register_strategies=hookimpl(roll_register_strategies),
-                                 roll_register_schedulers=hookimpl(roll_register_schedulers))
+    return hooks(roll_register_policy_losses=roll_register_policy_losses,
+                                 roll_register_strategies=roll_register_strategies,
+                                 roll_register_schedulers=roll_register_schedulers)
 
 
 def _updates(events: list[tuple]) -> list[list[tuple]]:

@@ -2,6 +2,7 @@
 
 * ``roll_plugins(*plugins)``: a fresh plugin manager with the installed plugins plus the given
   ``(name, object)`` pairs, installed as the process-wide one for the duration of the test.
+* ``hooks(**implementations)``: a plugin object from plain functions, for ``roll_plugins``.
 * ``tiny_model_path``: the embedded tiny model, built once per test session.
 * ``tiny_config(**overrides)``: a validated quickstart config shrunk to a few fast steps.
 * ``left_padded_prompts(...)``: a batch of prompts in roll's layout, for inference-engine tests.
@@ -30,6 +31,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
+
+def hooks(**implementations):
+    """A plugin object whose hooks are the given functions, for a test's own plugin::
+
+        roll_plugins(("judge", hooks(roll_register_rewards=lambda register: register("judge", Judge))))
+    """
+    from types import SimpleNamespace
+
+    from roll_core.hookspecs import hookimpl
+
+    return SimpleNamespace(**{name: hookimpl(fn) for name, fn in implementations.items()})
 
 
 @pytest.fixture
