@@ -47,6 +47,10 @@ def test_report_of_nothing_plottable_or_no_run_is_an_error(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "custom/x": 1}\n')
     assert main(["report", str(tmp_path)]) == 2
     assert "no plottable metrics" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").unlink()
+    (tmp_path / "metrics.jsonl").mkdir()  # a folder of that name is not a run either
+    assert main(["report", str(tmp_path)]) == 2
+    assert "has no metrics.jsonl" in capsys.readouterr().err
 
 
 def test_report_overlays_a_real_run_and_another_and_the_page_renders(tiny_config, tmp_path, capsys):
@@ -106,3 +110,102 @@ def test_without_out_one_run_s_report_goes_into_it_and_several_runs_into_roll_re
     assert main(["report", str(one), str(_synthetic_run(tmp_path / "two", steps=4))]) == 0
     assert (tmp_path / "roll-report" / "report.html").exists()
     assert capsys.readouterr().out.splitlines()[-1].endswith("PNG plots in roll-report")
+
+
+def _run(path: Path, rows: list[dict], summary: dict | None = None, config: dict | None = None) -> Path:
+    """A run directory with these metrics rows, and a summary and config when given."""
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name, content in (("summary.json", summary), ("config.json", config)):
+        if content is not None:
+            (path / name).write_text(json.dumps(content))
+    return path
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """What each plot drew, by panel name: its title, legend and lines (label, style, marker, x, y)."""
+    from matplotlib.figure import Figure
+
+    drawn, save = {}, Figure.savefig
+
+    def record(fig, file, *args, **kwargs):
+        (ax,) = fig.axes
+        legend = ax.get_legend()
+        drawn[Path(file).stem] = {
+            "title": ax.get_title(), "legend": [t.get_text() for t in legend.get_texts()] if legend else None,
+            "lines": [(line.get_label(), line.get_linestyle(), line.get_marker(), list(line.get_xdata()),
+                       list(line.get_ydata())) for line in ax.lines]}
+        return save(fig, file, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return drawn
+
+
+def test_a_panel_draws_the_metrics_its_pattern_matches_whole_and_skips_what_is_not_a_number(tmp_path, figures):
+    import matplotlib.pyplot as plt
+
+    from roll_core.report import write_report
+
+    rows = [{"step": s, "train/kl": 0.1 * s, "train/kl_coef": 0.5, "reward/mean": s, "reward/math/mean": 2 * s,
+             "reward/mean_raw": 9, "note": "text", "flag": None} for s in range(3)]
+    run = _run(tmp_path / "run", rows[:2] + [{}] + rows[2:])  # a blank line in between, as an append may leave
+    (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text().replace("{}\n", "\n"))
+    write_report([run], tmp_path / "out")
+    assert figures["kl"] == {"title": "KL to the reference", "legend": ["train/kl"],
+                             "lines": [("train/kl", "-", "o", [0, 1, 2], [0.0, 0.1, 0.2])]}
+    assert [line[0] for line in figures["reward"]["lines"]] == ["reward/math/mean", "reward/mean"]
+    assert plt.get_fignums() == []  # every figure closed: a report of many runs does not pile them up
+
+
+def test_several_runs_are_told_apart_by_label_and_line_style_and_long_curves_have_no_markers(tmp_path, figures):
+    from roll_core.report import write_report
+
+    long = [{"step": s, "reward/mean": s / 20} for s in range(20)]
+    runs = [_run(tmp_path / "a" / "run", long), _run(tmp_path / "b" / "run", long[:3]),
+            _run(tmp_path / "c", long[:2])]
+    write_report(runs, tmp_path / "out")
+    assert [(label, style, marker) for label, style, marker, _, _ in figures["reward"]["lines"]] == [
+        ("run (a): reward/mean", "-", "None"), ("run (b): reward/mean", "--", "o"), ("c: reward/mean", ":", "o")]
+
+
+def test_the_page_embeds_each_plot_and_summarises_each_run(tmp_path):
+    import base64
+    import re
+
+    from roll_core.report import write_report
+
+    rows = [{"step": s, "reward/mean": s / 3} for s in range(4)]
+    full = _run(tmp_path / "full", rows, summary={"restarts": 2, "steps": 3, "before": {"eval/accuracy": 0.123456,
+                                                                                        "eval/x<y": 1},
+                                                   "converged": True, "note": "x"})
+    lean = _run(tmp_path / "le<a>n", rows)  # no summary.json: the steps are the metrics' last
+    page = write_report([full, lean], tmp_path / "out").read_text()
+    (image,) = re.findall(r'<img alt="Reward of the trained samples" src="data:image/png;base64,([^"]+)">', page)
+    assert base64.b64decode(image) == (tmp_path / "out" / "reward.png").read_bytes()
+    assert page.startswith("<!doctype html><html><head><meta charset='utf-8'>")
+    tables = re.findall(r"<h3>(.*?) <small>.*?</small></h3><table>(.*?)</table>", page)
+    assert [(label, re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td></tr>", table)) for label, table in tables] == [
+        ("full", [("steps", "3"), ("before.eval/accuracy", "0.1235"), ("before.eval/x&lt;y", "1"), ("restarts", "2")]),
+        ("le&lt;a&gt;n", [("steps", "3")])]
+    assert "<a>" not in page and "x<y" not in page
+
+
+def test_config_differences_leave_out_the_run_names_and_show_keys_one_run_lacks(tmp_path):
+    import re
+
+    from roll_core.report import write_report
+
+    rows = [{"step": 0, "reward/mean": 0.5}]
+    a = _run(tmp_path / "a", rows, config={"seed": 1, "exp_name": "a", "output_dir": "a", "tag": "x"})
+    b = _run(tmp_path / "b", rows, config={"seed": 2, "exp_name": "b", "output_dir": "b", "extra": {"k": 1}})
+    page = write_report([a, b], tmp_path / "out").read_text()
+    body = page[page.index("<h2>Config differences</h2>"):]
+    assert body.startswith("<h2>Config differences</h2><details open><summary>3 key(s) differ</summary>")
+    assert re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td></tr>", body) == [
+        ("extra.k", "null", "1"), ("seed", "1", "2"), ("tag", "&quot;x&quot;", "null")]
+    many = [_run(tmp_path / f"m{i}", rows, config={f"k{j}": i for j in range(21)}) for i in range(2)]
+    assert "<details><summary>21 key(s) differ" in write_report(many, tmp_path / "out").read_text()
+    same = [_run(tmp_path / f"s{i}", rows, config={"seed": 1, "output_dir": str(i)}) for i in range(2)]
+    assert "<h2>Config differences</h2><p>none</p>" in write_report(same, tmp_path / "out").read_text()
+    assert "Config differences" not in write_report([a], tmp_path / "out").read_text()  # one run: nothing to compare

@@ -62,7 +62,7 @@ class Run:
     config: dict
 
 
-def load_run(path: Path, label: str | None = None) -> Run:
+def load_run(path: Path) -> Run:
     """Read ``metrics.jsonl`` (required), ``summary.json`` and ``config.json`` (when present)."""
     metrics = path / "metrics.jsonl"
     if not metrics.is_file():
@@ -83,7 +83,7 @@ def load_run(path: Path, label: str | None = None) -> Run:
         file = path / name
         return json.loads(file.read_text()) if file.is_file() else {}
 
-    return Run(label or path.name, path, series, read("summary.json"), read("config.json"))
+    return Run(path.name, path, series, read("summary.json"), read("config.json"))
 
 
 def plot(panel: Panel, runs: list[Run], out: Path) -> Path | None:
