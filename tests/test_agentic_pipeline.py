@@ -7,13 +7,12 @@ import json
 import os
 import threading
 import time
-import types
 from pathlib import Path
 
 import pytest
 
-from roll_core import hookimpl
 from roll_core.envs import Env
+from roll_core.testing import hooks
 
 
 class Echo(Env):
@@ -36,7 +35,7 @@ def test_agentic_runs_trains_validates_and_survives_a_raising_environment(roll_p
     from roll_core.pipelines.agentic import AgenticPipeline
     from roll_core.runtime.executor import LocalExecutor
 
-    roll_plugins(("echo", types.SimpleNamespace(roll_register_envs=hookimpl(lambda register: register("echo", Echo)))))
+    roll_plugins(("echo", hooks(roll_register_envs=lambda register: register("echo", Echo))))
     cfg = tiny_config("pipeline=agentic", "agentic.env=echo", "warmup.steps=0", "algorithm.advantage_estimator=gigpo",
                       "trainer.max_steps=3", "trainer.eval_every=3", "agentic.groups_per_step=5", "agentic.group_size=2",
                       "agentic.validation_episodes=6", "rollout.max_new_tokens=3", "trainer.dump_rollouts_every=3")
@@ -59,7 +58,7 @@ def test_agentic_resumes_from_its_checkpoint(roll_plugins, tiny_config):
     from roll_core.pipelines.agentic import AgenticPipeline
     from roll_core.runtime.executor import LocalExecutor
 
-    roll_plugins(("echo", types.SimpleNamespace(roll_register_envs=hookimpl(lambda register: register("echo", Echo)))))
+    roll_plugins(("echo", hooks(roll_register_envs=lambda register: register("echo", Echo))))
     common = ["pipeline=agentic", "agentic.env=echo", "warmup.steps=0", "agentic.groups_per_step=2",
               "agentic.group_size=2", "agentic.validation_episodes=3", "rollout.max_new_tokens=2", "trainer.save_every=2"]
     AgenticPipeline(tiny_config(*common, "trainer.max_steps=2"), LocalExecutor()).run()
@@ -88,7 +87,7 @@ def test_a_raising_and_a_hanging_environment_fail_their_episodes_and_the_run_fin
     from roll_core.pipelines.agentic import AgenticPipeline
     from roll_core.runtime.executor import LocalExecutor
 
-    roll_plugins(("flaky", types.SimpleNamespace(roll_register_envs=hookimpl(lambda register: register("flaky", Flaky)))))
+    roll_plugins(("flaky", hooks(roll_register_envs=lambda register: register("flaky", Flaky))))
     cfg = tiny_config("pipeline=agentic", "agentic.env=flaky", "warmup.steps=0", f"agentic.rollout={rollout}",
                       "agentic.step_timeout_s=0.5", "roles.env.num_workers=2", "trainer.max_steps=3",
                       "agentic.groups_per_step=4", "agentic.group_size=2", "agentic.validation_episodes=0",
@@ -137,7 +136,7 @@ def test_a_warm_up_needs_an_environment_with_an_expert(roll_plugins, tiny_config
     from roll_core.pipelines.agentic import AgenticPipeline
     from roll_core.runtime.executor import LocalExecutor
 
-    roll_plugins(("echo", types.SimpleNamespace(roll_register_envs=hookimpl(lambda register: register("echo", Echo)))))
+    roll_plugins(("echo", hooks(roll_register_envs=lambda register: register("echo", Echo))))
     cfg = tiny_config("pipeline=agentic", "agentic.env=echo", "warmup.steps=3")
     with pytest.raises(ConfigError, match="imitates the environment's expert, and 'echo' has none"):
         AgenticPipeline(cfg, LocalExecutor()).run()
@@ -153,8 +152,8 @@ def test_a_noisy_teacher_needs_actions_to_draw_from(roll_plugins, tiny_config):
     from roll_core.pipelines.agentic import AgenticPipeline
     from roll_core.runtime.executor import LocalExecutor
 
-    roll_plugins(("echo", types.SimpleNamespace(
-        roll_register_envs=hookimpl(lambda register: register("echo", EchoWithExpert)))))
+    roll_plugins(("echo", hooks(
+        roll_register_envs=lambda register: register("echo", EchoWithExpert))))
     cfg = tiny_config("pipeline=agentic", "agentic.env=echo", "warmup.steps=3", "agentic.teacher_noise=0.2")
     with pytest.raises(ConfigError, match="'echo' lists none; set agentic.teacher_noise=0"):
         AgenticPipeline(cfg, LocalExecutor()).run()
@@ -165,8 +164,7 @@ def test_several_environments_train_together_with_metrics_per_environment(roll_p
     from roll_core.pipelines.agentic import AgenticPipeline
     from roll_core.runtime.executor import LocalExecutor
 
-    roll_plugins(("two", types.SimpleNamespace(roll_register_envs=hookimpl(
-        lambda register: [register("echo", Echo), register("flaky", Flaky)]))))
+    roll_plugins(("two", hooks(roll_register_envs=lambda register: [register("echo", Echo), register("flaky", Flaky)])))
     envs = ("[{env: echo, groups_per_step: 2, validation_episodes: 5}, "
             "{env: flaky, name: shaky, groups_per_step: 4, instruction: 'go '}]")
     cfg = tiny_config("pipeline=agentic", f"agentic.envs={envs}", "warmup.steps=0", f"agentic.rollout={rollout}",
@@ -193,6 +191,73 @@ def test_episodes_of_different_environments_never_share_a_group():
 
     episodes = [Episode([], g, env=env) for env, g in [("a", 0), ("a", 0), ("b", 0), ("a", 1), ("b", 0), ("b", 7)]]
     assert [e.group for e in distinct_groups(episodes)] == [0, 0, 1, 2, 1, 3]
+
+
+def _episode(env, group, rewards, success=False, truncated=False, failed=False, hung=False):
+    from roll_core.agentic.samples import Episode, Turn
+
+    turns = [Turn([1], [2], [0.0], reward=r) for r in rewards]
+    info = {"success": success, **({"hung": True} if hung else {})}
+    return Episode(turns, group, truncated=truncated, failed=failed, info=info, env=env)
+
+
+def test_episode_metrics_over_all_episodes_and_per_environment_when_several_played():
+    from roll_core.pipelines.agentic import episode_metrics
+
+    episodes = [_episode("a", 0, [0.0, 1.0], success=True), _episode("a", 0, [0.5], truncated=True, failed=True),
+                _episode("b", 1, [], failed=True, hung=True), _episode("b", 1, [2.0, 0.0, 0.0], success=True)]
+    assert episode_metrics(episodes, "ep") == {
+        "ep/success_rate": 0.5, "ep/return_mean": 3.5 / 4, "ep/turns_mean": 6 / 4, "ep/truncated": 0.25,
+        "ep/failed": 2.0, "ep/hung": 1.0,
+        "ep/a/success_rate": 0.5, "ep/a/return_mean": 0.75, "ep/a/turns_mean": 1.5, "ep/a/truncated": 0.5,
+        "ep/a/failed": 1.0, "ep/a/hung": 0.0,
+        "ep/b/success_rate": 0.5, "ep/b/return_mean": 1.0, "ep/b/turns_mean": 1.5, "ep/b/truncated": 0.0,
+        "ep/b/failed": 1.0, "ep/b/hung": 1.0}
+    assert set(episode_metrics(episodes[:2], "eval")) == {f"eval/{k}" for k in (
+        "success_rate", "return_mean", "turns_mean", "truncated", "failed", "hung")}  # one environment: no split
+    assert set(episode_metrics([], "eval").values()) == {0.0}
+
+
+def test_a_lanes_episodes_are_dealt_into_rounds_of_its_slots_and_lanes_play_their_rounds_together(monkeypatch):
+    from roll_core.pipelines import agentic
+
+    lane = agentic.EnvLane(spec=type("Spec", (), {"label": "maze"})(), env_cls=Env, rules="rules", per_worker=2)
+    rounds = agentic.lane_rounds(lane, ["s0", "s1"], [10, 11, 12, 13, 14], [0, 0, 1, 1, 2])
+    assert [[(j.env, j.seed, j.group, j.rules, j.label) for j in jobs] for jobs in rounds] == [
+        [("s0", 10, 0, "rules", "maze"), ("s1", 11, 0, "rules", "maze")],
+        [("s0", 12, 1, "rules", "maze"), ("s1", 13, 1, "rules", "maze")], [("s0", 14, 2, "rules", "maze")]]
+
+    played = []
+
+    def play_jobs(jobs, policy, concurrent_steps):
+        played.append(([j.seed for j in jobs], policy, concurrent_steps))
+        return [f"episode {j.seed}" for j in jobs]
+
+    monkeypatch.setattr(agentic, "play_jobs", play_jobs)
+    other = agentic.lane_rounds(lane, ["t0"], [20], [0])
+    assert agentic.play_rounds([rounds, other], "policy", True) == [f"episode {s}" for s in (10, 11, 20, 12, 13, 14)]
+    assert played == [([10, 11, 20], "policy", True), ([12, 13], "policy", True), ([14], "policy", True)]
+    assert agentic.training_seed(8, 3) == 1_000_011  # past validation's seeds 0, 1, ...
+
+
+def test_each_synchronous_step_plays_the_next_fresh_seeds_group_by_group(monkeypatch):
+    from types import SimpleNamespace
+
+    from roll_core.pipelines import agentic
+
+    played = []
+    monkeypatch.setattr(agentic, "play_rounds", lambda rounds, policy, concurrent_steps: played.append(
+        [[(j.seed, j.group) for j in jobs] for lane in rounds for jobs in lane]))
+    lane = agentic.EnvLane(spec=SimpleNamespace(label="maze", groups_per_step=2), env_cls=Env, rules=None,
+                           per_worker=4, slots=["s0", "s1", "s2", "s3"])
+    pipeline = SimpleNamespace(loops=None, lanes=[lane], config=SimpleNamespace(
+        agentic=SimpleNamespace(group_size=2), rollout=SimpleNamespace(temperature=1.0)),
+                               roles=SimpleNamespace(use=lambda *roles: None), _policy=lambda temperature: None)
+    for step in (1, 2):
+        agentic.AgenticPipeline._rollout(pipeline, step)
+    first = 1_000_000
+    assert played == [[[(first, 0), (first, 0), (first + 1, 1), (first + 1, 1)]],
+                      [[(first + 2, 0), (first + 2, 0), (first + 3, 1), (first + 3, 1)]]]
 
 
 def test_the_environments_are_named_one_way_only_and_their_labels_differ(tiny_config):
