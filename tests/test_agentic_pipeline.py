@@ -58,14 +58,25 @@ def test_agentic_resumes_from_its_checkpoint(roll_plugins, tiny_config):
     from roll_core.pipelines.agentic import AgenticPipeline
     from roll_core.runtime.executor import LocalExecutor
 
-    roll_plugins(("echo", hooks(roll_register_envs=lambda register: register("echo", Echo))))
-    common = ["pipeline=agentic", "agentic.env=echo", "warmup.steps=0", "agentic.groups_per_step=2",
+    # three warm-up steps on the expert: the checkpoint's weights are not the model a new run builds,
+    # so a resume that did not load them shows in the step's entropy and log-prob gap
+    roll_plugins(("echo", hooks(roll_register_envs=lambda register: register("echo", EchoWithExpert))))
+    common = ["pipeline=agentic", "agentic.env=echo", "warmup.steps=3", "agentic.teacher_noise=0", "agentic.groups_per_step=2",
               "agentic.group_size=2", "agentic.validation_episodes=3", "rollout.max_new_tokens=2", "trainer.save_every=2"]
     AgenticPipeline(tiny_config(*common, "trainer.max_steps=2"), LocalExecutor()).run()
     cfg = tiny_config(*common, "trainer.max_steps=3")
     summary = AgenticPipeline(cfg, LocalExecutor()).run()
-    steps = [json.loads(line)["step"] for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows]
     assert summary["steps"] == 3 and steps.count(3) >= 1 and steps.count(1) == 1  # step 3 after the resume only
+    straight = tiny_config(*common, "trainer.max_steps=3", f"output_dir={Path(cfg.output_dir).parent / 'straight'}")
+    AgenticPipeline(straight, LocalExecutor()).run()
+    other = [json.loads(line) for line in (Path(straight.output_dir) / "metrics.jsonl").read_text().splitlines()]
+
+    def step_3(rows):  # the step's own line (an evaluation may follow it at the same step)
+        return {k: v for r in rows if r["step"] == 3 for k, v in r.items() if not k.startswith("time/")}
+
+    assert step_3(rows) == pytest.approx(step_3(other), rel=1e-5, abs=1e-7)
 
 
 class Flaky(Echo):
