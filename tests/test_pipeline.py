@@ -19,10 +19,17 @@ def metrics_of(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_local_run_writes_metrics_checkpoints_and_tensorboard(tiny_config):
+def test_local_run_writes_metrics_checkpoints_and_tensorboard(tiny_config, monkeypatch):
+    from roll_core.pipelines import rlvr
+
     cfg = tiny_config("trackers=[jsonl,tensorboard,stdout]", "trainer.save_every=2", "algorithm.kl_metric=true")
     pipeline = RLVRPipeline(cfg, LocalExecutor())
+    passes, log_probs = [], rlvr.log_probs
+    monkeypatch.setattr(rlvr, "log_probs", lambda executor, group, *args, **kwargs: (
+        passes.append(group.role), log_probs(executor, group, *args, **kwargs))[1])
     summary = pipeline.run()
+    # one update per step: its own first pass gives the old log-probs, so no separate pass of the actor
+    assert passes == ["reference"] * 3
     assert "reference" in pipeline.roles.groups  # kl_metric: train/kl needs its log-probs
     run = __import__("pathlib").Path(cfg.output_dir)
     rows = metrics_of(run)
@@ -31,6 +38,10 @@ def test_local_run_writes_metrics_checkpoints_and_tensorboard(tiny_config):
     for r in rows[1:]:
         assert 0.0 <= r["reward/mean"] <= 1.0 and r["train/kl"] >= 0.0
     assert summary["steps"] == 3 and "accuracy_gain_pp" in summary
+    assert not [k for r in rows for k in r if k.startswith(("reward/default/", "samples/"))]  # one domain: no split
+    placed = json.loads((run / "placement.json").read_text())
+    assert set(placed["roles"]) == {"actor_train", "actor_infer", "reference", "reward"}
+    assert placed["driver_pid"] == os.getpid() and placed["nodes"] == []  # the local executor: all in this process
     steps = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert steps == ["step_000002", "step_000003"]  # keep_checkpoints=2
     ckpt = run / "checkpoints" / "step_000003"
@@ -57,6 +68,21 @@ def test_the_reference_starts_only_when_something_reads_it(tiny_config, reader):
     pipeline.run()
     step = metrics_of(__import__("pathlib").Path(cfg.output_dir))[1]
     assert ("reference" in pipeline.roles.groups) == ("train/kl" in step) == bool(reader)
+
+
+def test_held_out_rows_without_ground_truth_are_refused_before_any_worker(tmp_path):
+    from roll_core.config import load_config
+    from roll_core.errors import ConfigError
+
+    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "1+1=", "ground_truth": "2"}) + "\n")
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"prompt": "2+2=", "ground_truth": "4"}, {"prompt": "3+3="})))
+    cfg = load_config(None, [f"output_dir={tmp_path / 'run'}", "executor=local", "warmup.steps=0",
+                             f"data.train_file={tmp_path / 'train.jsonl'}", f"data.eval_file={tmp_path / 'eval.jsonl'}"])
+    pipeline = RLVRPipeline(cfg, LocalExecutor())
+    with pytest.raises(ConfigError, match="^1 held-out rows have no 'ground_truth' \\(the first: row 1\\)"):
+        pipeline.run()
+    assert pipeline.roles.groups == {}
 
 
 def test_failing_reward_stops_with_a_clear_message(tiny_config, roll_plugins):
