@@ -282,6 +282,32 @@ def test_a_distribution_that_is_not_installed_has_an_unknown_version():
     assert _dist_version("roll-core") not in ("", "unknown") and _dist_version("no-such-distribution") == "unknown"
 
 
+def test_a_misspelled_hook_marks_its_plugin_broken_with_the_closest_hook_and_registers_nothing_of_it(
+        roll_plugins, monkeypatch):
+    from types import SimpleNamespace
+
+    from roll_core import hookimpl
+    from roll_core.errors import PluginError
+
+    typo = hooks(roll_register_rewards=lambda register: register("typo_reward", "x:Y"),
+                 roll_register_tracker=lambda register: register("typo_tracker", "x:Y"),
+                 on_step_end=lambda metrics: None)
+    newer = SimpleNamespace(roll_register_rewards=hookimpl(lambda register: register("newer_reward", "x:Y")),
+                            roll_register_judges=hookimpl(optionalhook=True)(lambda register: None))
+    p = roll_plugins(("typo", typo), ("newer", newer), entry_points=False)
+    assert p.plugins["typo"].status == "broken" and p.plugins["typo"].error == (
+        "it implements hooks that roll does not define and would never call: 'on_step_end' is not a "
+        "roll hook. 'roll_register_tracker' is not a roll hook. Did you mean 'roll_register_trackers'? (a "
+        "hook that only a newer roll defines is marked @hookimpl(optionalhook=True))")
+    assert "typo_reward" not in p.rewards and "typo_tracker" not in p.trackers
+    assert p.plugins["newer"].status == "ok" and "newer_reward" in p.rewards  # optional: another roll's hook
+    assert p.plugins["core.rewards"].status == "ok"
+
+    monkeypatch.setenv("ROLL_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match=r"^plugin 'typo' \(.*\) is broken: it implements hooks that roll"):
+        roll_plugins(("typo", typo), entry_points=False)
+
+
 def test_strict_mode_raises_naming_the_plugin_its_distribution_and_the_cause(monkeypatch, roll_plugins):
     from roll_core.errors import PluginError
     from roll_core.plugins import RollPlugins

@@ -6,8 +6,9 @@ Where plugins come from, in order:
   2. every installed distribution declaring an entry point in the group ``roll``
      (``[project.entry-points.roll] my_plugin = "my_pkg.plugin"``).
 
-A plugin that fails to import, or raises inside a hook, is recorded as *broken* with its name,
-version and error, and whatever it registered is withdrawn; every other plugin keeps working.
+A plugin that fails to import, implements a hook roll does not define (a misspelled hook would
+register nothing), or raises inside a hook, is recorded as *broken* with its name, version and
+error, and whatever it registered is withdrawn; every other plugin keeps working.
 ``ROLL_STRICT_PLUGINS=1`` turns that into a hard error; ``ROLL_DISABLE_PLUGINS=a,b`` skips plugins
 by plugin or distribution name.
 
@@ -28,7 +29,7 @@ from typing import Any, Callable
 import pluggy
 
 from roll_core import hookspecs
-from roll_core.errors import PluginError
+from roll_core.errors import PluginError, did_you_mean
 from roll_core.registry import Registry
 
 ENTRY_POINT_GROUP = "roll"
@@ -132,9 +133,22 @@ class RollPlugins:
             self.pm.register(obj, name=name)
         except Exception as exc:  # a broken plugin must not take the others down
             self._mark_broken(info, f"import failed: {type(exc).__name__}: {exc}", exc)
+            return info
+        unknown = self._unknown_hooks(obj)
+        if unknown:
+            hooks = sorted(n for n, caller in vars(self.pm.hook).items() if getattr(caller, "spec", None))
+            self._mark_broken(info, "it implements hooks that roll does not define and would never call: " + " ".join(
+                f"'{n}' is not a roll hook.{did_you_mean(n, hooks)}" for n in unknown)
+                + " (a hook that only a newer roll defines is marked @hookimpl(optionalhook=True))", None)
         return info
 
-    def _mark_broken(self, info: PluginInfo, message: str, exc: BaseException) -> None:
+    def _unknown_hooks(self, obj) -> list[str]:
+        """The hooks ``obj`` implements that roll does not define, other than those marked
+        ``optionalhook``: pluggy accepts them and never calls them."""
+        return sorted(caller.name for caller in self.pm.get_hookcallers(obj) or [] if caller.spec is None
+                      and not all(impl.optionalhook for impl in caller.get_hookimpls() if impl.plugin is obj))
+
+    def _mark_broken(self, info: PluginInfo, message: str, exc: BaseException | None) -> None:
         info.status, info.error = "broken", message
         for registry in self.registries.values():
             registry.unregister_plugin(info.name)
