@@ -213,7 +213,8 @@ def test_a_steps_time_takes_in_the_logging_after_it_and_leaves_out_its_evaluatio
     roll_plugins(("events", hooks(roll_register_trackers=lambda register: register("events", Times))))
     Sum(config("trainer.eval_every=2"), eval_s=0.5).run()
     assert times[0] is None and set(times) == {0, 1, 2, 3, 4}
-    assert times[1] < 0.1 and all(0.1 <= times[s] < 0.4 for s in (2, 3, 4)), times
+    # at least the 0.1 s of the logging before it; far below it plus the 0.5 s evaluation
+    assert all(0.1 <= times[s] < 0.45 for s in (2, 3, 4)), times
 
 
 def test_the_phase_names_the_step(config):
