@@ -15,9 +15,18 @@ from roll_core.report import config_differences, load_run  # noqa: E402
 _BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 
 
+def _run(path: Path, rows: list[dict], summary: dict | None = None, config: dict | None = None) -> Path:
+    """A run directory with these metrics rows, and a summary and config when given."""
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name, content in (("summary.json", summary), ("config.json", config)):
+        if content is not None:
+            (path / name).write_text(json.dumps(content))
+    return path
+
+
 def _synthetic_run(path: Path, steps: int = 20) -> Path:
     """A run directory as the runtime writes it, with an async run's metrics and two domains."""
-    path.mkdir(parents=True)
     rows = [{"step": 0, "eval/accuracy": 0.3, "eval/math/accuracy": 0.2, "train/infer_log_prob_gap": 1e-7}]
     for s in range(1, steps + 1):
         rows.append({"step": s, "reward/mean": s / steps, "reward/math/mean": s / steps / 2, "train/kl": 0.01 * s,
@@ -25,11 +34,9 @@ def _synthetic_run(path: Path, steps: int = 20) -> Path:
                      "time/step_s": 0.5, "time/rollout_s": 0.3, "rollout/staleness_mean": 0.5,
                      "train/infer_log_prob_gap": 2e-7, "time/nan_s": float("nan")})
     rows[-1].update({"eval/accuracy": 0.9, "eval/math/accuracy": 0.8})
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (path / "summary.json").write_text(json.dumps({"steps": steps, "before": {"eval/accuracy": 0.3},
-                                                   "after": {"eval/accuracy": 0.9}, "restarts": 0}))
-    (path / "config.json").write_text(json.dumps({"seed": 1, "output_dir": str(path), "algorithm": {"lr": 1e-3}}))
-    return path
+    return _run(path, rows, summary={"steps": steps, "before": {"eval/accuracy": 0.3}, "after": {"eval/accuracy": 0.9},
+                                     "restarts": 0},
+                config={"seed": 1, "output_dir": str(path), "algorithm": {"lr": 1e-3}})
 
 
 def test_a_run_is_read_by_metric_and_runs_differ_by_their_config_keys(tmp_path):
@@ -93,9 +100,7 @@ def test_a_reused_folder_keeps_only_this_reports_plots_and_the_count_says_so(tmp
     assert main(["report", str(_synthetic_run(tmp_path / "full")), "--out", str(out)]) == 0
     assert (out / "staleness.png").exists()
     capsys.readouterr()
-    lean = tmp_path / "lean"  # only a reward curve: no staleness, KL, time ... panels
-    lean.mkdir()
-    (lean / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": s / 4}) + "\n" for s in range(4)))
+    lean = _run(tmp_path / "lean", [{"step": s, "reward/mean": s / 4} for s in range(4)])  # no staleness, KL ... panels
     assert main(["report", str(lean), "--out", str(out)]) == 0
     assert sorted(p.stem for p in out.glob("*.png")) == ["reward"]
     assert "and 1 PNG plots in" in capsys.readouterr().out
@@ -110,16 +115,6 @@ def test_without_out_one_run_s_report_goes_into_it_and_several_runs_into_roll_re
     assert main(["report", str(one), str(_synthetic_run(tmp_path / "two", steps=4))]) == 0
     assert (tmp_path / "roll-report" / "report.html").exists()
     assert capsys.readouterr().out.splitlines()[-1].endswith("PNG plots in roll-report")
-
-
-def _run(path: Path, rows: list[dict], summary: dict | None = None, config: dict | None = None) -> Path:
-    """A run directory with these metrics rows, and a summary and config when given."""
-    path.mkdir(parents=True)
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    for name, content in (("summary.json", summary), ("config.json", config)):
-        if content is not None:
-            (path / name).write_text(json.dumps(content))
-    return path
 
 
 @pytest.fixture
