@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,11 @@ def make_fake_distribution(root: Path, dist: str, module_name: str, source: str,
     (info / "entry_points.txt").write_text(f"[roll]\n{module_name} = {module_name}\n")
     (info / "RECORD").write_text("")
     return root
+
+
+def metrics_of(run_dir: str | Path) -> list[dict]:
+    """The rows of a run's ``metrics.jsonl``, as the jsonl tracker wrote them (one per logged step)."""
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
 def run_roll(*args: str, env_extra: dict | None = None, cwd=None, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -3,13 +3,14 @@ seeds, and an environment that raises costs its episode only, counted in the met
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from conftest import metrics_of
 
 from roll_core.envs import Env
 from roll_core.testing import hooks
@@ -46,7 +47,7 @@ def test_agentic_runs_trains_validates_and_survives_a_raising_environment(roll_p
     assert dumped_steps(Path(cfg.output_dir)) == [3]
     shown = show(Path(cfg.output_dir), limit=None)  # an episode: the policy's turns and the environment's replies
     assert shown.count("--- sample") == 10 and "  environment 'say " in shown and "  policy      '" in shown
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(cfg.output_dir)
     steps = [r for r in rows if r["step"] > 0]
     assert len(steps) == 3
     # seeds 1,000,000 + g: g = 4 (step 1) and g = 9, 14 (steps 2, 3) crash at their second turn
@@ -66,12 +67,12 @@ def test_agentic_resumes_from_its_checkpoint(roll_plugins, tiny_config):
     AgenticPipeline(tiny_config(*common, "trainer.max_steps=2"), LocalExecutor()).run()
     cfg = tiny_config(*common, "trainer.max_steps=3")
     summary = AgenticPipeline(cfg, LocalExecutor()).run()
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(cfg.output_dir)
     steps = [r["step"] for r in rows]
     assert summary["steps"] == 3 and steps.count(3) >= 1 and steps.count(1) == 1  # step 3 after the resume only
     straight = tiny_config(*common, "trainer.max_steps=3", f"output_dir={Path(cfg.output_dir).parent / 'straight'}")
     AgenticPipeline(straight, LocalExecutor()).run()
-    other = [json.loads(line) for line in (Path(straight.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    other = metrics_of(straight.output_dir)
 
     def step_3(rows):  # the step's own line (an evaluation may follow it at the same step)
         return {k: v for r in rows if r["step"] == 3 for k, v in r.items() if not k.startswith("time/")}
@@ -106,7 +107,7 @@ def test_a_raising_and_a_hanging_environment_fail_their_episodes_and_the_run_fin
     t0 = time.perf_counter()
     summary = AgenticPipeline(cfg, LocalExecutor()).run()
     assert summary["steps"] == 3
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(cfg.output_dir)
     steps = [r for r in rows if r["step"] > 0]
     # each step's 4 groups (seeds g = 0..3 of the step, x2 episodes): one hangs, one raises, both fail
     assert [r["episode/hung"] for r in steps] == [2.0, 2.0, 2.0]
@@ -136,7 +137,7 @@ def test_agentic_on_ray_with_env_workers(tiny_config):
     finally:
         executor.shutdown()
     assert summary["steps"] == 2 and len(pids) == 2 and os.getpid() not in pids  # two actors, not the driver
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(cfg.output_dir)
     assert rows[0]["warmup/loss"] > 0 and "eval/success_rate" in rows[0]
     steps = [r for r in rows if r["step"] > 0]
     assert len(steps) == 2 and all(r["episode/failed"] == 0 and "train/pg_loss" in r for r in steps)
@@ -183,7 +184,7 @@ def test_several_environments_train_together_with_metrics_per_environment(roll_p
                       "agentic.group_size=2", "agentic.validation_episodes=0", "rollout.max_new_tokens=2")
     summary = AgenticPipeline(cfg, LocalExecutor()).run()
     assert summary["steps"] == 3
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(cfg.output_dir)
     steps = [r for r in rows if r["step"] > 0]
     # echo: seeds 1,000,000 + g, g = 0..5 over three steps; g = 4 (step 3) crashes at its second turn.
     # shaky: of each step's 4 groups, one hangs and one raises (Flaky's seeds % 4).

@@ -7,12 +7,12 @@ The invariant tests run once per inference engine (the ``engine`` fixture): ``hf
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
+
+from conftest import metrics_of
 
 from roll_core.config import load_and_check
 from roll_core.errors import ConfigError
@@ -50,7 +50,7 @@ def _run(cfg, before_shutdown=None):
             before_shutdown(pipeline)
     finally:
         executor.shutdown()
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(cfg.output_dir)
     return pipeline, [r for r in rows if r["step"] > 0]
 
 

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from conftest import metrics_of
+
 from roll_core.config import load_config
 from roll_core.errors import ConfigError
 from roll_core.runtime.executor import _worker_env
@@ -75,9 +77,6 @@ def _cli(run_dir, *overrides):
     return [sys.executable, "-m", "roll_core.cli", "run", f"output_dir={run_dir}", *FAST, *overrides]
 
 
-def _metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
 
 @pytest.mark.ray
 def test_roll_run_on_ray_runs_the_quickstart_inside_its_worker_with_the_local_runs_numbers(tmp_path):
@@ -99,7 +98,7 @@ def test_roll_run_on_ray_runs_the_quickstart_inside_its_worker_with_the_local_ru
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["controller"] == "worker" and summary["restarts"] == 0
     assert json.loads((run_dir / "config.json").read_text())["executor"] == "local"  # what the pipeline ran on
-    local, ray = _metrics(runs["local"][2]), _metrics(run_dir)
+    local, ray = metrics_of(runs["local"][2]), metrics_of(run_dir)
     assert [m["step"] for m in ray] == [0, 1, 2, 3] == [m["step"] for m in local]
     for a, b in zip(local, ray):
         for key in ("reward/mean", "train/pg_loss", "train/grad_norm", "eval/accuracy"):
@@ -157,7 +156,7 @@ def test_when_the_worker_dies_the_driver_restarts_it_from_the_last_checkpoint(tm
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["controller"] == "worker" and summary["steps"] == 30
     assert json.loads((run_dir / "placement.json").read_text())["driver_pid"] != host  # a fresh process
-    assert [m["step"] for m in _metrics(run_dir)][-1] == 30
+    assert [m["step"] for m in metrics_of(run_dir)][-1] == 30
 
 
 @pytest.mark.ray

@@ -12,13 +12,14 @@ trains. Run::
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import warnings
 
 import pytest
 import torch
+
+from conftest import metrics_of
 
 from roll_core.config import load_config
 from roll_core.strategies.hf import HFTrainStrategy
@@ -75,7 +76,7 @@ def test_a_local_rlvr_run_trains_on_the_gpu(tmp_path):
                           "executor=local", "trainer.max_steps=10", "trainer.eval_every=10", "trainer.save_every=0",
                           "data.eval_size=64", "trackers=[jsonl]"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(tmp_path / "run")
     accuracy = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     print("held-out accuracy on CUDA:", accuracy)
     assert len(accuracy) >= 2 and accuracy[-1] > accuracy[0]

@@ -10,6 +10,8 @@ import sys
 import pytest
 import torch
 
+from conftest import metrics_of
+
 from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_config
 from roll_core.strategies.hf import HFTrainStrategy
@@ -62,9 +64,6 @@ def _cli(run_dir, *overrides):
             "data.eval_size=16", "trackers=[jsonl]", "torch_threads=1", *overrides]
 
 
-def _metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
 
 @pytest.fixture(scope="module")
 def two_gpu_nodes():
@@ -111,7 +110,7 @@ def test_roles_land_where_the_mapping_says_on_a_two_node_cluster(two_gpu_nodes, 
             assert worker["node_id"] == nodes[devices[0] // 8], (role, worker)
             assert worker["cuda_visible_devices"] == ",".join(str(d % 8) for d in devices), (role, worker)
     assert len({w["pid"] for ws in placement["roles"].values() for w in ws}) == 6  # one process per worker
-    steps = _metrics(run_dir)
+    steps = metrics_of(run_dir)
     assert [m["step"] for m in steps] == [0, 1, 2]
     assert all("train/grad_norm" in m and "train/pg_loss" in m for m in steps[1:])
     if layout == "colocated":

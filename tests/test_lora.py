@@ -19,6 +19,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from conftest import metrics_of
+
 from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_and_check, load_config
 from roll_core.errors import ConfigError
@@ -306,7 +308,7 @@ def test_lora_rlvr_raises_accuracy_and_syncs_only_adapter_bytes(warm_policy, tmp
     before, after = summary["before_rl"]["eval/accuracy"], summary["after_rl"]["eval/accuracy"]
     print(f"LoRA RLVR: {before:.1%} -> {after:.1%}")
     assert after >= before + 0.1, (before, after)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(tmp_path / "run")
     synced = {r["weight_sync/bytes"] for r in rows if "weight_sync/bytes" in r}
     model_bytes = sum(p.numel() * p.element_size() for p in load_causal_lm(str(warm_policy)).parameters())
     assert len(synced) == 1 and model_bytes >= 10 * synced.pop()
@@ -328,7 +330,7 @@ def test_a_lora_warm_up_folds_into_the_base_the_reference_and_the_engines_use(tm
                              "rollout.prompts_per_step=4", "trackers=[jsonl]", "algorithm.kl_metric=true"])
     pipeline = RLVRPipeline(cfg, LocalExecutor())
     pipeline.run()
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(tmp_path / "run")
     first = next(r for r in rows if r["step"] == 1)
     assert first["train/kl"] == pytest.approx(0, abs=1e-6)  # without the fold: KL to the untrained base
     warm = load_causal_lm(str(tmp_path / "run" / "warm-model"))

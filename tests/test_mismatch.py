@@ -1,10 +1,11 @@
 """Train/inference mismatch: the step-0 check, its metric and its gate."""
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
+
+from conftest import metrics_of
 
 from roll_core.pipelines.mismatch import MismatchError, check_mismatch, log_prob_gap
 from roll_core.runtime.executor import LocalExecutor
@@ -63,6 +64,6 @@ def test_a_run_whose_engines_disagree_is_stopped_at_step_0(tiny_config, roll_plu
     # without the gate the run trains and reports the gap at step 0 and at every step
     cfg = tiny_config("warmup.steps=0", "roles.actor_infer.strategy=skewed", "trainer.max_steps=2")
     RLVRPipeline(cfg, LocalExecutor()).run()
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(cfg.output_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(r["train/infer_log_prob_gap"] == pytest.approx(0.3, abs=1e-4) for r in rows)

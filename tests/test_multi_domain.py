@@ -4,10 +4,10 @@ code-style task scored by running the model's program in roll-rewards' sandbox).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
+
+from conftest import metrics_of
 
 from roll_core.config import load_and_check
 from roll_core.errors import ConfigError
@@ -90,7 +90,7 @@ def test_two_domain_run_reports_per_domain_metrics(tiny_config):
         assert pipeline.reward.by_domain["code"].executor is executor
     finally:
         executor.shutdown()
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(cfg.output_dir)
     for step in rows[1:]:
         assert step["samples/arithmetic"] == step["samples/code"] == 8  # 2 + 2 prompts x 4 samples
         for d in ("arithmetic", "code"):

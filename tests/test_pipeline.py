@@ -10,13 +10,12 @@ import time
 
 import pytest
 
+from conftest import metrics_of
+
 from roll_core.pipelines.rlvr import RLVRPipeline
 from roll_core.runtime import LocalExecutor
 from roll_core.strategies import cpu_matmul
 
-
-def metrics_of(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_local_run_writes_metrics_checkpoints_and_tensorboard(tiny_config, monkeypatch):

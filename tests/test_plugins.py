@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import run_roll
+from conftest import metrics_of, run_roll
 
 from roll_core.testing import hooks
 
@@ -169,7 +169,7 @@ def test_third_party_estimator_and_loss_are_listed_and_used_by_name(fake_dist, t
         "trainer.max_steps=1", "trainer.eval_every=0", "data.eval_size=4", "trackers=[jsonl]", env_extra=env,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    step1 = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1]
+    step1 = metrics_of(out)[1]
     assert step1["train/half"] == 1.0  # the plugin's loss ran inside the training worker
     # a misspelled name lists the valid ones, including the plugin's
     result = run_roll("validate", "algorithm.advantage_estimator=sing", env_extra=env)

@@ -4,11 +4,12 @@ numbers and not equal to them (autocast is on); checked before any worker starts
 
 from __future__ import annotations
 
-import json
 import warnings
 
 import pytest
 import torch
+
+from conftest import metrics_of
 
 from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_and_check
@@ -105,7 +106,7 @@ def test_a_run_with_bf16_roles_reaches_the_workers_and_stays_near_fp32(tiny_conf
         cfg = tiny_config(f"output_dir={tmp_path / precision}", f"roles.actor_train.strategy_options.precision={precision}",
                           f"roles.actor_infer.strategy_options.precision={precision}")
         RLVRPipeline(cfg, LocalExecutor()).run()
-        runs[precision] = [json.loads(line) for line in (tmp_path / precision / "metrics.jsonl").read_text().splitlines()]
+        runs[precision] = metrics_of(tmp_path / precision)
     half, full = (runs[p][0]["warmup/loss"] for p in ("bf16", "fp32"))
     assert half == pytest.approx(full, rel=1e-2) and half != full
     assert [r["step"] for r in runs["bf16"]] == [0, 1, 2, 3]

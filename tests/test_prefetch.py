@@ -13,6 +13,8 @@ import types
 import pytest
 import torch
 
+from conftest import metrics_of
+
 from roll_core.config.loader import load_config
 from roll_core.data import PromptStream
 from roll_core.embedded.model import build_char_tokenizer
@@ -106,8 +108,6 @@ def test_on_ray_a_steps_update_weight_hand_over_and_next_generation_are_one_task
     """Under the hybrid engine each RL step sends the update, the hand-over and (unless a checkpoint
     comes next) the next step's requests to actor_train's worker in one block, so one task; the
     step's phases are then the worker's own seconds."""
-    import json
-    from pathlib import Path
 
     from roll_core.pipelines.rlvr import RLVRPipeline
     from roll_core.runtime.executor import RayExecutor, make_executor
@@ -141,7 +141,7 @@ def test_on_ray_a_steps_update_weight_hand_over_and_next_generation_are_one_task
         mp.undo()
     # step 2 is followed by a checkpoint, step 3 by none: no requests sent early
     assert blocks == [["update", "pass_weights", "generate"], ["update", "pass_weights"], ["update", "pass_weights"]]
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(cfg.output_dir)
     assert [row["time/train_s"] for row in rows[1:]] == [0.001234] * 3
     generated = [row["time/generate_s"] for row in rows[1:]]
     assert generated[1] == 0.001234  # step 2's requests, sent by step 1

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import metrics_of
+
 from roll_core.config import load_config
 from roll_core.pipelines.rlvr import RLVRPipeline
 from roll_core.runtime import LocalExecutor
@@ -20,7 +22,7 @@ FAST = ["executor=local", "warmup.steps=5", "rollout.prompts_per_step=4", "rollo
 def run(path, tmp_path, *overrides):
     cfg = load_config(path, FAST + [f"output_dir={tmp_path / 'run'}", *overrides])
     RLVRPipeline(cfg, LocalExecutor()).run()
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(tmp_path / "run")
     for row in rows[1:]:
         bad = {k: v for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
         assert not bad, bad

@@ -7,7 +7,6 @@ failure or hang is what they check, so the registration reaches the Ray workers 
 as a real plugin's would, and on the local one where the executor plays no part (it is faster).
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ import time
 import uuid
 
 import pytest
-from conftest import proc_cmdline
+from conftest import metrics_of, proc_cmdline
 
 from roll_core.config.resume import check_resume, meaningful_changes
 from roll_core.errors import ConfigError
@@ -272,9 +271,6 @@ def roll(fake_dist, tmp_path):
     return run
 
 
-def _metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
 
 def _cmdline(pid: int) -> str:
     return (proc_cmdline(pid) or "(exited)")[:200]
@@ -304,7 +300,7 @@ def test_ray_nan_reward_stops_with_one_line_or_scores_zero_by_policy(roll, tmp_p
     out = roll(tmp_path / "zero", "roles.reward.name=nan_reward", "roles.reward.on_nonfinite=zero", "trainer.max_steps=2",
                "executor=local")
     assert out.returncode == 0, out.stderr[-3000:]
-    steps = [r for r in _metrics(tmp_path / "zero") if r["step"] > 0]
+    steps = [r for r in metrics_of(tmp_path / "zero") if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["reward/nonfinite"] >= 8 and r["reward/mean"] == 0.0 for r in steps)  # 8 samples a step
 
@@ -317,7 +313,7 @@ def test_ray_hanging_reward_is_timed_out_per_call_and_the_run_finishes(roll, tmp
                "rollout.request_size=2")
     assert out.returncode == 0, out.stderr[-3000:]
     assert time.monotonic() - start < 240
-    steps = [r for r in _metrics(tmp_path / "run") if r["step"] > 0]
+    steps = [r for r in metrics_of(tmp_path / "run") if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:  # every sample of the step timed out and scored 0; the hung worker was replaced
         assert r["reward/timeouts"] == 8 and r["reward/mean"] == 0.0 and r["reward/replaced_workers"] >= 1
@@ -350,7 +346,7 @@ def test_resuming_a_changed_reward_into_an_old_run_is_refused(roll, tmp_path):
     assert (run_dir / "config.json").read_text() == config_before  # nothing of the old run is touched
     more = roll(run_dir, "trainer.max_steps=3", local)  # more steps of the same run do resume
     assert more.returncode == 0 and "resumed from" in more.stdout, more.stderr[-2000:]
-    assert [r["step"] for r in _metrics(run_dir)][-1] == 3
+    assert [r["step"] for r in metrics_of(run_dir)][-1] == 3
 
 
 @pytest.mark.ray

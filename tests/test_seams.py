@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from conftest import metrics_of
+
 from roll_core.algorithms.losses import ppo_clip
 from roll_core.pipelines.rlvr import RLVRPipeline
 from roll_core.rollout.sync import SyncRolloutScheduler
@@ -125,7 +127,7 @@ def test_a_plugin_uses_the_scheduler_and_weight_update_seams_by_name(tiny_config
     calls = [e[0] for e in EVENTS if e[0] not in ("begin", "load", "end")]
     assert calls[0] == "start" and calls[-1] == "stop"
     assert calls[1:-1] == ["next_batch", "wait", "weights_pushed"] * 3
-    metrics = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    metrics = metrics_of(cfg.output_dir)
     # a scheduler that overlaps training reports no inference idle time computed from the rollout alone
     assert all("time/idle/actor_infer_s" not in m for m in metrics[1:])
 
@@ -137,7 +139,7 @@ def test_sft_pipeline_runs_alone_and_lowers_its_heldout_loss(tiny_config):
     summary = SFTPipeline(cfg, LocalExecutor()).run()
     before, after = summary["before"]["eval/loss"], summary["after"]["eval/loss"]
     assert after < 0.8 * before, (before, after)
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(cfg.output_dir)
     assert [r["step"] for r in rows if "eval/loss" in r] == [0, 20, 40]
     assert all("warmup/loss" in r for r in rows if r["step"] > 0)
     # a checkpoint holds a model transformers loads, with its tokenizer
@@ -243,7 +245,7 @@ def test_dpo_pipeline_raises_heldout_preference_accuracy(tiny_config):
     assert before["eval/rewards/accuracy"] == 0.0 and before["eval/rewards/margin"] == 0.0  # policy = reference
     assert after["eval/rewards/accuracy"] > 0.7, after
     assert after["eval/rewards/margin"] > 0 and after["eval/loss"] < before["eval/loss"]
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(cfg.output_dir)
     assert [r["step"] for r in rows if "eval/rewards/accuracy" in r] == [0, 20, 40]
     assert all("dpo/loss" in r and "dpo/rewards/accuracy" in r for r in rows if r["step"] > 0)
 
@@ -308,7 +310,7 @@ def test_distill_pipeline_brings_the_student_toward_the_teacher(tiny_config, tra
     assert pipeline.teacher.role == ("teacher" if extra == ["teacher-role"] else "reference")
     before, after = summary["before"]["eval/kl_to_teacher"], summary["after"]["eval/kl_to_teacher"]
     assert after < 0.5 * before, (before, after)
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(cfg.output_dir)
     assert all(r["distill/loss"] > 0 for r in rows if r["step"] > 0)
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import metrics_of
+
 from roll_core.trackers import JsonlTracker, TensorboardTracker, _ForwardOnly
 
 
@@ -85,7 +87,7 @@ def test_the_quickstart_writes_the_same_metrics_to_every_tracker_at_once(tiny_co
     cfg = tiny_config("trackers=[jsonl, tensorboard, swanlab, wandb]", "trainer.max_steps=3")
     RLVRPipeline(cfg, LocalExecutor()).run()
     run_dir = Path(cfg.output_dir)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(run_dir)
     expected = {key: {r["step"]: r[key] for r in rows if key in r}
                 for key in ("reward/mean", "train/pg_loss", "eval/accuracy", "warmup/loss")}
     assert sorted(expected["reward/mean"]) == [1, 2, 3] and expected["eval/accuracy"]  # step 0 and the end
@@ -114,7 +116,7 @@ def test_a_resumed_run_writes_each_replayed_step_once(tmp_path):
         for step in (4, 5):
             tracker.log({"x": 10.0 * step}, step)
         tracker.close()
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(tmp_path)
     assert [(r["step"], r["x"]) for r in rows] == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 40), (5, 50)]
     assert _tensorboard_scalars(tmp_path)["x"] == {0: 0, 1: 1, 2: 2, 3: 3, 4: 40, 5: 50}
     assert sent == [(s, float(s)) for s in range(6)]  # a service that cannot take points back: the first values
