@@ -53,6 +53,15 @@ def test_profile_generate_times_its_contenders_and_profiles_roll_s_call():
     assert any(line.startswith("  #next_tokens") and " count      3 " in line for line in lines), lines
 
 
+def test_profile_update_counts_only_the_products_a_forward_and_backward_pass_need():
+    """On the tiny model's packed batch the products' FLOPs are 6 x parameters x positions, within
+    what the embedding (a lookup, not a product) leaves out: no prompt computed twice, no extra pass."""
+    lines = _bench("profile_update.py", "--rounds", "1", "--top", "3")
+    (ratio,) = [line for line in lines if line.startswith("products' GFLOP / (6 x parameters x positions)")]
+    assert 0.97 < float(ratio.split()[-1].rstrip("x")) <= 1.0, lines
+    assert len(lines) - lines.index("other operators, self time:") - 1 == 3, lines  # --top 3
+
+
 def test_bench_next_token_checks_every_draw_against_the_sorted_nucleus():
     lines = _bench("bench_next_token.py", "--rows", "8", "--vocab", "500", "--top-p", "1.0", "0.5", "--spread", "3",
                    "--rounds", "1")
