@@ -1,5 +1,6 @@
 """Rollout dumps, ``roll show-rollouts`` and ``roll replay``: a dumped step trained again reproduces
-the recorded loss and gradient norm."""
+the recorded loss and gradient norm. The dump's readable side (each sample's text and values, the
+printed facts) is checked on batches made by hand, whose padding holds values that must not count."""
 
 import json
 from pathlib import Path
@@ -147,3 +148,115 @@ def test_the_report_compares_what_both_sides_have_and_names_the_largest_gap():
     assert lines[2].split() == ["2", "1", "-", "-", "-", "3", "-"]
     assert lines[-1] == "largest gap: 5.0e-01"
     assert report([one_sided]).splitlines()[-1].split()[0] == "2"  # no gap line without a gap
+
+
+# -- the dump's readable side, on batches made by hand -----------------------------------------------
+
+def _ids(tokenizer, text: str, width: int, left: bool = False) -> tuple[list[int], list[int]]:
+    """``text``'s character tokens padded to ``width`` (on the left for a prompt) and their mask."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    pad = [tokenizer.pad_token_id] * (width - len(ids))
+    mask = [1] * len(ids)
+    return (pad + ids, [0] * len(pad) + mask) if left else (ids + pad, mask + [0] * len(pad))
+
+
+def _rlvr_batch():
+    """Two samples of an RL step: prompts and responses of different lengths, per-token advantages and
+    log-probs whose padded positions hold values that must not count, two reward components."""
+    from roll_core.data import Batch
+    from roll_core.embedded.model import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    (p0, pm0), (p1, pm1) = _ids(tok, "9=", 4, left=True), _ids(tok, "1+2=", 4, left=True)
+    (r0, rm0), (r1, rm1) = _ids(tok, "3</s>", 3), _ids(tok, "12</s>", 3)
+    batch = Batch({"prompt_ids": torch.tensor([p0, p1]), "prompt_mask": torch.tensor([pm0, pm1]),
+                   "responses": torch.tensor([r0, r1]), "response_mask": torch.tensor([rm0, rm1]),
+                   "scores": torch.tensor([1.0, 0.25]),
+                   "advantages": torch.tensor([[0.5, 0.5, 9.0], [-1.0, -2.0, -3.0]]),
+                   "infer_log_probs": torch.tensor([[-0.1, -0.2, -7.0], [-1.0, -0.5, -0.25]]),
+                   "ref_log_probs": torch.tensor([[-0.3, -0.3, -7.0], [-2.0, -1.0, -1.0]]),
+                   "version": torch.tensor([4, 3]), "group": torch.tensor([[0], [1]])},
+                  {"reward_components": [{"exact": 1.0, "format": 0.5}, {"exact": 0.25}],
+                   "ground_truth": ["3", "003"], "domain": ["math", "math"]})
+    return batch, tok
+
+
+def test_a_dumped_sample_reads_as_text_with_its_values_over_its_own_tokens():
+    from roll_core.pipelines.rollout_dump import readable_rows
+
+    batch, tok = _rlvr_batch()
+    first, second = readable_rows(batch, tok)
+    assert first.pop("reward_components") == {"exact": 1.0, "format": 0.5}
+    assert first == pytest.approx({
+        "index": 0, "prompt": "9=", "response": "3</s>", "scores": 1.0, "advantage": 0.5,
+        "infer_log_probs_sum": -0.3, "ref_log_probs_sum": -0.6, "domain": "math", "ground_truth": "3", "version": 4,
+        "response_tokens": 2})  # no 2-D "group"
+    assert (second["prompt"], second["response"], second["response_tokens"]) == ("1+2=", "12</s>", 3)
+    assert (second["advantage"], second["infer_log_probs_sum"]) == pytest.approx((-2.0, -1.75))
+
+
+def test_an_episode_reads_as_the_policys_turns_and_the_environments_replies(tmp_path):
+    from roll_core.data import Batch
+    from roll_core.pipelines.rollout_dump import readable_rows, show, write_dump
+
+    _, tok = _rlvr_batch()
+    prompt, prompt_mask = _ids(tok, "go", 2)
+    tokens, mask = _ids(tok, "abcde", 7)
+    empty, none = _ids(tok, "", 7)
+    batch = Batch({"prompt_ids": torch.tensor([prompt, prompt]), "prompt_mask": torch.tensor([prompt_mask] * 2),
+                   "responses": torch.tensor([tokens, empty]), "response_mask": torch.tensor([mask, none]),
+                   "action_mask": torch.tensor([[1, 1, 0, 0, 1, 0, 0], [0] * 7]),
+                   "advantages": torch.tensor([[2.0] * 7, [5.0] * 7])}, {"env": ["echo", "maze"]})
+    episode, nothing = readable_rows(batch, tok)
+    assert episode["turns"] == [{"role": "policy", "text": "ab"}, {"role": "environment", "text": "cd"},
+                                {"role": "policy", "text": "e"}]
+    assert (nothing["turns"], nothing["advantage"], nothing["response_tokens"]) == ([], 0.0, 0)  # no tokens: no mean
+    write_dump(tmp_path, 1, batch, tok)
+    assert show(tmp_path, limit=1).splitlines()[1:] == [
+        "--- sample 0  advantage=2 env=echo response_tokens=5", "  prompt:   'go'",
+        "  policy      'ab'", "  environment 'cd'", "  policy      'e'"]
+
+
+def test_show_rollouts_prints_the_last_dump_its_facts_rounded_and_components_where_there_are_several(tmp_path):
+    from roll_core.pipelines.rollout_dump import show, write_dump
+
+    batch, tok = _rlvr_batch()
+    write_dump(tmp_path, 5, batch, tok)
+    batch.tensors["scores"] = torch.tensor([2 / 3, 0.0])
+    write_dump(tmp_path, 7, batch, tok)
+    lines = show(tmp_path, limit=1).splitlines()  # the last step dumped
+    assert lines[0] == "step 7: 2 samples, the first 1"
+    assert lines[1] == ("--- sample 0  scores=0.6667 advantage=0.5 infer_log_probs_sum=-0.3 version=4 domain=math "
+                        "response_tokens=2 components=exact:1,format:0.5")
+    assert lines[2:] == ["  prompt:   '9='", "  response: '3</s>'", "  expected: '3'"]
+    everything = show(tmp_path, step=5, limit=2).splitlines()
+    assert everything[0] == "step 5: 2 samples"  # the limit covers them all
+    assert everything[5] == "--- sample 1  scores=0.25 advantage=-2 infer_log_probs_sum=-1.75 version=3 domain=math " \
+                            "response_tokens=3"  # one component: the score says it
+    assert torch.equal(load_dump(tmp_path, 5)["advantages"], batch["advantages"])
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == [
+        "step_000005.jsonl", "step_000005.pt", "step_000007.jsonl", "step_000007.pt"]
+
+
+def test_a_dump_that_fails_while_saving_leaves_no_file_under_its_name(tmp_path, monkeypatch):
+    from roll_core.pipelines import rollout_dump
+
+    batch, tok = _rlvr_batch()
+
+    def half_saved(obj, path):
+        Path(path).write_bytes(b"half a pickle")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(rollout_dump.torch, "save", half_saved)
+    with pytest.raises(OSError, match="disk full"):
+        rollout_dump.write_dump(tmp_path, 3, batch, tok)
+    assert not dump_path(tmp_path, 3, "pt").exists() and dumped_steps(tmp_path) == []
+
+
+def test_step_ranges_and_the_missing_step_message():
+    from roll_core.pipelines.rollout_dump import step_ranges
+
+    assert step_ranges([1, 2, 3, 7, 9, 10]) == "1-3, 7, 9-10"
+    assert step_ranges([]) == ""
+    with pytest.raises(RollError, match=r"of step 2; dumped steps: none \(set trainer.dump_rollouts_every"):
+        load_dump(Path("/nonexistent-run"), 2)
