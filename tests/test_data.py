@@ -244,3 +244,61 @@ def test_a_group_shares_its_prompt_tokenization_exactly(tiny_model_path):
     assert batch["ground_truth"] == ["0"] * 3 + ["1"] * 3 + ["2"] * 3
     assert batch["domain"][:4] == ["math"] * 3 + ["default"]
     assert batch["prompt_mask"][0].tolist() != batch["prompt_mask"][3].tolist()  # padding differs by row
+
+
+# -- where a run's rows come from (roll_core.pipelines.sources) ---------------------------------------
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _load(*overrides):
+    from roll_core.config import load_config
+    from roll_core.embedded.model import build_char_tokenizer
+    from roll_core.pipelines.sources import load_rows
+    from roll_core.plugins import get_plugins
+
+    return load_rows(load_config(None, list(overrides)).data, get_plugins(), build_char_tokenizer())
+
+
+def test_rows_come_from_files_with_the_held_out_cut_to_eval_size(tmp_path):
+    train = _write(tmp_path / "t.jsonl", [{"prompt": f"p{i}", "ground_truth": "x"} for i in range(3)])
+    held = _write(tmp_path / "e.jsonl", [{"prompt": f"q{i}", "ground_truth": "y"} for i in range(5)])
+    rows, evals = _load(f"data.train_file={train}", f"data.eval_file={held}", "data.eval_size=2")
+    assert [r["prompt"] for r in rows] == ["p0", "p1", "p2"] and [r["prompt"] for r in evals] == ["q0", "q1"]
+    assert len(_load(f"data.train_file={train}", f"data.eval_file={held}")[1]) == 5  # no eval_size: every row
+    assert _load(f"data.train_file={train}")[1] == []  # no eval_file: nothing held out
+
+
+def test_each_domains_rows_carry_its_name_and_its_own_held_out_cut(tmp_path):
+    """The domain's key names its rows, whatever domain a row said it had; ``eval_size`` cuts each
+    domain's held-out rows."""
+    files = {}
+    for name, n in (("a", 3), ("b", 4)):
+        files[name] = (_write(tmp_path / f"{name}.jsonl", [{"prompt": f"{name}{i}", "ground_truth": "x",
+                                                             "domain": "other"} for i in range(2)]),
+                       _write(tmp_path / f"{name}-eval.jsonl", [{"prompt": f"{name}e{i}", "ground_truth": "x"}
+                                                                for i in range(n)]))
+    domains = ", ".join(f"{k}: {{train_file: {t}, eval_file: {e}}}" for k, (t, e) in files.items())
+    rows, evals = _load(f"data.domains={{{domains}}}", "data.eval_size=2")
+    assert [(r["prompt"], r["domain"]) for r in rows] == [("a0", "a"), ("a1", "a"), ("b0", "b"), ("b1", "b")]
+    assert [(r["prompt"], r["domain"]) for r in evals] == [("ae0", "a"), ("ae1", "a"), ("be0", "b"), ("be1", "b")]
+
+
+def test_a_datasets_bad_options_are_named_with_their_key():
+    with pytest.raises(ConfigError, match="key 'data.options' for dataset 'carry_addition': .*leaves no training"):
+        _load("data.options={max_operand: 9, num_eval: 100}")
+
+
+def test_rows_without_ground_truth_and_domains_no_row_has_are_refused_by_name():
+    from roll_core.pipelines.sources import check_domains, check_ground_truth
+
+    check_ground_truth([{"prompt": "1-1=", "ground_truth": 0}], "training")  # an answer of 0 is an answer
+    with pytest.raises(ConfigError, match="2 held-out rows have no 'ground_truth' \\(the first: row 1\\)"):
+        check_ground_truth([{"ground_truth": "x"}, {}, {"ground_truth": "y"}, {}], "held-out")
+    rows = [{"domain": "math"}, {"prompt": "no domain: the default reward's"}]
+    check_domains(rows, {"math": None, "default": None})
+    with pytest.raises(ConfigError, match="'roles.domain_rewards.maths': no training row has domain 'maths'. "
+                                          "Did you mean 'math'\\? The data has: default, math"):
+        check_domains(rows, {"maths": None})

@@ -56,3 +56,34 @@ def test_task_rejects_bad_options():
         CarryAdditionTask.from_options({"teacher_carry_eror": 0.5})
     with pytest.raises(ValueError, match="leaves no training pairs"):
         CarryAdditionTask.from_options({"max_operand": 9, "num_eval": 100})
+
+
+def test_widths_follow_max_operand_and_carrying_sums_pair_the_teachers_mistake():
+    """Operands as wide as ``max_operand``, answers as wide as twice it; every carrying sum (and only
+    those) has the teacher's carry-forgetting answer as ``rejected``, at the answer's width."""
+    task = CarryAdditionTask(CarryAdditionConfig(max_operand=120, num_eval=50))
+    rows = {r["prompt"]: r for r in task.train_rows() + task.eval_rows()}
+    assert len(rows) == 121 * 121
+    assert {k: rows["047+038="][k] for k in ("ground_truth", "rejected")} == {"ground_truth": "085", "rejected": "075"}
+    assert "rejected" not in rows["041+038="] and rows["120+120="]["ground_truth"] == "240"
+    assert all(("rejected" in r) == (int(p[2]) + int(p[6]) >= 10) for p, r in rows.items())
+
+
+def test_python_expr_splits_its_functions_and_tests_each_at_four_points():
+    from roll_core.embedded.tasks import PythonExprConfig, PythonExprTask
+
+    task = PythonExprTask(PythonExprConfig(max_coef=3, max_const=9, num_eval=5, teacher_syntax_error=0.5))
+    train, held = task.train_rows(), task.eval_rows()
+    prompts = [r["prompt"] for r in train + held]
+    assert len(held) == 5 and sorted(prompts) == sorted(f"{a}x+{b}:" for a in (2, 3) for b in range(10))
+    row = next(r for r in train + held if r["prompt"] == "3x+7:")
+    assert row["ground_truth"] == {"style": "assert", "tests": "assert f(0)==7\nassert f(1)==10\nassert f(3)==16\n"
+                                                               "assert f(-2)==1"}
+    for r in train:  # the teacher writes Python, or math ("3x") where it is sloppy
+        a, b = r["prompt"].rstrip(":").split("x+")
+        assert r["demonstration"] in (f"f=lambda x:{a}*x+{b}", f"f=lambda x:{a}x+{b}")
+    assert not any("demonstration" in r for r in held)
+    always = PythonExprTask(PythonExprConfig(max_coef=3, max_const=9, num_eval=5, teacher_syntax_error=1.0))
+    assert all("*" not in r["demonstration"] for r in always.train_rows())
+    with pytest.raises(ValueError, match="num_eval=20 leaves no training functions"):
+        PythonExprTask(PythonExprConfig(max_coef=3, max_const=9, num_eval=20))
