@@ -28,6 +28,12 @@ def make_fake_distribution(root: Path, dist: str, module_name: str, source: str,
     return root
 
 
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    """``rows`` as a JSONL file at ``path`` (a data file, a run's metrics), one object per line."""
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
 def metrics_of(run_dir: str | Path) -> list[dict]:
     """The rows of a run's ``metrics.jsonl``, as the jsonl tracker wrote them (one per logged step)."""
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]

@@ -13,11 +13,12 @@ recorded instead of run. Each test takes a second or less.
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
+
+from conftest import write_jsonl
 
 from roll_core.data import PromptStream
 from roll_core.errors import ConfigError
@@ -98,11 +99,6 @@ def with_formula_roles(pipeline, replicas: dict[str, int] | None = None):
     return pipeline.roles.groups
 
 
-def write_rows(path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
 def first_draw(pipeline, rows: list[dict], stream: str, n: int) -> list[dict]:
     """The ``n`` rows a pipeline's first step takes from ``rows``: its stream is seeded with the run's
     seed plus ``SEED_OFFSETS[stream]``."""
@@ -127,8 +123,8 @@ DEMONSTRATED = [SFT_ROWS[0], SFT_ROWS[2], *TRAIN_ONLY]  # the training rows a st
 def sft_pipeline(tiny_config, tmp_path, *overrides, replicas=None):
     from roll_core.pipelines.sft import SFTPipeline
 
-    cfg = tiny_config("pipeline=sft", f"data.train_file={write_rows(tmp_path / 'train.jsonl', SFT_ROWS + TRAIN_ONLY)}",
-                      f"data.eval_file={write_rows(tmp_path / 'eval.jsonl', SFT_ROWS)}", *overrides)
+    cfg = tiny_config("pipeline=sft", f"data.train_file={write_jsonl(tmp_path / 'train.jsonl', SFT_ROWS + TRAIN_ONLY)}",
+                      f"data.eval_file={write_jsonl(tmp_path / 'eval.jsonl', SFT_ROWS)}", *overrides)
     pipeline = SFTPipeline(cfg, LocalExecutor())
     pipeline.prepare()
     groups = with_formula_roles(pipeline, replicas)
@@ -167,7 +163,7 @@ def test_sft_packs_its_batches_when_asked_with_a_row_for_every_rank(tiny_config,
 def test_sft_refuses_data_without_demonstrations(tiny_config, tmp_path):
     from roll_core.pipelines.sft import SFTPipeline
 
-    cfg = tiny_config("pipeline=sft", f"data.train_file={write_rows(tmp_path / 't.jsonl', SFT_ROWS[1:2])}")
+    cfg = tiny_config("pipeline=sft", f"data.train_file={write_jsonl(tmp_path / 't.jsonl', SFT_ROWS[1:2])}")
     pipeline = SFTPipeline(cfg, LocalExecutor())
     pipeline.prepare()
     with_formula_roles(pipeline)
@@ -199,8 +195,8 @@ def dpo_pipeline(tiny_config, tmp_path, *overrides, rows=DPO_ROWS, train_only=TR
     from roll_core.pipelines.dpo import DPOPipeline
 
     cfg = tiny_config("pipeline=dpo", "roles.actor_train.micro_batch_size=2",
-                      f"data.train_file={write_rows(tmp_path / 'train.jsonl', rows + train_only)}",
-                      f"data.eval_file={write_rows(tmp_path / 'eval.jsonl', held_out or rows)}", *overrides)
+                      f"data.train_file={write_jsonl(tmp_path / 'train.jsonl', rows + train_only)}",
+                      f"data.eval_file={write_jsonl(tmp_path / 'eval.jsonl', held_out or rows)}", *overrides)
     pipeline = DPOPipeline(cfg, LocalExecutor())
     pipeline.prepare()
     groups = with_formula_roles(pipeline)
@@ -296,8 +292,8 @@ def distill_pipeline(tiny_config, tmp_path, *overrides, replicas=None):
     from roll_core.pipelines.distill import DistillPipeline
 
     cfg = tiny_config("pipeline=distill", "roles.actor_train.micro_batch_size=4",
-                      f"data.train_file={write_rows(tmp_path / 'train.jsonl', DISTILL_ROWS + TRAIN_ONLY)}",
-                      f"data.eval_file={write_rows(tmp_path / 'eval.jsonl', DISTILL_ROWS)}", *overrides)
+                      f"data.train_file={write_jsonl(tmp_path / 'train.jsonl', DISTILL_ROWS + TRAIN_ONLY)}",
+                      f"data.eval_file={write_jsonl(tmp_path / 'eval.jsonl', DISTILL_ROWS)}", *overrides)
     pipeline = DistillPipeline(cfg, LocalExecutor())
     pipeline.prepare()
     groups = with_formula_roles(pipeline, replicas)

@@ -4,6 +4,8 @@ from collections import Counter
 import pytest
 import torch
 
+from conftest import write_jsonl
+
 from roll_core.data import Batch, DomainMixer, PromptStream, deal_slots, dp_shards, read_jsonl
 from roll_core.errors import ConfigError
 
@@ -248,11 +250,6 @@ def test_a_group_shares_its_prompt_tokenization_exactly(tiny_model_path):
 
 # -- where a run's rows come from (roll_core.pipelines.sources) ---------------------------------------
 
-def _write(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def _load(*overrides):
     from roll_core.config import load_config
     from roll_core.embedded.model import build_char_tokenizer
@@ -263,8 +260,8 @@ def _load(*overrides):
 
 
 def test_rows_come_from_files_with_the_held_out_cut_to_eval_size(tmp_path):
-    train = _write(tmp_path / "t.jsonl", [{"prompt": f"p{i}", "ground_truth": "x"} for i in range(3)])
-    held = _write(tmp_path / "e.jsonl", [{"prompt": f"q{i}", "ground_truth": "y"} for i in range(5)])
+    train = write_jsonl(tmp_path / "t.jsonl", [{"prompt": f"p{i}", "ground_truth": "x"} for i in range(3)])
+    held = write_jsonl(tmp_path / "e.jsonl", [{"prompt": f"q{i}", "ground_truth": "y"} for i in range(5)])
     rows, evals = _load(f"data.train_file={train}", f"data.eval_file={held}", "data.eval_size=2")
     assert [r["prompt"] for r in rows] == ["p0", "p1", "p2"] and [r["prompt"] for r in evals] == ["q0", "q1"]
     assert len(_load(f"data.train_file={train}", f"data.eval_file={held}")[1]) == 5  # no eval_size: every row
@@ -276,9 +273,9 @@ def test_each_domains_rows_carry_its_name_and_its_own_held_out_cut(tmp_path):
     domain's held-out rows."""
     files = {}
     for name, n in (("a", 3), ("b", 4)):
-        files[name] = (_write(tmp_path / f"{name}.jsonl", [{"prompt": f"{name}{i}", "ground_truth": "x",
+        files[name] = (write_jsonl(tmp_path / f"{name}.jsonl", [{"prompt": f"{name}{i}", "ground_truth": "x",
                                                              "domain": "other"} for i in range(2)]),
-                       _write(tmp_path / f"{name}-eval.jsonl", [{"prompt": f"{name}e{i}", "ground_truth": "x"}
+                       write_jsonl(tmp_path / f"{name}-eval.jsonl", [{"prompt": f"{name}e{i}", "ground_truth": "x"}
                                                                 for i in range(n)]))
     domains = ", ".join(f"{k}: {{train_file: {t}, eval_file: {e}}}" for k, (t, e) in files.items())
     rows, evals = _load(f"data.domains={{{domains}}}", "data.eval_size=2")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import metrics_of
+from conftest import metrics_of, write_jsonl
 
 from roll_core.pipelines.rlvr import RLVRPipeline
 from roll_core.runtime import LocalExecutor
@@ -73,9 +73,8 @@ def test_held_out_rows_without_ground_truth_are_refused_before_any_worker(tmp_pa
     from roll_core.config import load_config
     from roll_core.errors import ConfigError
 
-    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "1+1=", "ground_truth": "2"}) + "\n")
-    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
-        {"prompt": "2+2=", "ground_truth": "4"}, {"prompt": "3+3="})))
+    write_jsonl(tmp_path / "train.jsonl", [{"prompt": "1+1=", "ground_truth": "2"}])
+    write_jsonl(tmp_path / "eval.jsonl", [{"prompt": "2+2=", "ground_truth": "4"}, {"prompt": "3+3="}])
     cfg = load_config(None, [f"output_dir={tmp_path / 'run'}", "executor=local", "warmup.steps=0",
                              f"data.train_file={tmp_path / 'train.jsonl'}", f"data.eval_file={tmp_path / 'eval.jsonl'}"])
     pipeline = RLVRPipeline(cfg, LocalExecutor())

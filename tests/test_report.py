@@ -9,6 +9,8 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="pip install 'roll-core[report]' (the README's setup does)")
 
+from conftest import write_jsonl  # noqa: E402
+
 from roll_core.cli import main  # noqa: E402
 from roll_core.report import config_differences, load_run  # noqa: E402
 
@@ -18,7 +20,7 @@ _BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if
 def _run(path: Path, rows: list[dict], summary: dict | None = None, config: dict | None = None) -> Path:
     """A run directory with these metrics rows, and a summary and config when given."""
     path.mkdir(parents=True)
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(path / "metrics.jsonl", rows)
     for name, content in (("summary.json", summary), ("config.json", config)):
         if content is not None:
             (path / name).write_text(json.dumps(content))

@@ -8,13 +8,12 @@ options, and the strategy's record shows begin, load... and end, in order, once 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from conftest import metrics_of
+from conftest import metrics_of, write_jsonl
 
 from roll_core.algorithms.losses import ppo_clip
 from roll_core.pipelines.rlvr import RLVRPipeline
@@ -269,9 +268,8 @@ def test_dpo_uses_reference_log_probs_precomputed_with_the_data(tiny_config, tmp
 
     task = CarryAdditionTask()
     for name, rows in (("train", task.train_rows()[:200]), ("eval", task.eval_rows()[:100])):
-        lines = [json.dumps({**r, "reference_chosen_logp": -100.0, "reference_rejected_logp": 0.0})
-                 for r in rows if "rejected" in r]
-        (tmp_path / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+        write_jsonl(tmp_path / f"{name}.jsonl", [{**r, "reference_chosen_logp": -100.0, "reference_rejected_logp": 0.0}
+                                                 for r in rows if "rejected" in r])
     cfg = tiny_config("pipeline=dpo", "dpo.reference=precomputed", "trainer.max_steps=2", "dpo.batch_size=4",
                       f"data.train_file={tmp_path / 'train.jsonl'}", f"data.eval_file={tmp_path / 'eval.jsonl'}")
     pipeline = DPOPipeline(cfg, LocalExecutor())
