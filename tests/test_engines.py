@@ -29,6 +29,7 @@ def test_a_version_outside_the_tested_range_is_warned_about_once_local_suffixes_
         warnings.simplefilter("error")
         check_engine_version("vllm", "0.32.0+cpu", (">=0.32", "<0.33"), "roll-vllm")  # in range: silent
         check_engine_version("vllm", "0.32.9", (">=0.32", "<0.33"), "roll-vllm")
+        check_engine_version("vllm", "0.32.1.dev5+g1a2b.cpu", (">=0.32", "<0.33"), "roll-vllm")  # a nightly
     with pytest.warns(UserWarning) as caught:
         check_engine_version("vllm", "0.33.0", (">=0.32", "<0.33"), "roll-vllm")
     assert str(caught[0].message) == ("roll-vllm is tested with vllm<0.33,>=0.32; vllm 0.33.0 is installed and may "
@@ -47,6 +48,44 @@ def test_engine_args_are_checked_against_the_engines_own_names():
         check_engine_args({"max_model_len": 64}, known, ["max_model_len"], "vLLM engine")
     assert str(err.value) == ("'max_model_len' is an option of its own: set strategy_options.max_model_len, "
                               "not engine_args.max_model_len")
+    with pytest.raises(ValueError) as err:  # an engine argument that an option of another name sets
+        check_engine_args({"max_model_len": 64}, known, {"max_model_len": "max_length"}, "vLLM engine", "engine_kw")
+    assert str(err.value) == ("'max_model_len' is an option of its own: set strategy_options.max_length, "
+                              "not engine_kw.max_model_len")
+
+
+@pytest.mark.parametrize("cut", [None, (0.9, -1)])
+def test_samples_and_their_rescoring_run_inside_one_whole_call_when_the_draw_cut(cut):
+    """A weight update may not land between an engine's draw and its re-scoring of what it drew."""
+    import contextlib
+
+    import torch
+
+    from roll_core.data import Batch
+    from roll_core.strategies.engines import samples_before_cuts
+
+    events = []
+
+    class Loop:
+        @contextlib.contextmanager
+        def whole_call(self):
+            events.append("begin")
+            yield
+            events.append("end")
+
+    def samples():
+        events.append("draw")
+        return {"responses": torch.tensor([[5, 6]]), "infer_log_probs": torch.tensor([[-0.5, -0.25]])}
+
+    def rescore(batch):
+        events.append("rescore")
+        assert torch.equal(batch["responses"], torch.tensor([[5, 6]]))
+        return torch.tensor([[-1.0, -2.0]])
+
+    batch = samples_before_cuts(Loop(), Batch({"prompt_ids": torch.tensor([[1]])}), cut, samples, rescore)
+    assert events == (["begin", "draw", "rescore", "end"] if cut else ["draw"])
+    expected = [[-1.0, -2.0]] if cut else [[-0.5, -0.25]]
+    assert batch["infer_log_probs"].tolist() == expected and batch["prompt_ids"].tolist() == [[1]]
 
 
 @pytest.mark.parametrize("temperature, top_p, top_k, expected", [

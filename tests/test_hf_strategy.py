@@ -3,7 +3,9 @@ bit for bit (weights, AdamW's moments, the sampling generator) and exports a pla
 model; the value model reads V(s_t) from its one-label head at the position before each response
 token and resumes from its checkpoint with its head; a mini-batch's passes are sized by tokens where
 the role says so and carry the batch's text columns; each optimizer phase has its own settings; the
-log-distribution holds the token log-probs.
+log-distribution holds the token log-probs. Loading (``strategies/models.py``): the value head is its
+seed's alone and has no dropout, a sharded checkpoint's files come from its index, the full sequence
+joins prompt and response.
 
 The pipelines' kill-and-resume tests cover the same paths end to end in minutes; these take seconds,
 so mutation testing (``[tool.mutmut]``) runs them for every mutant of ``strategies/hf.py``."""
@@ -145,3 +147,51 @@ def test_the_log_distribution_holds_the_token_log_probs_and_sums_to_one_inside_t
     torch.testing.assert_close(dist.gather(-1, batch["responses"][..., None]).squeeze(-1), tokens)
     torch.testing.assert_close(dist.exp().sum(-1)[mask], torch.ones(int(mask.sum())))
     assert not dist[~mask].any()
+
+
+# -- loading (roll_core.strategies.models) ------------------------------------------------------------
+
+def test_a_value_models_head_depends_on_its_seed_alone_and_has_no_dropout(tiny_model_path):
+    """The head is drawn from a forked RNG (the caller's stream goes on untouched), the same for a
+    seed in any process; its dropout is off, so values in training mode are the rollout's; and
+    transformers' verbosity is what it was."""
+    from transformers.utils import logging as hf_logging
+
+    from roll_core.strategies.models import load_value_model
+
+    verbosity, rng = hf_logging.get_verbosity(), torch.get_rng_state()
+    hf_logging.set_verbosity_info()  # not the error level the load sets while it reports the new head
+    try:
+        first, again, other = (load_value_model(str(tiny_model_path), torch.device("cpu"), seed) for seed in (3, 3, 4))
+        assert hf_logging.get_verbosity() == hf_logging.INFO
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert torch.equal(first.score.weight, again.score.weight)
+    assert not torch.equal(first.score.weight, other.score.weight)
+    first.train()
+    ids = torch.tensor([[1, 20, 21, 22, 23]])
+    passes = [first(input_ids=ids).logits for _ in range(2)]
+    assert first.config.classifier_dropout == 0.0 and torch.equal(*passes)
+
+
+def test_a_checkpoints_files_are_its_one_file_or_those_its_index_names_once_each(tmp_path):
+    import json
+
+    from roll_core.strategies.models import safetensors_files
+
+    assert safetensors_files(str(tmp_path)) == [tmp_path / "model.safetensors"]
+    weight_map = {"a": "model-00002-of-00002.safetensors", "b": "model-00001-of-00002.safetensors",
+                  "c": "model-00002-of-00002.safetensors"}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert safetensors_files(str(tmp_path)) == [tmp_path / "model-00001-of-00002.safetensors",
+                                                tmp_path / "model-00002-of-00002.safetensors"]
+
+
+def test_the_full_sequence_is_the_prompt_then_the_response_with_both_masks():
+    from roll_core.data import Batch
+
+    batch = Batch({"prompt_ids": torch.tensor([[0, 7], [8, 9]]), "prompt_mask": torch.tensor([[0, 1], [1, 1]]),
+                   "responses": torch.tensor([[5, 0], [6, 4]]), "response_mask": torch.tensor([[1, 0], [1, 1]])})
+    ids, mask = full_sequence(batch)
+    assert ids.tolist() == [[0, 7, 5, 0], [8, 9, 6, 4]] and mask.tolist() == [[0, 1, 1, 0], [1, 1, 1, 1]]
