@@ -38,6 +38,17 @@ def test_each_decoder_layer_is_compiled_and_nothing_else(tiny_model_path):
     assert [n for n, _ in trainer.full_parameters()] == [n for n, _ in eager.full_parameters()]
 
 
+def test_decoder_layers_are_found_inside_a_wrapper_and_under_a_subclass(tiny_model_path):
+    """A wrapper that names no layer itself (peft's model around the causal LM) and a layer whose class
+    was swapped for a subclass (FSDP2's ``FSDPLlamaDecoderLayer``) still yield every decoder layer."""
+    model = load_causal_lm(str(tiny_model_path))
+    wrapper = torch.nn.Module()
+    wrapper.inner = model
+    first = model.model.layers[0]
+    first.__class__ = type("FSDPLlamaDecoderLayer", (type(first),), {})
+    assert decoder_layers(wrapper) == list(model.model.layers) and len(model.model.layers) == 2
+
+
 def test_a_model_without_decoder_layers_is_refused():
     with pytest.raises(ValueError, match="Linear names no decoder layer .* set compile: false"):
         compile_layers(torch.nn.Linear(2, 2))
