@@ -77,7 +77,6 @@ def _cli(run_dir, *overrides):
     return [sys.executable, "-m", "roll_core.cli", "run", f"output_dir={run_dir}", *FAST, *overrides]
 
 
-
 @pytest.mark.ray
 def test_roll_run_on_ray_runs_the_quickstart_inside_its_worker_with_the_local_runs_numbers(tmp_path):
     runs = {}

@@ -64,7 +64,6 @@ def _cli(run_dir, *overrides):
             "data.eval_size=16", "trackers=[jsonl]", "torch_threads=1", *overrides]
 
 
-
 @pytest.fixture(scope="module")
 def two_gpu_nodes():
     """A Ray cluster on this machine: a head without GPUs and two nodes declaring 8 GPUs each."""

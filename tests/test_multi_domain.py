@@ -4,7 +4,6 @@ code-style task scored by running the model's program in roll-rewards' sandbox).
 
 from __future__ import annotations
 
-
 import pytest
 
 from conftest import metrics_of

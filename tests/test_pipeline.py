@@ -17,7 +17,6 @@ from roll_core.runtime import LocalExecutor
 from roll_core.strategies import cpu_matmul
 
 
-
 def test_local_run_writes_metrics_checkpoints_and_tensorboard(tiny_config, monkeypatch):
     from roll_core.pipelines import rlvr
 

@@ -108,7 +108,6 @@ def test_on_ray_a_steps_update_weight_hand_over_and_next_generation_are_one_task
     """Under the hybrid engine each RL step sends the update, the hand-over and (unless a checkpoint
     comes next) the next step's requests to actor_train's worker in one block, so one task; the
     step's phases are then the worker's own seconds."""
-
     from roll_core.pipelines.rlvr import RLVRPipeline
     from roll_core.runtime.executor import RayExecutor, make_executor
 

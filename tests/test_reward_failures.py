@@ -271,7 +271,6 @@ def roll(fake_dist, tmp_path):
     return run
 
 
-
 def _cmdline(pid: int) -> str:
     return (proc_cmdline(pid) or "(exited)")[:200]
 
