@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from bench_packed_attention import build, device_label, timed
-from bench_packing import rl_batch
+from bench_packing import rl_batch, tokens_computed
 from scratch import scratch_dir  # a temporary directory, removed at exit
 
 PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")
@@ -70,14 +70,12 @@ def main() -> None:
     from roll_core.config.schema import AlgorithmConfig, TrainRoleConfig
     from roll_core.pipelines.runtime import load_tokenizer
     from roll_core.strategies.hf import HFTrainStrategy
-    from roll_core.strategies.packing import pack_sequences
     from roll_core.training import UpdateSpec, update
 
     large = args.size == "large"
     path = build(args.size, Path(scratch_dir()))
     batch = rl_batch(load_tokenizer(path), 8, 64 if large else 8, 48.0 if large else 4.0, 0)
-    positions = pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
-                               max_length=1024, pad_token_id=0).tokens
+    positions = tokens_computed(batch, {"pack_sequences": True, "micro_batch_size": 64})  # the update's one pass
     trainer = HFTrainStrategy(path, TrainRoleConfig(pack_sequences=True, micro_batch_size=64), seed=0)
     parameters = sum(p.numel() for p in trainer.model.parameters())
     objective, spec = ActorObjective.from_config(AlgorithmConfig()), UpdateSpec(max_grad_norm=1.0, micro_batch_size=64)
