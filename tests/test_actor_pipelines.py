@@ -99,6 +99,16 @@ def with_formula_roles(pipeline, replicas: dict[str, int] | None = None):
     return pipeline.roles.groups
 
 
+def on_formulas(pipeline_cls, cfg, replicas: dict[str, int] | None = None):
+    """A ``pipeline_cls`` run of ``cfg``, prepared and built on :class:`Formula` workers (see
+    :func:`with_formula_roles`); returns the pipeline and its groups by role name."""
+    pipeline = pipeline_cls(cfg, LocalExecutor())
+    pipeline.prepare()
+    groups = with_formula_roles(pipeline, replicas)
+    pipeline.build()
+    return pipeline, groups
+
+
 def first_draw(pipeline, rows: list[dict], stream: str, n: int) -> list[dict]:
     """The ``n`` rows a pipeline's first step takes from ``rows``: its stream is seeded with the run's
     seed plus ``SEED_OFFSETS[stream]``."""
@@ -125,10 +135,7 @@ def sft_pipeline(tiny_config, tmp_path, *overrides, replicas=None):
 
     cfg = tiny_config("pipeline=sft", f"data.train_file={write_jsonl(tmp_path / 'train.jsonl', SFT_ROWS + TRAIN_ONLY)}",
                       f"data.eval_file={write_jsonl(tmp_path / 'eval.jsonl', SFT_ROWS)}", *overrides)
-    pipeline = SFTPipeline(cfg, LocalExecutor())
-    pipeline.prepare()
-    groups = with_formula_roles(pipeline, replicas)
-    pipeline.build()
+    pipeline, groups = on_formulas(SFTPipeline, cfg, replicas)
     return pipeline, groups["actor_train"].handles[0]
 
 
@@ -197,11 +204,7 @@ def dpo_pipeline(tiny_config, tmp_path, *overrides, rows=DPO_ROWS, train_only=TR
     cfg = tiny_config("pipeline=dpo", "roles.actor_train.micro_batch_size=2",
                       f"data.train_file={write_jsonl(tmp_path / 'train.jsonl', rows + train_only)}",
                       f"data.eval_file={write_jsonl(tmp_path / 'eval.jsonl', held_out or rows)}", *overrides)
-    pipeline = DPOPipeline(cfg, LocalExecutor())
-    pipeline.prepare()
-    groups = with_formula_roles(pipeline)
-    pipeline.build()
-    return pipeline, groups
+    return on_formulas(DPOPipeline, cfg)
 
 
 def sequence_logp(tokenizer, role: str, text: str, average: bool = False) -> float:
@@ -294,11 +297,7 @@ def distill_pipeline(tiny_config, tmp_path, *overrides, replicas=None):
     cfg = tiny_config("pipeline=distill", "roles.actor_train.micro_batch_size=4",
                       f"data.train_file={write_jsonl(tmp_path / 'train.jsonl', DISTILL_ROWS + TRAIN_ONLY)}",
                       f"data.eval_file={write_jsonl(tmp_path / 'eval.jsonl', DISTILL_ROWS)}", *overrides)
-    pipeline = DistillPipeline(cfg, LocalExecutor())
-    pipeline.prepare()
-    groups = with_formula_roles(pipeline, replicas)
-    pipeline.build()
-    return pipeline, groups
+    return on_formulas(DistillPipeline, cfg, replicas)
 
 
 def test_distill_evaluation_is_kl_teacher_to_student_per_response_token(tiny_config, tmp_path):
