@@ -1,12 +1,15 @@
 """The controller inside the worker (``ray.colocate_controller``, :mod:`roll_core.runtime.controller`):
-which layouts qualify, and ``roll run`` on Ray running the quickstart's pipeline inside its one worker
-with the local executor's numbers, its output, its errors, a restart after the worker dies and Ctrl-C."""
+which layouts qualify; what the host process streams back (in this process, on a scripted pipeline:
+output, phases, the summary, an error); and ``roll run`` on Ray running the quickstart's pipeline
+inside its one worker with the local executor's numbers, its output, its errors, a restart after the
+worker dies and Ctrl-C."""
 
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -65,6 +68,84 @@ def test_asking_for_the_controller_in_the_worker_where_it_cannot_be_is_a_config_
                                           r"its own; use auto \(on wherever it can be\) or false"):
         load_config(None, RAY + ["ray.colocate_controller=true", "algorithm.kl_metric=true"])
     assert controller_in_worker(load_config(None, RAY + ["ray.colocate_controller=true"]))
+
+
+# -- the host's side, in this process ------------------------------------------------------------
+
+class _Scripted:
+    """A pipeline that prints, moves to its next phase once the test has received that output, and
+    returns a summary or raises."""
+
+    seen_output = threading.Event()
+
+    def __init__(self, config, executor):
+        self.config, self.executor, self.phase = config, executor, "start-up"
+
+    def run(self):
+        print("step 1", end="")
+        print(" done")
+        sys.stderr.write("warn\n")
+        print("step 2")
+        assert self.seen_output.wait(10)
+        time.sleep(0.2)  # flushes go by in the same phase, which is sent once
+        self.phase = "train"
+        print("last")
+        if self.config.trainer.max_steps == 13:  # the tests' cue for a run that fails
+            raise RuntimeError("the pipeline failed")
+        return {"steps": 2, "executor": self.config.executor, "tty": sys.stdout.isatty()}
+
+
+@pytest.fixture
+def host(monkeypatch):
+    """``run(config)``: the items a :class:`ControllerHost` yields for ``_Scripted`` on ``config``."""
+    from roll_core.runtime import controller
+
+    class Pipelines:
+        @staticmethod
+        def get(name):
+            assert name == "rlvr"
+            return _Scripted
+
+    monkeypatch.setattr("roll_core.plugins.get_plugins", lambda: type("P", (), {"pipelines": Pipelines})())
+    monkeypatch.setattr(controller, "FLUSH_S", 0.05)
+    _Scripted.seen_output.clear()
+
+    def run(config, items, tty=False):
+        for item in controller.ControllerHost().run(config, tty):
+            items.append(item)
+            if "step 2" in "".join(t for n, t in items if n == "stdout"):
+                _Scripted.seen_output.set()
+        return items
+    return run
+
+
+def test_the_host_streams_the_output_and_each_new_phase_then_the_summary(host):
+    streams = sys.stdout, sys.stderr
+    items = host(load_config(None, RAY), [], tty=True)
+    assert (sys.stdout, sys.stderr) == streams  # put back
+    # run on the local executor, its output drawn as on the driver's terminal
+    assert items.pop() == ("summary", {"steps": 2, "executor": "local", "tty": True})
+    text = {name: "".join(t for n, t in items if n == name) for name in ("stdout", "stderr")}
+    assert text == {"stdout": "step 1 done\nstep 2\nlast\n", "stderr": "warn\n"}
+    phases = [i for i, (n, _) in enumerate(items) if n == "phase"]
+    assert [items[i][1] for i in phases] == ["start-up", "train"]
+    assert "last" not in "".join(t for n, t in items[:phases[0]] if n == "stdout")  # the first flush's phase
+
+
+def test_the_host_raises_the_pipelines_error_after_the_output_before_it(host):
+    items: list = []
+    with pytest.raises(RuntimeError, match="the pipeline failed"):
+        host(load_config(None, RAY + ["trainer.max_steps=13"]), items)
+    assert "".join(t for n, t in items if n == "stdout").endswith("last\n")
+    assert all(n != "summary" for n, _ in items)
+
+
+def test_consecutive_writes_to_one_stream_travel_as_one():
+    from roll_core.runtime.controller import _joined
+
+    chunks = [("stdout", "a"), ("stdout", "b"), ("stderr", "c"), ("stdout", "d"), ("stdout", "e")]
+    assert _joined(chunks) == [("stdout", "ab"), ("stderr", "c"), ("stdout", "de")]
+    assert _joined([]) == []
 
 
 # -- roll run -------------------------------------------------------------------------------------
