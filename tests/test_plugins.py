@@ -334,7 +334,6 @@ def test_the_listing_names_the_python_every_plugin_and_every_component(roll_plug
     import importlib.metadata as md
     import sys
 
-
     def roll_register_rewards(register):
         register("plain_reward", "x:Y")  # no description
 
@@ -345,6 +344,44 @@ def test_the_listing_names_the_python_every_plugin_and_every_component(roll_plug
     rewards = next(info for info in listing["plugins"] if info["name"] == "core.rewards")
     assert rewards == {"name": "core.rewards", "module": "roll_core.default_plugins.rewards",
                        "distribution": "roll-core", "version": md.version("roll-core"), "status": "ok", "error": "",
-                       "builtin": True, "provides": p.plugins["core.rewards"].provides}
+                       "builtin": True, "provides": p.plugins["core.rewards"].provides,
+                       "summary": "Built-in rewards."}  # its module's docstring, first sentence
     assert {"registry": "rewards", "kind": "reward", "name": "plain_reward", "plugin": "t",
             "description": ""} in listing["components"]
+
+
+def test_a_plugin_that_registers_nothing_here_is_listed_with_its_own_summary(monkeypatch, capsys):
+    """A plugin whose optional dependency is missing (roll-envs' ``gem``) registers nothing; the
+    listing then shows its docstring's first sentence, which says why, instead of an empty cell."""
+    import types
+
+    from roll_core import hookimpl
+    from roll_core.cli import main
+    from roll_core.plugins import first_sentence, load_plugins, reset_plugins
+
+    quiet = types.ModuleType("roll_quiet")
+    quiet.__doc__ = """The ``quiet`` plugin: envs from libquiet,
+    registered only when it is installed (pip install "libquiet>=2.0"). Other details."""
+    quiet.roll_register_envs = hookimpl(lambda register: None)
+    loud = types.ModuleType("roll_loud")
+    loud.__doc__ = "Registers loud. Really."
+    loud.roll_register_envs = hookimpl(lambda register: register("loud", "roll_loud:Env"))
+    broken = types.ModuleType("roll_broken_hook")
+    broken.__doc__ = "Never loads."
+
+    def fails(register):
+        raise RuntimeError("no libfoo")
+    broken.roll_register_envs = hookimpl(fails)
+    reset_plugins(load_plugins([("quiet", quiet), ("loud", loud), ("broken", broken)], entry_points=False))
+    monkeypatch.setenv("COLUMNS", "250")
+    try:
+        assert main(["list-plugins"]) == 0
+    finally:
+        reset_plugins(None)
+    rows = {line.split("│")[1].strip(): line.split("│")[5].strip() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip()}
+    assert rows["quiet"] == ("nothing registered here. The quiet plugin: envs from libquiet, registered only when "
+                             "it is installed (pip install \"libquiet>=2.0\").")
+    assert rows["loud"] == "envs: loud"  # a plugin that provides something is listed by what it provides
+    assert rows["broken"] == ""  # its status cell says what went wrong
+    assert first_sentence(None) == "" and first_sentence("No full stop") == "No full stop"

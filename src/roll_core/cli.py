@@ -46,6 +46,8 @@ def _cmd_list_plugins(args) -> int:
         table.add_column(col, overflow="fold")
     for p in listing["plugins"]:
         provides = "\n".join(f"{k}: {', '.join(v)}" for k, v in p["provides"].items())
+        if not provides and p["status"] == "ok":  # a plugin whose dependency is missing, say: its own words
+            provides = f"nothing registered here. {p['summary']}".strip()
         status = p["status"] if not p["error"] else f"{p['status']}: {p['error']}"
         style = {"broken": "red", "disabled": "yellow"}.get(p["status"])
         table.add_row(p["name"], p["distribution"], p["version"], status, provides, style=style)

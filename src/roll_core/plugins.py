@@ -83,6 +83,7 @@ class PluginInfo:
     error: str = ""
     builtin: bool = False
     provides: dict[str, list[str]] = field(default_factory=dict)
+    summary: str = ""  # its docstring's first sentence: what the listing says of a plugin that provides nothing
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,6 +135,7 @@ class RollPlugins:
         except Exception as exc:  # a broken plugin must not take the others down
             self._mark_broken(info, f"import failed: {type(exc).__name__}: {exc}", exc)
             return info
+        info.summary = first_sentence(getattr(obj, "__doc__", None))
         unknown = self._unknown_hooks(obj)
         if unknown:
             hooks = sorted(n for n, caller in vars(self.pm.hook).items() if getattr(caller, "spec", None))
@@ -224,6 +226,14 @@ class RollPlugins:
             "plugins": [p.to_dict() for p in self.plugins.values()],
             "components": self.components(),
         }
+
+
+def first_sentence(doc: str | None) -> str:
+    """``doc``'s first sentence on one line, without reST's literal quotes: a plugin's one-line summary
+    (a plugin that registers nothing where a dependency is missing says so in it)."""
+    text = " ".join((doc or "").split()).replace("``", "")
+    end = text.find(". ")
+    return text if end < 0 else text[:end + 1]
 
 
 def _dist_version(name: str) -> str:

@@ -1,5 +1,5 @@
 """The ``gem`` plugin of roll-envs: every GEM environment as ``gem:<id>`` (see ``gem_adapter``),
-registered only when ``gem-llm`` is installed."""
+registered only when ``gem-llm`` is installed (``pip install "roll-envs[gem]"``)."""
 
 import importlib.util
 
