@@ -366,6 +366,36 @@ def test_a_group_aborted_while_it_is_scored_is_discarded_when_its_scores_arrive(
     assert not any(c.cancelled_at is not None for c in sim.calls)
 
 
+def test_an_aborted_groups_samples_not_yet_sent_are_never_sent():
+    """One worker of one request of one sample; p0 is scored in 5 units, p1's first request
+    generates in 10. t0: p0's first sample, its second waiting. t1: p0's second. t2: p1 (the
+    redundant group) starts with its first sample, at version 0; its second waits for the worker.
+    t7: p0's scores are in and step 1 takes it; p1 could only be trained on at step 2 with
+    version-0 samples, too stale at ratio 0: aborted, its running request cancelled (it stops at
+    t7.25) and its waiting sample forgotten, never sent. Step 1 trains t7-t8; version 1 admits p2,
+    whose samples go out at t8 and t9, and p3, which step 2 leaves behind in turn."""
+    first_p1 = []
+
+    def generate(worker, batch):
+        if batch["prompt"][0] == "p1" and not first_p1:
+            first_p1.append(batch)
+            return 10.0
+        return 1.0
+
+    sim, scheduler, engines = cluster(
+        "rollout.async_generation_ratio=0", "rollout.request_size=1", "rollout.max_running_requests=1",
+        "rollout.max_additional_running_prompts=1", "rollout.prompts_per_step=1",
+        durations=timing(generate=generate, score=lambda samples: 5.0 if samples[0].prompt == "p0" else 0.0))
+    batches, metrics = train(sim, scheduler, engines, 2)
+    assert [b["prompt"][0] for b in batches] == ["p0", "p2"]
+    assert [(c.result["prompt"][0], c.submitted) for c in sim.calls if c.method == "generate"][:5] == [
+        ("p0", 0.0), ("p0", 1.0), ("p1", 2.0), ("p2", 8.0), ("p2", 9.0)]
+    assert [(m["rollout/aborted_groups"], m["rollout/aborted_requests"]) for m in metrics] == [(1, 1), (1, 1)]
+    cancelled = [(c.result["prompt"][0], c.cancelled_at, c.end) for c in sim.calls if c.cancelled_at is not None]
+    assert cancelled == [("p1", 7.0, 7.25), ("p3", 10.0, 10.25)]  # p3 likewise, at step 2
+    assert all(g in scheduler.open for g, _ in scheduler.pending)
+
+
 def straggler_at_ratio_one(workers):
     """ratio 1, one redundant group, one group per batch, p0 takes 10 units, ``workers`` workers of
     one request each; steps 1 and 2 run, then step 2's batch is taken."""
