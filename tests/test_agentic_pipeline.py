@@ -80,6 +80,21 @@ def test_agentic_resumes_from_its_checkpoint(roll_plugins, tiny_config):
     assert step_3(rows) == pytest.approx(step_3(other), rel=1e-5, abs=1e-7)
 
 
+def test_asynchronous_rollout_resumed_plays_on_from_the_step_it_resumed_at(roll_plugins, tiny_config):
+    """Not the first training seeds again: the environments' loops start from the resumed step's."""
+    from roll_core.pipelines.agentic import TRAINING_SEEDS, AgenticPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    roll_plugins(("echo", hooks(roll_register_envs=lambda register: register("echo", SeedsSeen))))
+    common = ["pipeline=agentic", "agentic.env=echo", "agentic.rollout=async", "warmup.steps=0",
+              "agentic.groups_per_step=2", "agentic.group_size=2", "agentic.validation_episodes=0",
+              "rollout.max_new_tokens=2", "trainer.save_every=2"]
+    AgenticPipeline(tiny_config(*common, "trainer.max_steps=2"), LocalExecutor()).run()
+    SeedsSeen.seeds.clear()
+    AgenticPipeline(tiny_config(*common, "trainer.max_steps=3"), LocalExecutor()).run()
+    assert min(SeedsSeen.seeds) == TRAINING_SEEDS + 2 * 2  # resumed after step 2, two groups a step
+
+
 class Flaky(Echo):
     """Echo without its crash, but seeds with seed % 4 == 1 hang at their first step, and % 4 == 2 raise there."""
 
@@ -157,6 +172,17 @@ def test_a_warm_up_needs_an_environment_with_an_expert(roll_plugins, tiny_config
 class EchoWithExpert(Echo):
     def expert_action(self):
         return self.letter
+
+
+class SeedsSeen(EchoWithExpert):
+    """Records the seed of every episode it starts (the env workers of the local executor share this
+    process)."""
+
+    seeds: list = []
+
+    def reset(self, seed=None):
+        SeedsSeen.seeds.append(seed)
+        return super().reset(seed)
 
 
 def test_a_noisy_teacher_needs_actions_to_draw_from(roll_plugins, tiny_config):
