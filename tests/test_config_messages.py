@@ -5,6 +5,7 @@ import pytest
 
 from roll_core.config import load_and_check, load_config
 from roll_core.config.loader import apply_overrides, parse_override, registry_references
+from roll_core.config.schema import RolloutConfig
 from roll_core.errors import ConfigError
 
 
@@ -106,7 +107,8 @@ def test_schema_errors_name_each_key_with_the_value_and_a_suggestion(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert str(err.value).startswith(f"config error in {path}: key 'rollout.temperature': ")
-    assert str(err.value).endswith("(got [1]); unknown key 'rollout.unknown'.")
+    assert str(err.value).endswith("; unknown key 'rollout.unknown'. The keys of 'rollout': " + ", ".join(
+        RolloutConfig.model_fields) + ".")  # nothing close: every key that is there
 
 
 def test_roles_are_named_entries_with_a_kind_and_mistakes_name_the_key():
@@ -138,6 +140,10 @@ def test_roles_are_named_entries_with_a_kind_and_mistakes_name_the_key():
     assert message("pipeline=agentic", "agentic.envs=[{env: frozen_lake, role: lake}]") == (
         "agentic.envs[0].role: roles.lake is not configured; configured env roles: env")
     assert message("agentic.env_workers=2") == "unknown key 'agentic.env_workers'. It moved to 'roles.env.num_workers'."
+    assert message("data.path=x.jsonl") == (  # nothing close: the section's keys, in the schema's order
+        "unknown key 'data.path'. The keys of 'data': dataset, options, train_file, eval_file, eval_size, "
+        "chat_template, apply_chat_template, domains, domain_interleave_probs.")
+    assert message("bogus=1").startswith("unknown key 'bogus'. The keys of the config's top level: exp_name, ")
     # an env role of one's own ('env' is also a built-in role's name), and a check of a whole role of one's own
     assert message("roles.lake={kind: env, num_wrkers: 2}") == (
         "unknown key 'roles.lake.num_wrkers'. Did you mean 'num_workers'?")

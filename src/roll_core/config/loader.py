@@ -61,6 +61,9 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
         if err["type"] == "extra_forbidden":
             fields = _fields_at(own, loc[2:-1]) if own is not None else _fields_at(RollConfig, loc[:-1])
             hint = f" It moved to '{MOVED_KEYS[key]}'." if key in MOVED_KEYS else did_you_mean(str(loc[-1]), fields)
+            if not hint and fields:  # nothing close (data.path for data.train_file): name what is there
+                where = f"'{'.'.join(str(p) for p in loc[:-1])}'" if loc[:-1] else "the config's top level"
+                hint = f" The keys of {where}: {', '.join(fields)}."
             lines.append(f"unknown key '{key}'.{hint}")
         elif err["type"] == "union_tag_not_found" and loc[:1] == ("roles",) and len(loc) == 2:
             hint = did_you_mean(str(loc[1]), list(RolesConfig.model_fields))
