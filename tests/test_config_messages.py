@@ -232,6 +232,50 @@ def test_reward_option_messages_name_the_reward_and_every_problem(roll_plugins):
                       "no options, got ['z']")
 
 
+def test_an_agentic_runs_environments_and_their_options_are_checked_like_rewards(roll_plugins):
+    """``roll validate`` names an unknown environment and options its constructor does not take, as
+    the pipeline would once it builds one, for the ``env`` form and each entry of ``envs``; other
+    pipelines do not read the section."""
+    from roll_core.envs import Env
+    from roll_core.testing import hooks
+
+    class Lake(Env):
+        def __init__(self, size: int = 4, slippery: bool = False):
+            self.size = size
+
+        def reset(self, seed=None):
+            return "", {}
+
+        def step(self, action):
+            return "", 0.0, True, False, {}
+
+    class Plain(Lake):
+        __init__ = Env.__init__
+
+    def register(register):
+        register("lake", Lake)
+        register("plain", Plain)
+
+    roll_plugins(("t", hooks(roll_register_envs=register)), entry_points=False)  # these two alone
+    agentic = ["pipeline=agentic", "agentic.env=lake"]
+    assert error(None, agentic + ["agentic.env=lak"]) == (
+        "config error in the default config: key 'agentic.env': unknown env 'lak'. Did you mean 'lake'? Valid names: "
+        "lake, plain")
+    assert error(None, agentic + ["agentic.env_options={sise: 5, size: many}"]) == (
+        "config error in the default config: key 'agentic.env_options' for environment 'lake': unknown option "
+        "'sise'. Did you mean 'size'? Valid options: size, slippery; key 'agentic.env_options' for environment "
+        "'lake': option 'size' must be int, got 'many' (input should be a valid integer, unable to parse string as "
+        "an integer)")
+    assert error(None, ["pipeline=agentic", "agentic.envs=[{env: lake}, {env: plain, env_options: {size: 2}}, "
+                                            "{env: lakes}]"]) == (
+        "config error in the default config: key 'agentic.envs[2].env': unknown env 'lakes'. Did you mean 'lake'? "
+        "Valid names: lake, plain; key 'agentic.envs[1].env_options' for environment 'plain': it takes no options, "
+        "got ['size']")
+    cfg = load_and_check(None, agentic + ["agentic.env_options={size: '5'}"])
+    assert cfg.agentic.env_options == {"size": 5}  # a command line's string, as the constructor takes it
+    load_and_check(None, ["agentic.env=nowhere"])  # the rlvr pipeline plays no environment
+
+
 def test_an_options_model_registered_by_import_path_gets_the_same_checks(roll_plugins):
     from roll_core.testing import hooks
 

@@ -153,7 +153,19 @@ def registry_references(cfg: RollConfig) -> list[tuple[str, str, str]]:
     if cfg.runtime.weight_sync != "auto":
         refs.append(("runtime.weight_sync", "weight_syncs", cfg.runtime.weight_sync))
     refs += [(f"trackers[{i}]", "trackers", name) for i, name in enumerate(cfg.trackers)]
+    refs += [(f"{key}.env", "envs", name) for key, name, _ in _environments(cfg)]
     return refs
+
+
+def _environments(cfg: RollConfig) -> list[tuple[str, str, dict]]:
+    """``(config key, environment name, its options)`` of every environment an agentic run plays
+    (none for other pipelines); the options are the config's own dict."""
+    if cfg.pipeline != "agentic":
+        return []
+    a = cfg.agentic
+    if a.envs:
+        return [(f"agentic.envs[{i}]", e.env, e.env_options) for i, e in enumerate(a.envs)]
+    return [("agentic", a.env, a.env_options)]
 
 
 def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
@@ -286,7 +298,15 @@ def _reward_options(cfg: RollConfig, plugins) -> list[str]:
     for domain, spec in cfg.roles.domain_rewards.items():
         rewards += [(f"roles.domain_rewards.{domain}.rewards[{i}].options", r.name, r.options)
                     for i, r in enumerate(spec.rewards)]
-    return [problem for key, name, options in rewards for problem in _options_fit(key, name, options, plugins)]
+    return [problem for key, name, options in rewards
+            for problem in _options_fit(key, name, options, plugins.rewards, "reward")]
+
+
+def _env_options(cfg: RollConfig, plugins) -> list[str]:
+    """An agentic run's environment options against each environment's constructor, as rewards'
+    (the pipeline also builds one of each before its workers start; ``roll validate`` does not)."""
+    return [problem for key, name, options in _environments(cfg)
+            for problem in _options_fit(f"{key}.env_options", name, options, plugins.envs, "environment")]
 
 
 def _component_options(cfg: RollConfig, plugins) -> list[str]:
@@ -376,17 +396,21 @@ def _distill_options(cfg: RollConfig, plugins) -> list[str]:
             for k in cfg.distill.loss_options if k not in params]
 
 
-def _options_fit(key: str, name: str, options: dict, plugins) -> list[str]:
+def _options_fit(key: str, name: str, options: dict, registry, what: str) -> list[str]:
+    """``options`` against the constructor of the ``what`` (a reward, an environment) that ``name``
+    is in ``registry``: unknown names with a did-you-mean, missing required ones, scalar types."""
+    from roll_core.envs import Env
     from roll_core.rewards import Reward
 
+    base = {"reward": Reward, "environment": Env}[what]
     try:
-        cls = plugins.rewards.get(name)
+        cls = registry.get(name)
     except RegistryError:
         return []  # already reported as an unknown name
-    if not isinstance(cls, type) or not issubclass(cls, Reward):
+    if not isinstance(cls, type) or not issubclass(cls, base):
         return []
-    key = f"key '{key}' for reward '{name}'"
-    if cls.__init__ is Reward.__init__:
+    key = f"key '{key}' for {what} '{name}'"
+    if cls.__init__ is base.__init__:
         return [f"{key}: it takes no options, got {sorted(options)}"] if options else []
     params = inspect.signature(cls).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
@@ -466,6 +490,7 @@ def check_registry_names(cfg: RollConfig, plugins=None, where: str = "the config
     problems += _packing_requirements(cfg, plugins)
     problems += _compile_requirements(cfg, plugins)
     problems += _reward_options(cfg, plugins)
+    problems += _env_options(cfg, plugins)
     problems += _component_options(cfg, plugins)
     problems += _strategy_options(cfg, plugins)
     problems += _distill_options(cfg, plugins)
