@@ -11,7 +11,7 @@ import torch
 from roll_core.cli import main
 from roll_core.errors import RollError
 from roll_core.pipelines.checkpoint import CheckpointManager
-from roll_core.pipelines.replay import ReplayedStep, largest_gap, parse_steps, plan, report
+from roll_core.pipelines.replay import ReplayedStep, largest_gap, parse_steps, plan, replay, report
 from roll_core.pipelines.rollout_dump import dump_path, dumped_steps, load_dump
 
 
@@ -87,6 +87,13 @@ def test_replay_fails_on_a_batch_that_is_not_the_one_trained_on(dumped_run, tmp_
     assert main(["replay", str(copy), "--steps", "3"]) == 1
     assert "not reproduced" in capsys.readouterr().err
     assert main(["replay", str(copy), "--steps", "3", "--tolerance", "1e9"]) == 0  # a gap the user allows
+    (copy / "metrics.jsonl").unlink()  # a run without the jsonl tracker: replayed, with nothing to compare
+    capsys.readouterr()
+    assert main(["replay", str(copy), "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    row = out.splitlines()[-1].split()
+    assert row[0] == "3" and row[1::3] == ["-", "-"] and row[3::3] == ["-", "-"]  # no recorded value, no gap
+    assert "largest gap" not in out
 
 
 def test_replay_says_which_dumps_or_checkpoint_it_lacks(dumped_run, tmp_path):
@@ -99,6 +106,8 @@ def test_replay_says_which_dumps_or_checkpoint_it_lacks(dumped_run, tmp_path):
         plan(dumped_run, (5, 6))
     with pytest.raises(RollError, match="has no rollout dumps"):
         plan(tmp_path, None)
+    with pytest.raises(RollError, match=r"is not a run directory: it has no config.json \(roll run writes it there\)"):
+        replay(tmp_path)
     assert Path(dumped_run / "checkpoints" / "step_000002").is_dir()
 
 

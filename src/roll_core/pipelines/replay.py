@@ -86,12 +86,15 @@ def replay(run_dir: Path, steps: tuple[int, int] | None = None, progress=print) 
     from roll_core.training import UpdateSpec
 
     run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise RollError(f"{run_dir} is not a run directory: it has no config.json (roll run writes it there)")
     cfg = RollConfig.model_validate(json.loads((run_dir / "config.json").read_text()))
     if cfg.roles.actor_train.lora is not None:
         raise RollError("roll replay does not replay LoRA runs yet (it restores the policy's full weights)")
     (start, checkpoint), wanted = plan(run_dir, steps)
-    recorded = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+    recorded = {}  # nothing to compare with where the run kept no metrics.jsonl (no jsonl tracker)
+    metrics_file = run_dir / "metrics.jsonl"
+    for line in metrics_file.read_text().splitlines() if metrics_file.is_file() else []:
         row = json.loads(line)
         recorded[row["step"]] = row
     progress(f"replaying steps {step_ranges(wanted)} of {run_dir} from the checkpoint at step {start}")
