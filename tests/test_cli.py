@@ -185,9 +185,26 @@ def test_play_checks_its_options_and_actions_and_a_random_policy_draws_from_the_
             Echo.taken.append(action)
             return "go", 0.0, len(Echo.taken) >= 8, False, {}
 
-    roll_plugins(("echo", hooks(roll_register_envs=lambda register: register("echo", Echo))))
+    class Sized(Echo):
+        def __init__(self, size: int = 4):
+            if size < 2:
+                raise ValueError(f"size must be at least 2, got {size}")
+
+    def register(register):
+        register("echo", Echo)
+        register("sized", Sized)
+
+    roll_plugins(("echo", hooks(roll_register_envs=register)))
     assert main(["play", "echo", "--options", "{size: 4"]) == 2
     assert "error: --options must be a JSON object: " in capsys.readouterr().err
+    # options the constructor would refuse: one line each, as roll validate words them, not a traceback
+    assert main(["play", "sized", "--options", '{"sise": 3}']) == 2
+    assert capsys.readouterr().err.strip() == ("error: --options for environment 'sized': unknown option 'sise'. "
+                                               "Did you mean 'size'? Valid options: size")
+    assert main(["play", "echo", "--options", '{"size": 3}']) == 2
+    assert capsys.readouterr().err.strip() == "error: --options for environment 'echo': it takes no options, got ['size']"
+    assert main(["play", "sized", "--options", '{"size": 1}']) == 2
+    assert capsys.readouterr().err.strip() == "error: --options for environment 'sized': size must be at least 2, got 1"
     assert main(["play", "echo", "--policy", "scripted", "--actions", ","]) == 2
     assert "error: --policy scripted needs --actions" in capsys.readouterr().err
     letters = "a,b,c,d,e,f,g,h"

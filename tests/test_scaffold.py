@@ -46,3 +46,26 @@ def test_bad_kinds_names_and_existing_directories_are_refused(tmp_path):
     assert run_roll("plugin", "new", "reward", "twice", "--dir", str(tmp_path)).returncode == 0
     again = run_roll("plugin", "new", "reward", "twice", "--dir", str(tmp_path))
     assert again.returncode == 2 and "exists already" in again.stderr
+
+
+def test_a_package_that_cannot_be_written_is_one_error_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from roll_core.errors import RollError
+    from roll_core.scaffold import new_plugin
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # a directory cannot be made under a file
+    with pytest.raises(RollError, match=r"cannot write the package at .*a-file/roll-x: Not a directory"):
+        new_plugin("reward", "x", blocked)
+    root = new_plugin("reward", "x", tmp_path / "new" / "dirs")  # missing directories are made
+    assert root == tmp_path / "new" / "dirs" / "roll-x" and (root / "pyproject.toml").is_file()
+    assert [p.name for p in root.parent.iterdir()] == ["roll-x"]  # written whole, then renamed
+
+    def full(self, target):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "rename", full)  # a failure once the files are written: they go too
+    with pytest.raises(RollError, match="cannot write the package at .*roll-y: No space left on device"):
+        new_plugin("reward", "y", root.parent)
+    assert [p.name for p in root.parent.iterdir()] == ["roll-x"]

@@ -207,7 +207,15 @@ def _cmd_play(args) -> int:
     flags = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
              "top_k": args.top_k}
     sampling = load_config(None, [f"rollout.{key}={value}" for key, value in flags.items()]).rollout.sampling()
-    env = env_cls(**options)
+    from roll_core.config.loader import env_options_problems
+
+    problems = env_options_problems("--options", args.env, options, get_plugins())
+    if problems:
+        raise ConfigError("; ".join(problems))
+    try:
+        env = env_cls(**options)
+    except (TypeError, ValueError) as exc:  # a value the constructor refuses (FrozenLake's size 1)
+        raise ConfigError(f"--options for environment '{args.env}': {exc}") from None
     if args.model is not None:
         return _play_one(args, env, args.model, sampling)
     import tempfile

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import keyword
 import re
+import shutil
 from pathlib import Path
 from string import Template
 
@@ -309,8 +310,15 @@ def new_plugin(kind: str, name: str, directory: Path) -> Path:
         f"src/roll_{name}/{module}.py": _SOURCES[kind],
         f"tests/test_{name}.py": _TEST_FILE,
     }
-    for relative, template in files.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(Template(template).substitute(values))
+    partial = root.with_name(root.name + ".partial")  # written whole, then renamed: never half a package
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        for relative, template in files.items():
+            path = partial / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(Template(template).substitute(values))
+        partial.rename(root)
+    except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise RollError(f"cannot write the package at {root}: {exc.strerror or exc}") from None
     return root

@@ -299,14 +299,20 @@ def _reward_options(cfg: RollConfig, plugins) -> list[str]:
         rewards += [(f"roles.domain_rewards.{domain}.rewards[{i}].options", r.name, r.options)
                     for i, r in enumerate(spec.rewards)]
     return [problem for key, name, options in rewards
-            for problem in _options_fit(key, name, options, plugins.rewards, "reward")]
+            for problem in _options_fit(f"key '{key}'", name, options, plugins.rewards, "reward")]
 
 
 def _env_options(cfg: RollConfig, plugins) -> list[str]:
     """An agentic run's environment options against each environment's constructor, as rewards'
     (the pipeline also builds one of each before its workers start; ``roll validate`` does not)."""
     return [problem for key, name, options in _environments(cfg)
-            for problem in _options_fit(f"{key}.env_options", name, options, plugins.envs, "environment")]
+            for problem in env_options_problems(f"key '{key}.env_options'", name, options, plugins)]
+
+
+def env_options_problems(where: str, name: str, options: dict, plugins) -> list[str]:
+    """What is wrong with ``options`` for the environment registered as ``name`` (``where`` names
+    them in each message: a config key, or ``roll play``'s ``--options``); coerces their values."""
+    return _options_fit(where, name, options, plugins.envs, "environment")
 
 
 def _component_options(cfg: RollConfig, plugins) -> list[str]:
@@ -396,9 +402,10 @@ def _distill_options(cfg: RollConfig, plugins) -> list[str]:
             for k in cfg.distill.loss_options if k not in params]
 
 
-def _options_fit(key: str, name: str, options: dict, registry, what: str) -> list[str]:
+def _options_fit(where: str, name: str, options: dict, registry, what: str) -> list[str]:
     """``options`` against the constructor of the ``what`` (a reward, an environment) that ``name``
-    is in ``registry``: unknown names with a did-you-mean, missing required ones, scalar types."""
+    is in ``registry``: unknown names with a did-you-mean, missing required ones, scalar types.
+    ``where`` starts each message (``key 'roles.reward.options'``)."""
     from roll_core.envs import Env
     from roll_core.rewards import Reward
 
@@ -409,7 +416,7 @@ def _options_fit(key: str, name: str, options: dict, registry, what: str) -> lis
         return []  # already reported as an unknown name
     if not isinstance(cls, type) or not issubclass(cls, base):
         return []
-    key = f"key '{key}' for {what} '{name}'"
+    key = f"{where} for {what} '{name}'"
     if cls.__init__ is base.__init__:
         return [f"{key}: it takes no options, got {sorted(options)}"] if options else []
     params = inspect.signature(cls).parameters
