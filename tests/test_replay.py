@@ -245,6 +245,9 @@ def test_show_rollouts_prints_the_last_dump_its_facts_rounded_and_components_whe
     assert torch.equal(load_dump(tmp_path, 5)["advantages"], batch["advantages"])
     assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == [
         "step_000005.jsonl", "step_000005.pt", "step_000007.jsonl", "step_000007.pt"]
+    (tmp_path / "rollouts" / "step_000007.jsonl").unlink()  # stopped between the batch and its readable copy
+    with pytest.raises(RollError, match=r"the dump of step 7 has no readable copy \(step_000007.jsonl is missing"):
+        show(tmp_path)
 
 
 def test_a_dump_that_fails_while_saving_leaves_no_file_under_its_name(tmp_path, monkeypatch):

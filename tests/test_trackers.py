@@ -127,6 +127,36 @@ def test_a_resumed_run_writes_each_replayed_step_once(tmp_path):
     assert (tmp_path / "metrics.jsonl").read_text() == ""
 
 
+def test_a_line_cut_short_by_a_stopped_run_is_dropped_on_resume_and_a_bad_line_is_named(tmp_path):
+    """A run stopped while writing its metrics leaves a last line without its newline. Reading
+    leaves that line out, and a resume rewinds over it: the next step's line starts a line of its
+    own. A complete line that is not JSON is an error that names it."""
+    from roll_core.errors import RollError
+    from roll_core.report import load_run
+    from roll_core.trackers import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "x": 1.5}\n{"step": 1, "x": 2.5}\n{"step": 2, "x"')
+    assert read_metrics(path) == [{"step": 0, "x": 1.5}, {"step": 1, "x": 2.5}]
+    assert load_run(tmp_path).series["x"] == ([0, 1], [1.5, 2.5])  # roll report reads it the same way
+    tracker = JsonlTracker(tmp_path)
+    tracker.rewind(1)
+    tracker.log({"x": 3.5}, 2)
+    tracker.close()
+    assert path.read_text() == '{"step": 0, "x": 1.5}\n{"step": 1, "x": 2.5}\n{"step": 2, "x": 3.5}\n'
+    path.write_text('{"step": 0}\n{"step": 1, "x"\n{"step": 2}\n')
+    with pytest.raises(RollError, match=r"metrics.jsonl, line 2: not a metrics row \(.*\): '\{\"step\": 1, \"x\"'"):
+        read_metrics(path)
+    path.write_text('{"step": 0}\nnot json\n')  # a last line that is whole (it has its newline) is no torn one
+    with pytest.raises(RollError, match="line 2: not a metrics row"):
+        read_metrics(path)
+    path.write_text('{"step": 0}\nnot json\n{"step": 2')  # only the last line can be a torn one
+    with pytest.raises(RollError, match="line 2: not a metrics row"):
+        read_metrics(path)
+    path.write_text('{"step": 0}\n\n{"step": 1}\n')  # blank lines carry nothing
+    assert read_metrics(path) == [{"step": 0}, {"step": 1}]
+
+
 def test_the_live_line_prints_evaluations_above_it_and_finishes_before_the_run_ends(tmp_path, monkeypatch):
     """In a terminal the stdout tracker keeps one rich progress line; an evaluation is printed above
     it with its step (rich must not read "[step 2]" as markup), and the bar stops at the last step."""

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from roll_core.config.resume import flatten
 from roll_core.errors import RollError
+from roll_core.trackers import read_metrics
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,7 @@ def load_run(path: Path) -> Run:
     if not metrics.is_file():
         raise RollError(f"{path} is not a run directory: it has no metrics.jsonl (the jsonl tracker writes it)")
     series: dict[str, tuple[list[int], list[float]]] = {}
-    for line in metrics.read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for row in read_metrics(metrics):
         step = int(row.pop("step"))
         for key, value in row.items():
             if isinstance(value, (int, float)) and value == value:  # numbers, not NaN

@@ -23,6 +23,7 @@ from pathlib import Path
 from roll_core.errors import RollError
 from roll_core.pipelines.checkpoint import CheckpointManager
 from roll_core.pipelines.rollout_dump import dumped_steps, load_dump, step_ranges
+from roll_core.trackers import read_metrics
 
 COMPARED = ("pg_loss", "grad_norm")  # under the update's metric prefix ("train/")
 
@@ -92,11 +93,8 @@ def replay(run_dir: Path, steps: tuple[int, int] | None = None, progress=print) 
     if cfg.roles.actor_train.lora is not None:
         raise RollError("roll replay does not replay LoRA runs yet (it restores the policy's full weights)")
     (start, checkpoint), wanted = plan(run_dir, steps)
-    recorded = {}  # nothing to compare with where the run kept no metrics.jsonl (no jsonl tracker)
-    metrics_file = run_dir / "metrics.jsonl"
-    for line in metrics_file.read_text().splitlines() if metrics_file.is_file() else []:
-        row = json.loads(line)
-        recorded[row["step"]] = row
+    metrics_file = run_dir / "metrics.jsonl"  # none without the jsonl tracker: nothing to compare with
+    recorded = {row["step"]: row for row in (read_metrics(metrics_file) if metrics_file.is_file() else [])}
     progress(f"replaying steps {step_ranges(wanted)} of {run_dir} from the checkpoint at step {start}")
     plugins = get_plugins()
     role = cfg.roles.actor_train

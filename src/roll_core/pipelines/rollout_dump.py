@@ -126,8 +126,11 @@ def show(run_dir: Path, step: int | None = None, limit: int | None = 8) -> str:
                         f"trainer.dump_rollouts_every=N to write them")
     step = steps[-1] if step is None else step
     path = dump_path(run_dir, step, "jsonl")
-    if not path.is_file():
+    if step not in steps:
         raise RollError(f"{run_dir} has no rollout dump of step {step}; dumped steps: {step_ranges(steps)}")
+    if not path.is_file():  # the batch is written first, its readable copy second
+        raise RollError(f"{run_dir}: the dump of step {step} has no readable copy ({path.name} is missing: the "
+                        f"run stopped while writing it); roll replay can still train on its batch")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     lines = [f"step {step}: {len(rows)} samples" + (f", the first {limit}" if limit and limit < len(rows) else "")]
     for row in rows[:limit]:

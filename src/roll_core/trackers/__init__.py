@@ -104,9 +104,30 @@ class StdoutTracker(Tracker):
             self.progress.stop()
 
 
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` that :class:`JsonlTracker` wrote. A last line cut short (the
+    run stopped while writing it: no newline, not JSON) is left out; any other line that is not
+    JSON is an error naming its line."""
+    from roll_core.errors import RollError
+
+    text = Path(path).read_text()
+    lines = text.splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if number == len(lines) and not text.endswith("\n"):
+                continue  # torn: the next write of a resumed run replaces it (rewind)
+            raise RollError(f"{path}, line {number}: not a metrics row ({exc.msg}): {line[:80]!r}") from None
+    return rows
+
+
 class JsonlTracker(Tracker):
     """Appends ``{"step": n, ...metrics}`` to ``<run_dir>/metrics.jsonl``; a resumed run keeps the
-    lines up to its checkpoint's step and appends after them."""
+    lines up to its checkpoint's step and appends after them (:func:`read_metrics` reads them)."""
 
     def __init__(self, run_dir, config=None):
         super().__init__(run_dir, config)
@@ -115,10 +136,9 @@ class JsonlTracker(Tracker):
 
     def rewind(self, step):
         self._file.close()
-        kept = [line for line in self.path.read_text().splitlines(keepends=True)
-                if line.strip() and json.loads(line)["step"] <= step]
+        kept = [row for row in read_metrics(self.path) if row["step"] <= step]
         tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(kept))
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
         tmp.replace(self.path)  # atomic: a crash here leaves the old file or the new one
         self._file = open(self.path, "a")
 
