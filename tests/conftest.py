@@ -36,7 +36,9 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def metrics_of(run_dir: str | Path) -> list[dict]:
     """The rows of a run's ``metrics.jsonl``, as the jsonl tracker wrote them (one per logged step)."""
-    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    from roll_core.trackers import read_metrics
+
+    return read_metrics(Path(run_dir) / "metrics.jsonl")
 
 
 def run_roll(*args: str, env_extra: dict | None = None, cwd=None, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -344,13 +344,15 @@ def assert_run_survives_a_killed_worker(run_dir, *overrides: str) -> None:
     import json
     from pathlib import Path
 
+    from roll_core.trackers import read_metrics
+
     out = run_with_a_killed_worker(run_dir, *overrides)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert "a worker process died" in out.stdout and "Restarting every worker from the last checkpoint" in out.stdout
     assert "resumed from" in out.stdout and "step_000002" in out.stdout
     summary = json.loads((Path(run_dir) / "summary.json").read_text())
     assert summary["steps"] == 5 and summary["restarts"] == 1
-    steps = [json.loads(line)["step"] for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in read_metrics(Path(run_dir) / "metrics.jsonl")]
     assert steps == [0, 1, 2, 3, 4, 5]
 
 
