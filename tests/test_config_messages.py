@@ -4,7 +4,7 @@ defect these tests catch (substring matches would not)."""
 import pytest
 
 from roll_core.config import load_and_check, load_config
-from roll_core.config.loader import apply_overrides, parse_override, registry_references
+from roll_core.config.loader import _yaml, apply_overrides, parse_override, registry_references
 from roll_core.config.schema import RolloutConfig
 from roll_core.errors import ConfigError
 
@@ -103,6 +103,15 @@ def test_schema_errors_name_each_key_with_the_value_and_a_suggestion(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert str(err.value) == f"config error in {path}: unknown key 'roles.reward.nmae'. Did you mean 'name'?"
+    path.write_text("rollout:\n  temperature: 0.5\nrollout:\n  top_p: 0.9\n")  # PyYAML would keep the second
+    with pytest.raises(ConfigError, match=r"not valid YAML: key 'rollout' is written twice in one mapping \(lines 1 "
+                                          r"and 3\); YAML would keep only the second"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"override 'rollout=\{top_p: 1, top_p: 2\}': value is not valid YAML "
+                                          r"\(key 'top_p' is written twice"):
+        load_config(None, ["rollout={top_p: 1, top_p: 2}"])
+    path.write_text("base: &b {temperature: 0.5, top_p: 0.8}\nrollout: {<<: *b, temperature: 0.7}\n")
+    assert _yaml(path.read_text())["rollout"] == {"temperature": 0.7, "top_p": 0.8}  # a merge key's values may be overridden
     path.write_text("rollout:\n  temperature: [1]\n  unknown: 1\n")
     with pytest.raises(ConfigError) as err:
         load_config(path)

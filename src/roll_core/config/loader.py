@@ -78,13 +78,36 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
     return f"config error in {source}: " + "; ".join(lines)
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key written twice in one mapping: PyYAML would keep the last
+    one silently (``rollout:`` twice in a file drops the first section's settings)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<': keys written after a merge may override it
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is written twice in one mapping (lines {seen[key]} and {line}); "
+                    "YAML would keep only the second", key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 - a SafeLoader subclass
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``"rollout.temperature=0.7"`` -> ``(["rollout", "temperature"], 0.7)`` (value parsed as YAML)."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override '{item}' is not of the form key.sub=value")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = _yaml(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"override '{item}': value is not valid YAML ({exc})") from None
     return key.strip().split("."), value
@@ -113,7 +136,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not p.is_file():
             raise ConfigError(f"config error in {p}: the file does not exist")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = _yaml(p.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"config error in {p}: not valid YAML: {exc}") from None
         if not isinstance(data, dict):
