@@ -385,3 +385,20 @@ def test_a_plugin_that_registers_nothing_here_is_listed_with_its_own_summary(mon
     assert rows["loud"] == "envs: loud"  # a plugin that provides something is listed by what it provides
     assert rows["broken"] == ""  # its status cell says what went wrong
     assert first_sentence(None) == "" and first_sentence("No full stop") == "No full stop"
+
+
+def test_a_disabled_name_that_matches_no_plugin_is_a_warning_with_the_closest_name(roll_plugins, monkeypatch, capsys):
+    """ROLL_DISABLE_PLUGINS with a typo disables nothing; the command says so, once, and goes on."""
+    from roll_core.cli import main
+
+    from roll_core.testing import hooks
+
+    # extra: a plugin that is there; roll-core: a distribution that is there
+    monkeypatch.setenv("ROLL_DISABLE_PLUGINS", "core.rewardz, extra,zzzzzz,roll-core")
+    roll_plugins(("extra", hooks()), entry_points=False)
+    assert main(["list-plugins", "--json"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: ROLL_DISABLE_PLUGINS names 'core.rewardz', which no installed plugin or distribution has: it "
+        "disables nothing. Did you mean 'core.rewards'?",
+        "warning: ROLL_DISABLE_PLUGINS names 'zzzzzz', which no installed plugin or distribution has: it disables "
+        "nothing."]

@@ -408,6 +408,18 @@ def _split_config_and_overrides(args) -> None:
         args.config = None
 
 
+def _warn_unknown_disabled() -> None:
+    """A name in ROLL_DISABLE_PLUGINS that matches no plugin disables nothing: say so, once, here in
+    the command's own process (workers build their plugins too, and would repeat it)."""
+    if not os.environ.get("ROLL_DISABLE_PLUGINS", "").strip():
+        return
+    from roll_core.plugins import get_plugins
+
+    for name, hint in get_plugins().unknown_disabled():
+        print(f"warning: ROLL_DISABLE_PLUGINS names '{name}', which no installed plugin or distribution has: "
+              f"it disables nothing.{hint}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -417,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = sys.argv[1:] if argv is None else argv  # as typed, for "run this again to resume"
     _split_config_and_overrides(args)
     try:
+        _warn_unknown_disabled()
         return args.func(args)
     except RollError as exc:
         print(f"error: {exc}", file=sys.stderr)
