@@ -256,3 +256,21 @@ def test_ctrl_c_stops_the_run_with_130_and_says_how_to_resume_it(tmp_path, monke
     assert cli.main(argv) == 130
     assert (f"interrupted during RL step 3 of 5; every worker was stopped. `roll run executor=local "
             f"output_dir={tmp_path / 'run'}` resumes from the start") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["show-rollouts", "run", "--limit", "-1"], "argument --limit: must be at least 0, got -1"),
+    (["show-rollouts", "run", "--limit", "2.5"], "argument --limit: not a whole number: '2.5'"),
+    (["replay", "run", "--tolerance=-1e-3"], "argument --tolerance: must be at least 0.0, got -1e-3"),
+    (["replay", "run", "--tolerance", "tight"], "argument --tolerance: not a number: 'tight'"),
+    (["play", "frozen_lake", "--max-turns", "0"], "argument --max-turns: must be at least 1, got 0"),
+    (["play", "frozen_lake", "--max-length", "-5"], "argument --max-length: must be at least 1, got -5"),
+])
+def test_counts_and_tolerances_below_their_least_value_are_refused_by_name(argv, message, capsys):
+    from roll_core.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip().endswith(message)
+    ok = build_parser().parse_args(["show-rollouts", "run", "--limit", "0"])  # the least value itself is taken
+    assert ok.limit == 0 and build_parser().parse_args(["replay", "run", "--tolerance", "0"]).tolerance == 0.0

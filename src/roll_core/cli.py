@@ -279,6 +279,22 @@ def _version() -> str:
     return f"roll-core {version} (Python {platform.python_version()})"
 
 
+def _at_least(minimum: int | float):
+    """An argparse type: a number of ``minimum``'s type, refused below it (``--limit -1`` would
+    print all samples but the last, ``--max-turns 0`` still plays one)."""
+    kind = type(minimum)
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {'a whole number' if kind is int else 'a number'}: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="roll", description="roll: plugin-based RL post-training for LLMs",
                                      epilog=OVERRIDES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -337,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "turns), score, reward components, advantage, log-probs, version.")
     sr.add_argument("run", metavar="RUN_DIR")
     sr.add_argument("--step", type=int, help="the step (default: the last one dumped)")
-    sr.add_argument("--limit", type=int, default=8, help="samples to print (default 8; 0 = all)")
+    sr.add_argument("--limit", type=_at_least(0), default=8, help="samples to print (default 8; 0 = all)")
     sr.set_defaults(func=_cmd_show_rollouts)
 
     rp = sub.add_parser("replay", help="train again on a run's dumped batches, without generating",
@@ -347,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("run", metavar="RUN_DIR")
     rp.add_argument("--steps", help="a step (12) or a range (11-13); default: the dumped steps after the latest "
                     "checkpoint before the last one dumped")
-    rp.add_argument("--tolerance", type=float, default=1e-5, help="largest gap that counts as reproduced (1e-5)")
+    rp.add_argument("--tolerance", type=_at_least(0.0), default=1e-5, help="largest gap that counts as reproduced (1e-5)")
     rp.set_defaults(func=_cmd_replay)
 
     pl = sub.add_parser("play", help="play one episode of an environment in this process and print it")
@@ -362,8 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling, as rollout.top_p (model policy)")
     pl.add_argument("--top-k", type=int, default=0, help="top-k sampling, as rollout.top_k; 0 = off (model policy)")
     pl.add_argument("--max-new-tokens", type=int, default=8)
-    pl.add_argument("--max-turns", type=int, default=10)
-    pl.add_argument("--max-length", type=int, default=512, help="tokens of the whole conversation (as agentic.max_length)")
+    pl.add_argument("--max-turns", type=_at_least(1), default=10)
+    pl.add_argument("--max-length", type=_at_least(1), default=512, help="tokens of the whole conversation (as agentic.max_length)")
     pl.add_argument("--instruction", default="", help="text before the first observation")
     pl.set_defaults(func=_cmd_play)
     return parser
