@@ -361,3 +361,38 @@ def test_top_k_needs_a_generate_that_takes_it_and_is_not_sent_unless_it_cuts(rol
     cfg = load_and_check(None, ["rollout.top_k=50", "rollout.top_p=0.9", "rollout.temperature=0.7"])
     assert cfg.rollout.sampling(0.0) == {"max_new_tokens": 8, "temperature": 0.0, "top_p": 0.9, "top_k": 50}
     assert "rollout.top_k" in error(None, ["rollout.top_k=-1"])
+
+
+def test_a_group_baseline_with_groups_of_one_sample_is_refused(roll_plugins):
+    """``group_baseline=True`` estimators (grpo, rloo, gigpo, ...) compare a prompt's samples with
+    each other: one sample a group gives every advantage 0. Others (reinforce_plus_plus, gae) and the
+    pipelines without an estimator are unaffected; a plugin's estimator declares it the same way."""
+    from roll_core.testing import hooks
+
+    refused = ("config error in the default config: key '{key}': '{name}' compares the samples of each prompt's "
+               "group against each other, and a group of 1 makes every advantage 0; use 2 or more, or an estimator "
+               "without a group baseline (reinforce_plus_plus)")
+    for name in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
+        assert error(None, [f"algorithm.advantage_estimator={name}", "rollout.num_return_sequences=1"]) == \
+            refused.format(key="rollout.num_return_sequences", name=name)
+    for name in ("gigpo", "agentic_reinforce"):
+        assert error(None, ["pipeline=agentic", f"algorithm.advantage_estimator={name}", "agentic.group_size=1"]) == \
+            refused.format(key="agentic.group_size", name=name)
+    load_and_check(None, ["algorithm.advantage_estimator=reinforce_plus_plus", "rollout.num_return_sequences=1"])
+    load_and_check(None, ["pipeline=agentic", "algorithm.advantage_estimator=step_reinforce", "agentic.group_size=1"])
+    load_and_check(None, ["pipeline=sft", "rollout.num_return_sequences=1"])  # sft trains on demonstrations
+    load_and_check(None, ["rollout.num_return_sequences=2"])  # the least group that compares
+
+    def register(register):
+        register("pairwise", "roll_core.algorithms.advantages:rloo", group_baseline=True)
+
+    roll_plugins(("t", hooks(roll_register_advantage_estimators=register)))
+    assert error(None, ["algorithm.advantage_estimator=pairwise", "rollout.num_return_sequences=1"]).startswith(
+        "config error in the default config: key 'rollout.num_return_sequences': 'pairwise' compares")
+
+
+def test_a_tracker_listed_twice_is_refused():
+    assert error(None, ["trackers=[jsonl, stdout, jsonl]"]) == (
+        "config error in the default config (with command-line overrides): trackers lists jsonl more than once; "
+        "each would log every step again")
+    assert load_config(None, ["trackers=[jsonl, stdout]"]).trackers == ["jsonl", "stdout"]

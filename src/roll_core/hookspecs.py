@@ -71,7 +71,9 @@ def roll_register_advantage_estimators(register):
             (``"critic"`` for values, ``"reference"`` for teacher log-probs); a config that uses
             the estimator without them is rejected before any worker starts. An estimator that
             reads ``old_log_probs`` registers with ``reads_old_log_probs=True``, so the pipeline
-            always computes them before the update (see ``algorithm.old_log_probs``). Settings of
+            always computes them before the update (see ``algorithm.old_log_probs``). One that
+            compares the samples of a prompt's group (a group baseline) registers with
+            ``group_baseline=True``, and a config with groups of one sample is rejected. Settings of
             its own: ``options=Model`` as for policy losses, set under
             ``algorithm.advantage_estimator_options``.
 

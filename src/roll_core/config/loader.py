@@ -215,6 +215,25 @@ def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
     return problems
 
 
+def _group_requirements(cfg: RollConfig, plugins) -> list[str]:
+    """An estimator registered with ``group_baseline=True`` compares the samples of one prompt's
+    group: with one sample a group every advantage is 0, and nothing is learned."""
+    if cfg.pipeline not in ("rlvr", "agentic"):
+        return []
+    name = cfg.algorithm.advantage_estimator
+    try:
+        grouped = plugins.advantage_estimators.entry(name).metadata.get("group_baseline", False)
+    except RegistryError:
+        return []  # already reported as an unknown name
+    key, size = (("agentic.group_size", cfg.agentic.group_size) if cfg.pipeline == "agentic"
+                 else ("rollout.num_return_sequences", cfg.rollout.num_return_sequences))
+    if grouped and size < 2:
+        return [f"key '{key}': '{name}' compares the samples of each prompt's group against each other, and a group "
+                f"of {size} makes every advantage 0; use 2 or more, or an estimator without a group baseline "
+                f"(reinforce_plus_plus)"]
+    return []
+
+
 def _top_k_requirements(cfg: RollConfig, plugins) -> list[str]:
     """``rollout.top_k`` reaches ``generate`` only when it is set (:meth:`RolloutConfig.sampling`), so
     an inference strategy written before it existed runs the default settings; with it set, every
@@ -515,6 +534,7 @@ def check_registry_names(cfg: RollConfig, plugins=None, where: str = "the config
             continue
         problems += _missing_packages(key, plugins.registry(registry), name)
     problems += _role_requirements(cfg, plugins)
+    problems += _group_requirements(cfg, plugins)
     problems += _top_k_requirements(cfg, plugins)
     problems += _lora_requirements(cfg, plugins)
     problems += _packing_requirements(cfg, plugins)

@@ -811,6 +811,9 @@ class RollConfig(Strict):
             raise ValueError("algorithm.opd_coef > 0 needs a teacher: roles.reference (with its model_path)")
         if (algo.kl_loss_coef > 0 or algo.kl_penalty.coef > 0) and self.roles.reference is None:
             raise ValueError("algorithm.kl_loss_coef / kl_penalty.coef > 0 need a reference role (roles.reference is null)")
+        repeated = sorted({t for t in self.trackers if self.trackers.count(t) > 1})
+        if repeated:
+            raise ValueError(f"trackers lists {', '.join(repeated)} more than once; each would log every step again")
         self._check_named_roles()
         self._check_placement()
         if algo.ppo_mini_batch_size is not None:

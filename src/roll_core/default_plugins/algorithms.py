@@ -14,17 +14,20 @@ _KD = "roll_core.algorithms.distill"
 def roll_register_advantage_estimators(register):
     register("gae", f"{_ADV}:gae", description="generalized advantage estimation with a critic (PPO)",
              needs=("critic",))
-    register("grpo", f"{_ADV}:grpo", description="group-normalised outcome advantage (GRPO / Dr. GRPO)")
-    register("rloo", f"{_ADV}:rloo", description="leave-one-out baseline")
+    register("grpo", f"{_ADV}:grpo", description="group-normalised outcome advantage (GRPO / Dr. GRPO)",
+             group_baseline=True)
+    register("rloo", f"{_ADV}:rloo", description="leave-one-out baseline", group_baseline=True)
     register("reinforce", f"{_ADV}:reinforce", description="discounted return, no baseline")
     register("reinforce_plus_plus", f"{_ADV}:reinforce_plus_plus", description="batch-whitened discounted return")
     register("reinforce_plus_plus_baseline", f"{_ADV}:reinforce_plus_plus_baseline",
-             description="group-mean baseline, then batch whitening")
+             description="group-mean baseline, then batch whitening", group_baseline=True)
     register("raft", f"{_ADV}:raft", description="1 for accepted samples, 0 otherwise (RAFT / RAFT++)")
     register("step_reinforce", f"{_ADV}:step_reinforce", description="per-turn discounted return, batch-whitened")
     register("agentic_reinforce", f"{_ADV}:agentic_reinforce",
-             description="per-turn discounted return minus the group's mean episode return (StarPO)")
-    register("gigpo", f"{_ADV}:gigpo", description="episode-group plus step-group (state hash) advantage")
+             description="per-turn discounted return minus the group's mean episode return (StarPO)",
+             group_baseline=True)
+    register("gigpo", f"{_ADV}:gigpo", description="episode-group plus step-group (state hash) advantage",
+             group_baseline=True)
     register("opd", f"{_ADV}:opd", description="on-policy distillation: teacher minus student log-prob",
              needs=("reference",), reads_old_log_probs=True)
 
