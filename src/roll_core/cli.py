@@ -288,7 +288,8 @@ def _at_least(minimum: int | float):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not {'a whole number' if kind is int else 'a number'}: {text!r}") from None
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text}")
         return value
@@ -363,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("run", metavar="RUN_DIR")
     rp.add_argument("--steps", help="a step (12) or a range (11-13); default: the dumped steps after the latest "
                     "checkpoint before the last one dumped")
-    rp.add_argument("--tolerance", type=_at_least(0.0), default=1e-5, help="largest gap that counts as reproduced (1e-5)")
+    rp.add_argument("--tolerance", type=_at_least(0.0), default=1e-5,
+                    help="largest gap that counts as reproduced (1e-5)")
     rp.set_defaults(func=_cmd_replay)
 
     pl = sub.add_parser("play", help="play one episode of an environment in this process and print it")
@@ -379,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--top-k", type=int, default=0, help="top-k sampling, as rollout.top_k; 0 = off (model policy)")
     pl.add_argument("--max-new-tokens", type=int, default=8)
     pl.add_argument("--max-turns", type=_at_least(1), default=10)
-    pl.add_argument("--max-length", type=_at_least(1), default=512, help="tokens of the whole conversation (as agentic.max_length)")
+    pl.add_argument("--max-length", type=_at_least(1), default=512,
+                    help="tokens of the whole conversation (as agentic.max_length)")
     pl.add_argument("--instruction", default="", help="text before the first observation")
     pl.set_defaults(func=_cmd_play)
     return parser

@@ -122,7 +122,7 @@ class RollPlugins:
     def unknown_disabled(self) -> list[tuple[str, str]]:
         """What ``ROLL_DISABLE_PLUGINS`` names that no plugin here is called or comes from (a typo
         disables nothing), each with a did-you-mean of the closest name that would match ("" if none)."""
-        known = sorted({info.name for info in self.plugins.values()} | {info.distribution for info in self.plugins.values()})
+        known = sorted({name for info in self.plugins.values() for name in (info.name, info.distribution)})
         return [(name, did_you_mean(name, known)) for name in sorted(_env_list("ROLL_DISABLE_PLUGINS"))
                 if name not in known]
 
