@@ -202,7 +202,8 @@ def test_play_checks_its_options_and_actions_and_a_random_policy_draws_from_the_
     assert capsys.readouterr().err.strip() == ("error: --options for environment 'sized': unknown option 'sise'. "
                                                "Did you mean 'size'? Valid options: size")
     assert main(["play", "echo", "--options", '{"size": 3}']) == 2
-    assert capsys.readouterr().err.strip() == "error: --options for environment 'echo': it takes no options, got ['size']"
+    assert capsys.readouterr().err.strip() == (
+        "error: --options for environment 'echo': it takes no options, got ['size']")
     assert main(["play", "sized", "--options", '{"size": 1}']) == 2
     assert capsys.readouterr().err.strip() == "error: --options for environment 'sized': size must be at least 2, got 1"
     assert main(["play", "echo", "--policy", "scripted", "--actions", ","]) == 2

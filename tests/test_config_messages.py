@@ -111,7 +111,8 @@ def test_schema_errors_name_each_key_with_the_value_and_a_suggestion(tmp_path):
                                           r"\(key 'top_p' is written twice"):
         load_config(None, ["rollout={top_p: 1, top_p: 2}"])
     path.write_text("base: &b {temperature: 0.5, top_p: 0.8}\nrollout: {<<: *b, temperature: 0.7}\n")
-    assert _yaml(path.read_text())["rollout"] == {"temperature": 0.7, "top_p": 0.8}  # a merge key's values may be overridden
+    # a merge key's values may be overridden
+    assert _yaml(path.read_text())["rollout"] == {"temperature": 0.7, "top_p": 0.8}
     path.write_text("rollout:\n  temperature: [1]\n  unknown: 1\n")
     with pytest.raises(ConfigError) as err:
         load_config(path)
