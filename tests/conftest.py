@@ -15,6 +15,28 @@ import pytest
 from roll_core.testing import hooks
 
 
+def resume_hf_style_checkpoint(strategy_cls, model_path, cfg, directory: Path) -> tuple:
+    """A trainer of ``strategy_cls`` (the ``hf`` strategy or one that checkpoints like it) passes
+    ``assert_checkpoint_resumes_exactly`` in ``directory``, its model is saved as safetensors, and the
+    one built with seed 1 resumed the sampling generator of seed 0's. Returns (saved, resumed)."""
+    import torch
+
+    from roll_core.testing import assert_checkpoint_resumes_exactly
+
+    made = []
+
+    def make_trainer(seed):
+        made.append(strategy_cls(str(model_path), cfg.roles.actor_train, seed=seed))
+        return made[-1]
+
+    assert_checkpoint_resumes_exactly(make_trainer, cfg, directory)
+    assert (directory / "model" / "model.safetensors").is_file()
+    saved = torch.load(directory / "train_state.pt", weights_only=False)["generator"]
+    assert torch.equal(made[1].rng_state(), saved)
+    assert not torch.equal(saved, torch.Generator(device="cpu").manual_seed(1).get_state())
+    return made[0], made[1]
+
+
 def make_fake_distribution(root: Path, dist: str, module_name: str, source: str, version: str = "0.0.1") -> Path:
     """Write an importable module plus a ``*.dist-info`` declaring it under the ``roll`` entry-point
     group, as ``pip install`` would. Putting ``root`` on ``PYTHONPATH`` makes importlib.metadata find it."""
