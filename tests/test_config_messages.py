@@ -366,8 +366,9 @@ def test_top_k_needs_a_generate_that_takes_it_and_is_not_sent_unless_it_cuts(rol
 
 def test_a_group_baseline_with_groups_of_one_sample_is_refused(roll_plugins):
     """``group_baseline=True`` estimators (grpo, rloo, gigpo, ...) compare a prompt's samples with
-    each other: one sample a group gives every advantage 0. Others (reinforce_plus_plus, gae) and the
-    pipelines without an estimator are unaffected; a plugin's estimator declares it the same way."""
+    each other: one sample a group, or greedy rlvr sampling (every sample the same), gives every
+    advantage 0. Others (reinforce_plus_plus, gae) and the pipelines without an estimator are
+    unaffected; a plugin's estimator declares it the same way."""
     from roll_core.testing import hooks
 
     refused = ("config error in the default config: key '{key}': '{name}' compares the samples of each prompt's "
@@ -383,6 +384,11 @@ def test_a_group_baseline_with_groups_of_one_sample_is_refused(roll_plugins):
     load_and_check(None, ["pipeline=agentic", "algorithm.advantage_estimator=step_reinforce", "agentic.group_size=1"])
     load_and_check(None, ["pipeline=sft", "rollout.num_return_sequences=1"])  # sft trains on demonstrations
     load_and_check(None, ["rollout.num_return_sequences=2"])  # the least group that compares
+    assert error(None, ["rollout.temperature=0"]) == (
+        "config error in the default config: key 'rollout.temperature': 0 samples greedily, so every response of a "
+        "prompt's group is the same and 'grpo' gives each an advantage of 0; sample with a temperature above 0")
+    load_and_check(None, ["rollout.temperature=0", "algorithm.advantage_estimator=reinforce_plus_plus"])
+    load_and_check(None, ["pipeline=agentic", "rollout.temperature=0"])  # the environment may still tell episodes apart
 
     def register(register):
         register("pairwise", "roll_core.algorithms.advantages:rloo", group_baseline=True)

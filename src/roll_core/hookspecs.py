@@ -73,7 +73,8 @@ def roll_register_advantage_estimators(register):
             reads ``old_log_probs`` registers with ``reads_old_log_probs=True``, so the pipeline
             always computes them before the update (see ``algorithm.old_log_probs``). One that
             compares the samples of a prompt's group (a group baseline) registers with
-            ``group_baseline=True``, and a config with groups of one sample is rejected. Settings of
+            ``group_baseline=True``, and a config with groups of one sample (or, in ``rlvr``, greedy
+            sampling, which makes them all the same) is rejected. Settings of
             its own: ``options=Model`` as for policy losses, set under
             ``algorithm.advantage_estimator_options``.
 

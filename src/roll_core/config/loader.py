@@ -217,7 +217,8 @@ def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
 
 def _group_requirements(cfg: RollConfig, plugins) -> list[str]:
     """An estimator registered with ``group_baseline=True`` compares the samples of one prompt's
-    group: with one sample a group every advantage is 0, and nothing is learned."""
+    group: with one sample a group, or greedy sampling in ``rlvr`` (every sample the same), every
+    advantage is 0 and nothing is learned."""
     if cfg.pipeline not in ("rlvr", "agentic"):
         return []
     name = cfg.algorithm.advantage_estimator
@@ -231,6 +232,9 @@ def _group_requirements(cfg: RollConfig, plugins) -> list[str]:
         return [f"key '{key}': '{name}' compares the samples of each prompt's group against each other, and a group "
                 f"of {size} makes every advantage 0; use 2 or more, or an estimator without a group baseline "
                 f"(reinforce_plus_plus)"]
+    if grouped and cfg.pipeline == "rlvr" and cfg.rollout.temperature == 0:  # an episode's environment may still vary
+        return [f"key 'rollout.temperature': 0 samples greedily, so every response of a prompt's group is the same "
+                f"and '{name}' gives each an advantage of 0; sample with a temperature above 0"]
     return []
 
 
