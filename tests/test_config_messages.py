@@ -364,7 +364,7 @@ def test_top_k_needs_a_generate_that_takes_it_and_is_not_sent_unless_it_cuts(rol
     assert "rollout.top_k" in error(None, ["rollout.top_k=-1"])
 
 
-def test_a_group_baseline_with_groups_of_one_sample_is_refused(roll_plugins):
+def test_a_group_baseline_where_the_samples_of_a_group_cannot_differ_is_refused(roll_plugins):
     """``group_baseline=True`` estimators (grpo, rloo, gigpo, ...) compare a prompt's samples with
     each other: one sample a group, or greedy rlvr sampling (every sample the same), gives every
     advantage 0. Others (reinforce_plus_plus, gae) and the pipelines without an estimator are
