@@ -308,3 +308,23 @@ def test_the_environments_are_named_one_way_only_and_their_labels_differ(tiny_co
     cfg = tiny_config("pipeline=agentic", "agentic.envs=[{env: echo}, {env: echo, name: echo2, max_turns: 3}]")
     first, second = cfg.agentic.environments()
     assert (first.label, first.max_turns, second.label, second.max_turns) == ("echo", 10, "echo2", 3)
+
+
+def test_an_environment_that_refuses_its_options_stops_the_run_with_a_config_error(roll_plugins, tiny_config):
+    """The pipeline builds one of each environment as it prepares (:func:`roll_core.envs.build_env`):
+    a value its constructor refuses is a config error naming the key, not a traceback from an env worker."""
+    from roll_core.errors import ConfigError
+    from roll_core.pipelines.agentic import AgenticPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    class Sized(EchoWithExpert):
+        def __init__(self, size: int = 4):
+            if size < 2:
+                raise ValueError(f"size must be at least 2, got {size}")
+
+    roll_plugins(("sized", hooks(roll_register_envs=lambda register: register("sized", Sized))))
+    cfg = tiny_config("pipeline=agentic", "agentic.envs=[{env: sized, name: small, env_options: {size: 1}}]")
+    with pytest.raises(ConfigError) as err:
+        AgenticPipeline(cfg, LocalExecutor()).run()
+    assert str(err.value) == ("key 'agentic.envs[small].env_options' for environment 'sized': size must be at least "
+                              "2, got 1")

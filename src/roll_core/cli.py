@@ -208,14 +208,12 @@ def _cmd_play(args) -> int:
              "top_k": args.top_k}
     sampling = load_config(None, [f"rollout.{key}={value}" for key, value in flags.items()]).rollout.sampling()
     from roll_core.config.loader import env_options_problems
+    from roll_core.envs import build_env
 
     problems = env_options_problems("--options", args.env, options, get_plugins())
     if problems:
         raise ConfigError("; ".join(problems))
-    try:
-        env = env_cls(**options)
-    except (TypeError, ValueError) as exc:  # a value the constructor refuses (FrozenLake's size 1)
-        raise ConfigError(f"--options for environment '{args.env}': {exc}") from None
+    env = build_env(env_cls, args.env, options, "--options")  # a value the constructor refuses: FrozenLake's size 1
     if args.model is not None:
         return _play_one(args, env, args.model, sampling)
     import tempfile

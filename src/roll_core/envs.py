@@ -17,6 +17,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from roll_core.errors import ConfigError
+
 
 class Env(ABC):
     """Constructed with the config's env options as keyword arguments."""
@@ -38,3 +40,13 @@ class Env(ABC):
 
     def close(self) -> None:
         """Release resources (processes, sandboxes)."""
+
+
+def build_env(env_cls: type[Env], name: str, options: dict[str, Any], where: str) -> Env:
+    """``env_cls(**options)``, the environment registered as ``name``; options or values its
+    constructor refuses (``TypeError``, ``ValueError``) are a :class:`ConfigError` that ``where``
+    starts (``key 'agentic.env_options'``, or ``roll play``'s ``--options``)."""
+    try:
+        return env_cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where} for environment '{name}': {exc}") from None

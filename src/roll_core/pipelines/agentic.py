@@ -41,7 +41,7 @@ from roll_core.agentic.samples import Episode, episode_batch
 from roll_core.algorithms.objective import ActorObjective, reference_read
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import Batch
-from roll_core.envs import Env
+from roll_core.envs import Env, build_env
 from roll_core.config.schema import EnvRoleConfig, EnvSettings
 from roll_core.errors import ConfigError
 from roll_core.pipelines.runtime import (SEED_OFFSETS, TrainingLoop, log_probs, save_tokenizer_beside,
@@ -178,10 +178,7 @@ class AgenticPipeline(WarmStart, TrainingLoop):
         cfg, a = self.config, self.config.agentic
         where = "agentic" if not a.envs else f"agentic.envs[{spec.label}]"
         env_cls = self.plugins.envs.get(spec.env)
-        try:
-            probe = env_cls(**spec.env_options)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"key '{where}.env_options' for environment '{spec.env}': {exc}") from None
+        probe = build_env(env_cls, spec.env, spec.env_options, f"key '{where}.env_options'")
         probe.close()
         if cfg.warmup.steps and env_cls.expert_action is Env.expert_action:
             raise ConfigError(f"warmup.steps={cfg.warmup.steps} imitates the environment's expert, and "
