@@ -326,5 +326,5 @@ def test_an_environment_that_refuses_its_options_stops_the_run_with_a_config_err
     cfg = tiny_config("pipeline=agentic", "agentic.envs=[{env: sized, name: small, env_options: {size: 1}}]")
     with pytest.raises(ConfigError) as err:
         AgenticPipeline(cfg, LocalExecutor()).run()
-    assert str(err.value) == ("key 'agentic.envs[small].env_options' for environment 'sized': size must be at least "
+    assert str(err.value) == ("key 'agentic.envs[0].env_options' for environment 'sized': size must be at least "
                               "2, got 1")

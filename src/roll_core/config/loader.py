@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from roll_core.config.schema import InferRoleConfig, RollConfig
+from roll_core.config.schema import EnvSettings, InferRoleConfig, RollConfig
 from roll_core.errors import ConfigError, RegistryError, did_you_mean
 
 
@@ -176,19 +176,13 @@ def registry_references(cfg: RollConfig) -> list[tuple[str, str, str]]:
     if cfg.runtime.weight_sync != "auto":
         refs.append(("runtime.weight_sync", "weight_syncs", cfg.runtime.weight_sync))
     refs += [(f"trackers[{i}]", "trackers", name) for i, name in enumerate(cfg.trackers)]
-    refs += [(f"{key}.env", "envs", name) for key, name, _ in _environments(cfg)]
+    refs += [(f"{e.key}.env", "envs", e.env) for e in _environments(cfg)]
     return refs
 
 
-def _environments(cfg: RollConfig) -> list[tuple[str, str, dict]]:
-    """``(config key, environment name, its options)`` of every environment an agentic run plays
-    (none for other pipelines); the options are the config's own dict."""
-    if cfg.pipeline != "agentic":
-        return []
-    a = cfg.agentic
-    if a.envs:
-        return [(f"agentic.envs[{i}]", e.env, e.env_options) for i, e in enumerate(a.envs)]
-    return [("agentic", a.env, a.env_options)]
+def _environments(cfg: RollConfig) -> list[EnvSettings]:
+    """Every environment an agentic run plays (none for other pipelines)."""
+    return cfg.agentic.environments() if cfg.pipeline == "agentic" else []
 
 
 def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
@@ -351,8 +345,8 @@ def _reward_options(cfg: RollConfig, plugins) -> list[str]:
 def _env_options(cfg: RollConfig, plugins) -> list[str]:
     """An agentic run's environment options against each environment's constructor, as rewards'
     (the pipeline also builds one of each before its workers start; ``roll validate`` does not)."""
-    return [problem for key, name, options in _environments(cfg)
-            for problem in env_options_problems(f"key '{key}.env_options'", name, options, plugins)]
+    return [problem for e in _environments(cfg)
+            for problem in env_options_problems(f"key '{e.key}.env_options'", e.env, e.env_options, plugins)]
 
 
 def env_options_problems(where: str, name: str, options: dict, plugins) -> list[str]:

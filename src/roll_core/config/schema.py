@@ -186,12 +186,16 @@ class AgenticConfig(Strict):
 
     def environments(self) -> list[EnvSettings]:
         """Every environment of the run with every key filled in (the section's value where an
-        entry left it out); one entry for the ``env`` form."""
-        return [EnvSettings(e.env, e.label, dict(e.env_options), _or(e.role, self.role),
+        entry left it out); one entry, at key ``agentic``, for the ``env`` form. Each holds the
+        config's own ``env_options`` dict, so options validated in place reach the pipeline."""
+        if not self.envs:
+            return [EnvSettings("agentic", self.env, self.env, self.env_options, self.role, self.groups_per_step,
+                                self.validation_episodes, self.max_turns, self.instruction)]
+        return [EnvSettings(f"agentic.envs[{i}]", e.env, e.label, e.env_options, _or(e.role, self.role),
                             _or(e.groups_per_step, self.groups_per_step),
                             _or(e.validation_episodes, self.validation_episodes), _or(e.max_turns, self.max_turns),
                             _or(e.instruction, self.instruction))
-                for e in self.envs or [AgenticEnvConfig(env=self.env, env_options=self.env_options)]]
+                for i, e in enumerate(self.envs)]
 
 
 def _or(value, default):
@@ -202,6 +206,7 @@ def _or(value, default):
 class EnvSettings:
     """One environment of an agentic run, every setting resolved (:meth:`AgenticConfig.environments`)."""
 
+    key: str  # the config key of its entry, for messages: agentic, or agentic.envs[i]
     env: str
     label: str
     env_options: dict[str, Any]
@@ -837,8 +842,8 @@ class RollConfig(Strict):
 
     def _check_named_roles(self) -> None:
         """Keys that name a role name one of the right kind."""
-        named = [(f"agentic.envs[{i}].role" if self.agentic.envs else "agentic.role", e.role, "env")
-                 for i, e in enumerate(self.agentic.environments())] if self.pipeline == "agentic" else []
+        named = [(f"{e.key}.role", e.role, "env")
+                 for e in self.agentic.environments()] if self.pipeline == "agentic" else []
         if self.pipeline == "distill" or self.distill.teacher != "reference":
             named.append(("distill.teacher", self.distill.teacher, "infer"))
         for key, name, kind in named:

@@ -176,9 +176,8 @@ class AgenticPipeline(WarmStart, TrainingLoop):
     def _lane(self, spec: EnvSettings) -> EnvLane:
         """One environment's lane, its settings checked before any worker starts."""
         cfg, a = self.config, self.config.agentic
-        where = "agentic" if not a.envs else f"agentic.envs[{spec.label}]"
         env_cls = self.plugins.envs.get(spec.env)
-        probe = build_env(env_cls, spec.env, spec.env_options, f"key '{where}.env_options'")
+        probe = build_env(env_cls, spec.env, spec.env_options, f"key '{spec.key}.env_options'")
         probe.close()
         if cfg.warmup.steps and env_cls.expert_action is Env.expert_action:
             raise ConfigError(f"warmup.steps={cfg.warmup.steps} imitates the environment's expert, and "
