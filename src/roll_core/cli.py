@@ -191,16 +191,12 @@ def _cmd_run(args) -> int:
 
 def _cmd_play(args) -> int:
     """One episode in this process, printed turn by turn: the environment's debugging loop."""
-    import json
-
+    from roll_core.config.loader import mapping_value
     from roll_core.errors import ConfigError
     from roll_core.plugins import get_plugins
 
     env_cls = get_plugins().envs.get(args.env)
-    try:
-        options = json.loads(args.options)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--options must be a JSON object: {exc.msg}") from None
+    options = mapping_value("--options", args.options)
     from roll_core.config import load_config
 
     # a model policy samples as the rollout does: its flags are checked as rollout's keys are, up front
@@ -368,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("play", help="play one episode of an environment in this process and print it")
     pl.add_argument("env", help="a registered environment (roll list-plugins)")
-    pl.add_argument("--options", default="{}", help="the environment's options as a JSON object")
+    pl.add_argument("--options", default="{}", help="the environment's options, a YAML mapping as agentic.env_options takes: '{size: 6}'")
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--policy", choices=["scripted", "random", "model"], default="model",
                     help="scripted: --actions in order; random: drawn from --actions; model: --model generates")

@@ -113,6 +113,19 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
+def mapping_value(where: str, text: str) -> dict:
+    """``text`` read as a YAML mapping, as an override's value is (``'{size: 6}'``; JSON is YAML
+    too); anything else is a one-line error naming ``where``."""
+    try:
+        value = _yaml(text) if text.strip() else {}
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where} is not valid YAML: {problem}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a mapping such as '{{size: 6}}', got {text!r}")
+    return value
+
+
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     for item in overrides:
         path, value = parse_override(item)
