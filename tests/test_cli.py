@@ -97,7 +97,7 @@ def test_run_hides_the_libraries_progress_bars_unless_verbose(tmp_path, executor
 
 
 def test_run_starts_by_saying_what_it_runs():
-    from roll_core.cli import describe_run
+    from roll_core.launch import describe_run
     from roll_core.config import load_config
 
     assert describe_run(load_config(None, [])) == ("roll run: pipeline rlvr, model tiny, data carry_addition, reward "

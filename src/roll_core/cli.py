@@ -111,25 +111,6 @@ def _cmd_validate(args) -> int:
     return 0
 
 
-def describe_run(config) -> str:
-    """The line ``roll run`` starts with: what runs, on what, scored or played how, and where it writes."""
-    if config.pipeline == "agentic":
-        task = "environments " + ", ".join(f"{e.label} ({e.env})" for e in config.agentic.environments())
-    else:
-        rewards = [config.roles.reward.name] + [
-            f"{domain}: {'+'.join(r.name for r in spec.rewards)}" for domain, spec in config.roles.domain_rewards.items()]
-        source = config.data.train_file or ", ".join(config.data.domains) or config.data.dataset
-        task = f"data {source}" + (f", reward {'; '.join(rewards)}" if config.pipeline == "rlvr" else "")
-    compiled = config.compiled_roles()
-    # compiling takes tens of seconds in the first pass, which would otherwise look like a hang
-    compiling = f", compiling {' and '.join(compiled)} in the first pass" if compiled else ""
-    from roll_core.runtime.placement import controller_in_worker
-
-    executor = config.executor + (" (the controller inside its one worker)" if controller_in_worker(config) else "")
-    return (f"roll run: pipeline {config.pipeline}, model {config.model.path}, {task}, executor {executor}, "
-            f"{config.trainer.max_steps} steps{compiling} -> {config.output_dir}")
-
-
 def _has_cuda() -> bool:
     import torch
 
@@ -157,34 +138,15 @@ def _quiet_libraries(verbose: bool) -> None:
 
 
 def _cmd_run(args) -> int:
-    from roll_core.config import load_and_check
-    from roll_core.plugins import get_plugins
-    from roll_core.runtime import make_executor
-    from roll_core.runtime.controller import HostedRun
-    from roll_core.runtime.cpu_share import warn_if_cores_busy
-    from roll_core.runtime.placement import controller_in_worker
+    from roll_core.launch import RunInterrupted, run
 
     _quiet_libraries(args.verbose)
-    config = load_and_check(args.config, args.overrides)  # everything is checked before a worker starts
-    print(describe_run(config), flush=True)
-    warn_if_cores_busy(config)  # measured before any worker adds its own load
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the driver tokenizes, then forks workers
-    pipeline_cls = get_plugins().pipelines.get(config.pipeline)
-    pipeline = None
     try:
-        executor = make_executor(config)
-        try:
-            # a run whose roles all live in one Ray worker runs its pipeline there (ray.colocate_controller)
-            pipeline = (HostedRun if controller_in_worker(config) else pipeline_cls)(config, executor)
-            pipeline.run()
-        finally:
-            executor.shutdown()  # every worker stops, on Ctrl-C too
-    except KeyboardInterrupt:
-        phase = pipeline.phase if pipeline else "start-up"
-        where = pipeline.resume_hint() if pipeline else "the start"
+        run(args.config, args.overrides)
+    except RunInterrupted as stop:
         command = "roll " + shlex.join(args.argv)
-        print(f"interrupted during {phase}; every worker was stopped. `{command}` resumes from {where}.",
-              file=sys.stderr, flush=True)
+        print(f"interrupted during {stop.phase}; every worker was stopped. `{command}` resumes from "
+              f"{stop.resume_from}.", file=sys.stderr, flush=True)
         return 130
     return 0
 
