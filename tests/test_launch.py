@@ -77,9 +77,12 @@ def test_overrides_given_as_one_string_are_refused():
         roll_core.run(None, "executor=local")
 
 
-def test_ctrl_c_stops_the_executor_and_says_where_the_run_resumes(tmp_path, monkeypatch):
+def test_ctrl_c_stops_the_executor_and_says_where_the_run_resumes(tmp_path, monkeypatch, capsys):
+    import os
+
     from roll_core import runtime
     from roll_core.launch import RunInterrupted
+    from roll_core.runtime import cpu_share
 
     stopped = []
 
@@ -98,11 +101,17 @@ def test_ctrl_c_stops_the_executor_and_says_where_the_run_resumes(tmp_path, monk
             raise KeyboardInterrupt
 
     monkeypatch.setattr(runtime, "make_executor", lambda cfg: Executor())
+    # on the way: the warning about busy cores, and tokenizers kept single-threaded for the workers' forks
+    monkeypatch.setattr(cpu_share, "busy_cores", lambda: 1.5)
+    monkeypatch.setattr(cpu_share.os, "cpu_count", lambda: 2)
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     with pytest.raises(RunInterrupted) as err:
-        roll_core.run(None, [f"output_dir={tmp_path}", "executor=local", "pipeline=stops"],
+        roll_core.run(None, [f"output_dir={tmp_path}", "executor=local", "pipeline=stops", "torch_threads=2"],
                       plugins={"stops": hooks(roll_register_pipelines=lambda register: register("stops", Interrupted))})
     assert (err.value.phase, err.value.resume_from) == ("training (step 3)", "step 2's checkpoint")
     assert isinstance(err.value, KeyboardInterrupt) and stopped == [True]
+    assert "warning: other processes keep about 1.5 of this machine's 2 cores busy" in capsys.readouterr().out
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
 
 
 def test_roll_core_names_run_without_importing_it_for_plugins():
