@@ -1,5 +1,6 @@
 import re
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -190,7 +191,7 @@ def test_reward_option_values_are_checked_and_coerced_to_the_declared_types(roll
 
     class Typed(Reward):
         def __init__(self, explode_on: str = "x", threshold: float = 0.5, rounds: int | None = None,
-                     strict: bool = False, extra: dict | None = None):
+                     strict: bool = False, extra: dict | None = None, mode: Literal["fast", "slow", 3] = "fast"):
             self.explode_on = explode_on
 
         def score(self, sample):
@@ -199,14 +200,18 @@ def test_reward_option_values_are_checked_and_coerced_to_the_declared_types(roll
     roll_plugins(("t", hooks(roll_register_rewards=lambda register: register("typed", Typed))))
     cfg = load_and_check(None, ["roles.reward.name=typed", "roles.reward.options.explode_on=9",
                                 "roles.reward.options.threshold=1", "roles.reward.options.strict=true",
-                                "roles.reward.options.extra={a: 1}"])
-    assert cfg.roles.reward.options == {"explode_on": "9", "threshold": 1.0, "strict": True, "extra": {"a": 1}}
+                                "roles.reward.options.extra={a: 1}", "roles.reward.options.mode=3"])
+    assert cfg.roles.reward.options == {"explode_on": "9", "threshold": 1.0, "strict": True, "extra": {"a": 1},
+                                        "mode": 3}
     with pytest.raises(ConfigError) as err:
         load_and_check(None, ["roles.reward.name=typed", "roles.reward.options.threshold=high",
-                              "roles.reward.options.rounds=2.5"])
+                              "roles.reward.options.rounds=2.5", "roles.reward.options.mode=slwo"])
     message = str(err.value)
     assert "key 'roles.reward.options' for reward 'typed': option 'threshold' must be float, got 'high'" in message
     assert "option 'rounds' must be int, got 2.5" in message
+    assert "option 'mode' must be one of 'fast', 'slow', 3, got 'slwo'. Did you mean 'slow'?" in message
+    with pytest.raises(ConfigError, match=r"option 'mode' must be one of 'fast', 'slow', 3, got 4$"):
+        load_and_check(None, ["roles.reward.name=typed", "roles.reward.options.mode=4"])
 
 
 def test_resume_guard_compares_flattened_configs_outside_the_resumable_keys():

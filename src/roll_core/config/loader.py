@@ -489,7 +489,7 @@ _SCALARS = (str, int, float, bool)
 
 def _coerce_option_values(key: str, cls: type, options: dict) -> list[str]:
     """Values checked against the constructor's annotations where those are scalars (``str``,
-    ``int``, ``float``, ``bool``, optionally ``None``), and coerced in place: a command-line
+    ``int``, ``float``, ``bool``, optionally ``None``) or a ``Literal`` of values, and coerced in place: a command-line
     ``explode_on=9`` is YAML's int 9, and a ``str`` option gets ``"9"``, not a failure minutes into
     the run. Other annotations are left to the reward."""
     import typing
@@ -503,6 +503,13 @@ def _coerce_option_values(key: str, cls: type, options: dict) -> list[str]:
     problems = []
     for name, value in list(options.items()):
         annotation = hints.get(name)
+        if typing.get_origin(annotation) is typing.Literal:  # one of the values it names
+            allowed = typing.get_args(annotation)
+            if value not in allowed:
+                hint = did_you_mean(value, allowed) if isinstance(value, str) else ""
+                problems.append(f"{key}: option '{name}' must be one of {', '.join(map(repr, allowed))}, got "
+                                f"{value!r}" + (f".{hint}" if hint else ""))
+            continue
         union = typing.get_args(annotation)  # (int, NoneType) for `int | None`; () for a plain type
         members = [m for m in union if m is not type(None)] if union else [annotation]
         if annotation is None or not members or not all(m in _SCALARS for m in members):
