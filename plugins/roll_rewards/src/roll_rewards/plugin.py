@@ -19,5 +19,7 @@ def roll_register_rewards(register):
              description="IFEval-style instruction checks (word counts, keywords, formats, case, ...)")
     register("shaped", "roll_rewards.penalties:ShapedReward",
              description="any reward plus a format penalty and DAPO's soft overlong penalty")
+    register("reward_model", "roll_rewards.reward_model:RewardModelReward",
+             description="a trained reward model's score (a local Hugging Face sequence classifier, one label)")
     register("llm_judge", "roll_rewards.judge:LLMJudgeReward",
              description="an LLM grades the response: OpenAI-compatible HTTP endpoint or a roll inference strategy")
