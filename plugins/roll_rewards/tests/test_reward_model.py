@@ -9,13 +9,16 @@ import torch
 
 from roll_core.rewards import RewardInput
 
-CHAT = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{{ eos_token }}{% endfor %}"
+CHAT = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}{{ eos_token }}{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}")
 
 
 @pytest.fixture(scope="module")
 def rm_dir(tmp_path_factory):
     """The tiny model's architecture and tokenizer as a one-label sequence classifier, with a chat
-    template that ends each turn with ``</s>``."""
+    template that ends each turn with ``</s>``; its tokenizer starts each text with ``<s>``, as
+    Llama's do."""
+    from tokenizers.processors import TemplateProcessing
     from transformers import AutoConfig, AutoTokenizer, LlamaForSequenceClassification
 
     from roll_core.embedded.model import build_tiny_model
@@ -27,6 +30,7 @@ def rm_dir(tmp_path_factory):
     LlamaForSequenceClassification(config).save_pretrained(root / "rm")
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     tokenizer.chat_template = CHAT
+    tokenizer._tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     tokenizer.save_pretrained(root / "rm")
     return root
 
@@ -53,9 +57,13 @@ def test_batched_scores_are_each_rows_own_even_when_a_row_ends_in_the_padding_to
     samples = [sample("12+34=", "046"), sample("1+1=", "2<pad>"), sample("7+8=", "15 and more"),
                sample("9+9=", "18")]
     ids = [reward.tokenizer(s.prompt + s.response)["input_ids"] for s in samples]
-    assert ids[1][-1] == reward.tokenizer.pad_token_id == 0
+    assert ids[1][-1] == reward.tokenizer.pad_token_id == 0 and ids[0][0] == 1  # the text after its BOS
     expected = [alone(rm_dir / "rm", row) for row in ids]
+    passes = []
+    forward = reward._logits
+    reward._logits = lambda *args: passes.append(len(args[0])) or forward(*args)
     assert reward.score_batch(samples) == pytest.approx(expected, abs=1e-5)
+    assert passes == [3, 1]  # batch_size rows a pass
     assert reward.score(samples[1]) == pytest.approx(expected[1], abs=1e-5)
     assert len(set(round(x, 4) for x in expected)) == 4  # the rows score differently: a real check
 
@@ -78,10 +86,15 @@ def test_a_long_text_keeps_its_end_and_is_counted(rm_dir):
     reward = RewardModelReward(str(rm_dir / "rm"), max_length=8)
     long = sample("123456789+", "987654321")
     ids = reward.tokenizer(long.prompt + long.response)["input_ids"]
-    assert reward.score_batch([long, sample("1+2=", "3")])[0] == pytest.approx(alone(rm_dir / "rm", ids[-8:]),
-                                                                                abs=1e-5)
+    kept = ids[:1] + ids[-7:]  # the BOS, then the text's last 7 tokens
+    assert reward.score_batch([long, sample("1+2=", "3")])[0] == pytest.approx(alone(rm_dir / "rm", kept), abs=1e-5)
     assert reward.metrics() == {"truncated": 1.0}
     assert reward.metrics() == {"truncated": 0.0}  # counts since the last call
+    exact = sample("1+2", "=3")  # <s> and 5 characters: max_length=6 takes it whole
+    ids = reward.tokenizer(exact.prompt + exact.response)["input_ids"]
+    six = RewardModelReward(str(rm_dir / "rm"), max_length=6)
+    assert six.score_batch([exact]) == pytest.approx([alone(rm_dir / "rm", ids)], abs=1e-5)
+    assert len(ids) == 6 and six.metrics() == {"truncated": 0.0}
 
 
 def test_the_chat_template_frames_prompt_and_response_as_turns(rm_dir):
@@ -92,7 +105,20 @@ def test_the_chat_template_frames_prompt_and_response_as_turns(rm_dir):
     assert reward.text(s) == "[user]1+2=</s>[assistant]3</s>"
     assert RewardModelReward(str(rm_dir / "rm")).text(s) == "1+2=3"
     ids = reward.tokenizer(reward.text(s), add_special_tokens=False)["input_ids"]
+    assert ids[0] != 1  # the template's text alone: no BOS before it
     assert reward.score_batch([s, sample("12+3=", "15")])[0] == pytest.approx(alone(rm_dir / "rm", ids), abs=1e-5)
+
+
+def test_bf16_scores_near_fp32_and_other_precisions_are_refused(rm_dir):
+    from roll_rewards.reward_model import RewardModelReward
+
+    s = [sample("12+34=", "046"), sample("1+1=", "2")]
+    fp32 = RewardModelReward(str(rm_dir / "rm")).score_batch(s)
+    bf16 = RewardModelReward(str(rm_dir / "rm"), precision="bf16")
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16
+    assert bf16.score_batch(s) == pytest.approx(fp32, abs=0.05)
+    with pytest.raises(ValueError, match="precision must be 'fp32' or 'bf16', got 'fp16'"):
+        RewardModelReward(str(rm_dir / "rm"), precision="fp16")
 
 
 def test_checkpoints_that_are_not_one_label_classifiers_are_refused_in_one_line(rm_dir, tmp_path):
