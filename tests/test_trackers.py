@@ -284,3 +284,19 @@ def test_without_a_run_length_every_step_prints_a_plain_line(capsys, tmp_path):
         tracker.log({"reward/mean": step / 4}, step)
     tracker.log({"train/other": 1.0}, 4)
     assert capsys.readouterr().out.splitlines() == [f"[step {s}] reward/mean={s / 4:.4g}" for s in range(4)]
+
+
+@pytest.mark.parametrize("pipeline, metrics, shown", [
+    ("sft", {"warmup/loss": 0.5, "warmup/grad_norm": 1.0}, "warmup/loss=0.5"),
+    ("dpo", {"dpo/loss": 0.5, "dpo/rewards/margin": 0.1, "eval/rewards/accuracy": 0.75},
+     "dpo/loss=0.5 eval/rewards/accuracy=0.75"),
+    ("reward_model", {"reward_model/loss": 0.5, "reward_model/rewards/accuracy": 0.6}, "reward_model/loss=0.5"),
+    ("distill", {"distill/loss": 0.5, "eval/kl_to_teacher": 0.25}, "distill/loss=0.5 eval/kl_to_teacher=0.25"),
+    ("agentic", {"episode/success_rate": 0.5, "train/pg_loss": 0.1}, "episode/success_rate=0.5 train/pg_loss=0.1"),
+])
+def test_every_built_in_pipeline_s_steps_show_on_stdout(pipeline, metrics, shown, capsys, tmp_path):
+    """A dpo run printed nothing while it trained: none of its metrics was among the ones shown."""
+    from roll_core.trackers import StdoutTracker
+
+    StdoutTracker(tmp_path).log({**metrics, "time/iteration_s": 0.1}, 1)
+    assert capsys.readouterr().out.strip() == f"[step 1] {shown}"

@@ -48,9 +48,12 @@ def progress_bar(total: int, description: str):
     return progress, task
 
 
-# Shown by the stdout tracker, in this order, when present.
-_STDOUT_KEYS = ("reward/mean", "eval/accuracy", "train/pg_loss", "train/kl", "train/entropy",
-                "warmup/loss", "time/step_s")
+# Shown by the stdout tracker, in this order, when present: each built-in pipeline's headline
+# metrics (a step whose metrics hold none of them prints nothing).
+_STDOUT_KEYS = ("reward/mean", "episode/success_rate", "eval/accuracy", "eval/success_rate", "train/pg_loss",
+                "train/kl", "train/entropy", "warmup/loss", "eval/loss", "dpo/loss", "eval/rewards/accuracy",
+                "reward_model/loss", "eval/reward_model/rewards/accuracy", "distill/loss", "eval/kl_to_teacher",
+                "time/step_s")
 
 
 class StdoutTracker(Tracker):
