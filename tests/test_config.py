@@ -243,3 +243,18 @@ def test_resume_guard_shortens_long_values_and_counts_the_rest():
     text = str(err.value)
     assert "(and 3 more)" in text  # 11 changes, 8 shown
     assert "a_long: '" + "x" * 56 + "... -> '" + "y" * 56 + "..." in text
+
+
+def test_an_eval_reward_is_checked_like_the_training_reward_and_only_where_it_is_read():
+    with pytest.raises(ConfigError, match=r"key 'roles.eval_reward.name': unknown reward 'exact_mach'. "
+                                          r"Did you mean 'exact_match'\?"):
+        load_and_check(None, ["roles.eval_reward={name: exact_mach}"])
+    with pytest.raises(ConfigError, match=r"key 'roles.eval_reward.options' for reward 'exact_match': unknown "
+                                          r"option 'strp'. Did you mean 'strip'\?"):
+        load_and_check(None, ["roles.eval_reward={name: exact_match, options: {strp: true}}"])
+    with pytest.raises(ConfigError, match="roles.eval_reward scores rlvr's held-out generations; pipeline dpo "
+                                          "evaluates without a reward"):
+        load_config(None, ["pipeline=dpo", "roles.eval_reward={name: exact_match}"])
+    cfg = load_and_check(None, ["roles.eval_reward={name: exact_match}"])
+    assert list(cfg.roles.reward_roles()) == ["roles.reward", "roles.eval_reward"]
+    assert "eval_reward" in cfg.roles.named()

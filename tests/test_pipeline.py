@@ -98,6 +98,37 @@ def test_failing_reward_stops_with_a_clear_message(tiny_config, roll_plugins):
         RLVRPipeline(cfg, LocalExecutor()).run()
 
 
+def test_an_eval_reward_scores_the_held_out_rows_while_training_uses_its_own(tiny_config, roll_plugins):
+    from roll_core.rewards import Reward
+    from roll_core.testing import hooks
+    from roll_core.trackers import read_metrics
+
+    class Length(Reward):
+        """The response's length: what a learned reward might stand for; never an accuracy."""
+
+        lightweight = True
+
+        def score(self, sample):
+            return float(len(sample.response))
+
+    class Quarter(Reward):
+        def score(self, sample):
+            return 0.25
+
+    def register(register):
+        register("length", Length)
+        register("quarter", Quarter)
+
+    roll_plugins(("mine", hooks(roll_register_rewards=register)))
+    cfg = tiny_config("roles.reward.name=length", "roles.eval_reward={name: quarter}", "trainer.max_steps=1")
+    summary = RLVRPipeline(cfg, LocalExecutor()).run()
+    trained = next(r for r in read_metrics(f"{cfg.output_dir}/metrics.jsonl") if "reward/mean" in r)
+    assert trained["reward/mean"] > 1  # lengths: the training reward scored the step
+    for evaluation in (summary["before_rl"], summary["after_rl"]):
+        assert evaluation["eval/accuracy"] == 0.25  # the eval reward's scores
+        assert evaluation["eval/train_reward"] != 0.25  # the training reward's mean length of the same answers
+
+
 def _run_cli(run_dir, *overrides, executor="local"):
     return [sys.executable, "-m", "roll_core.cli", "run", f"output_dir={run_dir}", f"executor={executor}",
             "warmup.steps=5", "rollout.prompts_per_step=4", "rollout.num_return_sequences=4",

@@ -1,11 +1,12 @@
-"""Preference losses against numbers computed by hand (DPO sigmoid with label smoothing, IPO)."""
+"""Preference losses against numbers computed by hand (DPO sigmoid with label smoothing, IPO, and a
+reward model's Bradley-Terry loss)."""
 
 import math
 
 import pytest
 import torch
 
-from roll_core.algorithms.preference import PreferenceInput, dpo_sigmoid, ipo
+from roll_core.algorithms.preference import PreferenceInput, bradley_terry, dpo_sigmoid, ipo
 
 # Pair 0: chosen log-ratio -1.0 - (-1.5) = 0.5, rejected -2.0 - (-1.0) = -1.0, so h = 1.5.
 # Pair 1: chosen log-ratio -0.2, rejected 0.3, so h = -0.5 (the policy prefers the rejected one).
@@ -47,3 +48,18 @@ def test_ipo_regresses_the_gap_onto_one_over_two_beta():
     # at the target gap the loss is 0, and beyond it the loss pulls the gap back
     at_target = PreferenceInput(torch.tensor([5.0]), torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([0.0]))
     assert float(ipo(at_target, beta=0.1)[0]) == 0.0
+
+
+def test_bradley_terry_is_minus_log_sigmoid_of_the_score_gap():
+    chosen = torch.tensor([1.0, 0.0], requires_grad=True)
+    rejected = torch.tensor([0.0, 2.0])
+    loss, metrics = bradley_terry(chosen, rejected)
+    # -log sigmoid(1) = log(1 + e^-1) = 0.313262 ; -log sigmoid(-2) = log(1 + e^2) = 2.126928
+    torch.testing.assert_close(loss, torch.tensor([0.313262, 2.126928]), atol=1e-6, rtol=0)
+    assert metrics == pytest.approx({"rewards/chosen": 0.5, "rewards/rejected": 1.0, "rewards/margin": -0.5,
+                                     "rewards/accuracy": 0.5})
+    loss.sum().backward()
+    # d/dr_c -log sigmoid(r_c - r_r) = -sigmoid(r_r - r_c): -1/(1 + e) and -1/(1 + e^-2)
+    torch.testing.assert_close(chosen.grad, torch.tensor([-1 / (1 + math.e), -1 / (1 + math.exp(-2))]))
+    shifted, _ = bradley_terry(chosen.detach() + 3.0, rejected + 3.0)  # a constant on every score changes nothing
+    torch.testing.assert_close(shifted, loss.detach())

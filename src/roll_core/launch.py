@@ -99,7 +99,9 @@ def describe_run(config) -> str:
         rewards = [config.roles.reward.name] + [
             f"{domain}: {'+'.join(r.name for r in spec.rewards)}" for domain, spec in config.roles.domain_rewards.items()]
         source = config.data.train_file or ", ".join(config.data.domains) or config.data.dataset
-        task = f"data {source}" + (f", reward {'; '.join(rewards)}" if config.pipeline == "rlvr" else "")
+        judge = config.roles.eval_reward
+        scored = f", reward {'; '.join(rewards)}" + (f", evaluated by {judge.name}" if judge is not None else "")
+        task = f"data {source}" + (scored if config.pipeline == "rlvr" else "")
     compiled = config.compiled_roles()
     # compiling takes tens of seconds in the first pass, which would otherwise look like a hang
     compiling = f", compiling {' and '.join(compiled)} in the first pass" if compiled else ""

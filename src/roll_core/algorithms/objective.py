@@ -348,12 +348,54 @@ class PreferenceObjective:
         mask = micro["response_mask"].to(out["log_probs"].dtype)
         policy = sequence_log_probs(out["log_probs"], mask, self.average_log_probs)
         reference = micro["reference_logp"].to(policy)
-        chosen = micro["chosen"].bool()
-        if not torch.equal(micro["pair"][chosen], micro["pair"][~chosen]):
-            raise ValueError("a micro-batch holds half of a preference pair: micro-batch and per-rank batch sizes "
-                             "must be even numbers of rows (whole pairs)")
+        chosen = pair_sides(micro)
         inputs = PreferenceInput(policy[chosen], policy[~chosen], reference[chosen], reference[~chosen])
         per_pair, metrics = self.loss(inputs, beta=self.beta, label_smoothing=self.label_smoothing)
+        loss = per_pair.sum() / max(seqs / 2, 1.0)
+        return loss, {f"{self.metric}/loss": loss.item(), **{f"{self.metric}/{k}": v for k, v in metrics.items()}}
+
+
+def pair_sides(micro: Batch) -> torch.Tensor:
+    """The ``chosen`` mask ``[B]`` of rows laid out as preference pairs (``pair`` ids, ``chosen``
+    True / False), checked to hold each of its pairs whole, in the same order on both sides."""
+    chosen = micro["chosen"].bool()
+    if not torch.equal(micro["pair"][chosen], micro["pair"][~chosen]):
+        raise ValueError("a micro-batch holds half of a preference pair: micro-batch and per-rank batch sizes "
+                         "must be even numbers of rows (whole pairs)")
+    return chosen
+
+
+def last_response_values(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's value at its last response token ``[B]``, from values ``[B, R]`` (a value model's
+    output at the position before each response token). With the EOS that ends every target, that
+    is the output after the prompt and the whole response text: where a sequence classifier reads
+    its score of the same text without the EOS (roll-rewards' ``reward_model``)."""
+    last = (response_mask.sum(-1) - 1).clamp(min=0).to(values.device)
+    return values.gather(-1, last[:, None]).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class RewardModelObjective:
+    """A reward model's Bradley-Terry loss (:func:`~roll_core.algorithms.preference.bradley_terry`)
+    over pairs laid out as :class:`PreferenceObjective`'s; each response's score is the value
+    model's output at its last response token (:func:`last_response_values`)::
+
+        loss = sum_pairs -log sigmoid(r_chosen - r_rejected) / pairs"""
+
+    metric: str = "reward_model"
+    outputs: frozenset[str] = frozenset({"values"})
+    temperature: float = 1.0
+
+    @property
+    def additive(self) -> frozenset[str]:
+        return frozenset({f"{self.metric}/loss"})
+
+    def __call__(self, out, micro, tokens, seqs):
+        from roll_core.algorithms.preference import bradley_terry
+
+        scores = last_response_values(out["values"], micro["response_mask"])
+        chosen = pair_sides(micro)
+        per_pair, metrics = bradley_terry(scores[chosen], scores[~chosen])
         loss = per_pair.sum() / max(seqs / 2, 1.0)
         return loss, {f"{self.metric}/loss": loss.item(), **{f"{self.metric}/{k}": v for k, v in metrics.items()}}
 

@@ -14,6 +14,9 @@ Shared notation, per pair::
 Metrics are the implicit rewards of DPO, ``beta * logratio``: their means for chosen and rejected
 responses, the mean margin, and the preference accuracy (share of pairs whose chosen response gets
 the higher implicit reward).
+
+:func:`bradley_terry` is the explicit counterpart: the loss of a reward model (the ``reward_model``
+pipeline) on the scores it gives both responses, with the same metrics of those scores.
 """
 
 from __future__ import annotations
@@ -77,3 +80,17 @@ def ipo(inputs: PreferenceInput, *, beta: float, label_smoothing: float = 0.0):
     chosen, rejected = inputs.logratios()
     loss = (chosen - rejected - 1 / (2 * beta)) ** 2
     return loss, _metrics(chosen, rejected, beta)
+
+
+def bradley_terry(chosen: torch.Tensor, rejected: torch.Tensor):
+    """A reward model's pairwise loss: the Bradley-Terry model (Bradley & Terry 1952) of
+    ``P(chosen preferred) = sigmoid(r_chosen - r_rejected)``, fitted by maximum likelihood, as in the
+    reward models of RLHF (Ouyang et al. 2022, arXiv:2203.02155, eq. 1)::
+
+        loss = -log sigmoid(r_chosen - r_rejected)
+
+    Only score differences enter it, so a constant added to every score changes nothing. Shapes:
+    ``chosen`` and ``rejected`` ``[P]``, the scores of each pair's responses; returns the loss ``[P]``
+    and scalar metrics (mean scores, margin and accuracy, as :func:`dpo_sigmoid`'s with beta 1).
+    """
+    return -F.logsigmoid(chosen - rejected), _metrics(chosen, rejected, 1.0)

@@ -176,11 +176,8 @@ def registry_references(cfg: RollConfig) -> list[tuple[str, str, str]]:
         ("distill.loss", "distill_losses", cfg.distill.loss),
         *[(f"roles.{name}.strategy", f"{role.kind}_strategies", role.strategy)
           for name, role in cfg.model_roles().items()],
-        ("roles.reward.name", "rewards", cfg.roles.reward.name),
     ]
-    for domain, spec in cfg.roles.domain_rewards.items():
-        refs += [(f"roles.domain_rewards.{domain}.rewards[{i}].name", "rewards", r.name)
-                 for i, r in enumerate(spec.rewards)]
+    refs += [(f"{r.key}.name", "rewards", r.name) for _, entries in cfg.roles.reward_roles().values() for r in entries]
     if cfg.data.domains:
         refs += [(f"data.domains.{d}.dataset", "datasets", src.dataset)
                  for d, src in cfg.data.domains.items() if src.dataset is not None]
@@ -347,12 +344,8 @@ def _lora_requirements(cfg: RollConfig, plugins) -> list[str]:
 def _reward_options(cfg: RollConfig, plugins) -> list[str]:
     """Every reward's options must fit its constructor: checked here, before the reward workers
     start, instead of failing inside one with a traceback."""
-    rewards = [("roles.reward.options", cfg.roles.reward.name, cfg.roles.reward.options)]
-    for domain, spec in cfg.roles.domain_rewards.items():
-        rewards += [(f"roles.domain_rewards.{domain}.rewards[{i}].options", r.name, r.options)
-                    for i, r in enumerate(spec.rewards)]
-    return [problem for key, name, options in rewards
-            for problem in _options_fit(f"key '{key}'", name, options, plugins.rewards, "reward")]
+    return [problem for _, entries in cfg.roles.reward_roles().values() for r in entries
+            for problem in _options_fit(f"key '{r.key}.options'", r.name, r.options, plugins.rewards, "reward")]
 
 
 def _env_options(cfg: RollConfig, plugins) -> list[str]:

@@ -117,6 +117,13 @@ class DPOConfig(Strict):
     batch_size: int = Field(32, ge=1, description="pairs per optimizer step")
 
 
+class RewardModelConfig(Strict):
+    """The ``reward_model`` pipeline: ``roles.critic`` (the checkpoint with a one-label score head)
+    learns to score the ``chosen`` response of each pair above the ``rejected`` one (Bradley-Terry)."""
+
+    batch_size: int = Field(32, ge=1, description="pairs per optimizer step")
+
+
 class AgenticEnvConfig(Strict):
     """One environment of a run that trains on several at once (``agentic.envs``). A key left out
     (None) takes the ``agentic`` section's value."""
@@ -653,6 +660,17 @@ def nested_models(annotation) -> list[type[BaseModel]]:
     return found
 
 
+@dataclass(frozen=True)
+class RewardEntry:
+    """One reward of a reward role: the config key of its entry (``.name`` and ``.options`` follow
+    it), its registered name, its options and its weight in the role's sum."""
+
+    key: str
+    name: str
+    options: dict[str, Any]
+    weight: float
+
+
 class RolesConfig(Strict):
     """Every role of the run, by name; each is an entry with a ``kind`` (train, infer, critic,
     reward, env) that says which workers host it. The built-in names have fixed kinds. Any other
@@ -672,8 +690,27 @@ class RolesConfig(Strict):
     domain_rewards: dict[str, DomainRewardConfig] = Field(
         default_factory=dict, description="per-domain rewards, each on its own workers (rows carry 'domain')"
     )
+    eval_reward: RewardRoleConfig | None = Field(
+        None, description="the reward that scores held-out evaluations (eval/accuracy) instead of the training "
+        "rewards: a verifier while RL trains on a reward model; null: the training rewards score them too")
     critic: CriticRoleConfig | None = Field(None, description="value model; needed by advantage_estimator gae")
     env: EnvRoleConfig = Field(EnvRoleConfig(), description="the agentic pipeline's environment workers")
+
+    def reward_roles(self) -> dict[str, tuple[RewardRoleConfig | DomainRewardConfig, list[RewardEntry]]]:
+        """Every reward role by its config key (``roles.reward``, ``roles.domain_rewards.D``,
+        ``roles.eval_reward``), with the rewards it sums."""
+        def one(key: str, role: RewardRoleConfig) -> list[RewardEntry]:
+            return [RewardEntry(key, role.name, role.options, 1.0)]
+
+        roles: dict[str, tuple[RewardRoleConfig | DomainRewardConfig, list[RewardEntry]]] = {
+            "roles.reward": (self.reward, one("roles.reward", self.reward))}
+        for domain, spec in self.domain_rewards.items():
+            key = f"roles.domain_rewards.{domain}"
+            roles[key] = (spec, [RewardEntry(f"{key}.rewards[{i}]", r.name, r.options, r.weight)
+                                 for i, r in enumerate(spec.rewards)])
+        if self.eval_reward is not None:
+            roles["roles.eval_reward"] = (self.eval_reward, one("roles.eval_reward", self.eval_reward))
+        return roles
 
     def own(self) -> dict[str, TrainRoleConfig | InferRoleConfig | CriticRoleConfig | EnvRoleConfig]:
         """The roles of one's own (keys other than the built-in ones)."""
@@ -682,7 +719,7 @@ class RolesConfig(Strict):
     def named(self) -> dict[str, RoleConfig]:
         """Every configured role by its key in ``roles`` (a domain's reward as ``domain_rewards.D``)."""
         builtin = {name: getattr(self, name)
-                   for name in ("actor_train", "actor_infer", "reference", "critic", "reward")}
+                   for name in ("actor_train", "actor_infer", "reference", "critic", "reward", "eval_reward")}
         return {**{n: r for n, r in builtin.items() if r is not None},
                 **{f"domain_rewards.{d}": spec for d, spec in self.domain_rewards.items()}, "env": self.env,
                 **self.own()}
@@ -781,7 +818,8 @@ class RollConfig(Strict):
     output_dir: str = Field("runs/quickstart", description="checkpoints, metrics and logs of the run")
     seed: int = Field(
         42, description="seed of every random stream; each role and data order draws from its own offset of it")
-    pipeline: str = Field("rlvr", description="a registered pipeline: rlvr, sft, dpo, distill, agentic, or a plugin's")
+    pipeline: str = Field("rlvr", description="a registered pipeline: rlvr, sft, dpo, reward_model, distill, "
+                          "agentic, or a plugin's")
     executor: Literal["ray", "local"] = Field(
         "ray", description="ray: every worker a Ray actor; local: every worker in this process (debuggers, no Ray)")
     torch_threads: int = Field(2, ge=1, description="intra-op threads of every worker (same in both executors)")
@@ -791,6 +829,7 @@ class RollConfig(Strict):
     data: DataConfig = DataConfig()
     warmup: WarmupConfig = WarmupConfig()
     dpo: DPOConfig = DPOConfig()
+    reward_model: RewardModelConfig = RewardModelConfig()
     distill: DistillConfig = DistillConfig()
     agentic: AgenticConfig = AgenticConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -812,6 +851,17 @@ class RollConfig(Strict):
             raise ValueError("rollout.async_generation_ratio > 0 needs rollout.scheduler: async")
         if self.data.domains and (self.data.train_file or self.data.eval_file):
             raise ValueError("data.domains replaces data.train_file / data.eval_file: give each domain its own files")
+        if self.roles.eval_reward is not None and self.pipeline in ("sft", "dpo", "distill", "agentic", "reward_model"):
+            raise ValueError(f"roles.eval_reward scores rlvr's held-out generations; pipeline {self.pipeline} "
+                             f"evaluates without a reward (set roles.eval_reward=null)")
+        if self.pipeline == "reward_model":
+            critic = self.roles.critic
+            if critic is None:
+                raise ValueError("pipeline reward_model trains roles.critic (the model with a score head), which is "
+                                 "not configured: add roles.critic={} (or its strategy, lr, ...)")
+            if critic.micro_batch_size % 2:
+                raise ValueError(f"roles.critic.micro_batch_size: reward_model keeps each pair in one micro-batch, "
+                                 f"so it must be even, got {critic.micro_batch_size}")
         if algo.opd_coef > 0 and self.roles.reference is None:
             raise ValueError("algorithm.opd_coef > 0 needs a teacher: roles.reference (with its model_path)")
         if (algo.kl_loss_coef > 0 or algo.kl_penalty.coef > 0) and self.roles.reference is None:

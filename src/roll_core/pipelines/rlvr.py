@@ -56,6 +56,7 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         self.stream = DomainMixer(self.train_rows, mixed, cfg.seed) if mixed else PromptStream(self.train_rows, cfg.seed)
         self.shaper = RewardShaper(cfg.algorithm, self.plugins)
         self.reward = self.roles.rewards()  # first: a reward that rejects its options stops before any model loads
+        self.eval_reward = self.roles.eval_rewards()  # roles.eval_reward, or None: self.reward scores evaluations
         self.actor = self.roles.model_role("actor_train", self.model)
         self.infer = self.roles.model_role("actor_infer", self.model)
         self.weights = weight_sync.connect(cfg, self.executor, self.actor, self.infer, self.overlapping, self.plugins)
@@ -215,13 +216,14 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         return {"actor_train": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out accuracy with greedy decoding (mean verifiable reward, per domain too)."""
+        """Held-out accuracy with greedy decoding (mean verifiable reward, per domain too), scored by
+        ``roles.eval_reward`` where the run has one."""
         if not self.eval_rows:
             return {}
         self.roles.use("actor_infer")
         self.settle_weights()
         self.phase = "held-out evaluation"
-        return heldout_accuracy(self.scheduler, self.eval_rows, self.reward)
+        return heldout_accuracy(self.scheduler, self.eval_rows, self.reward, self.eval_reward)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def write_checkpoint(self, tmp: Path) -> dict:

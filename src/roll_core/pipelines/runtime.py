@@ -149,22 +149,33 @@ class RoleGroups:
         """Spawn the default reward role (``roles.reward``) and one per domain (``roles.domain_rewards``),
         each on its own workers or in the driver (:meth:`scores_in_driver`); raises at once if a
         reward rejects its options (before any model loads)."""
-        roles = self.config.roles
-
-        def spawn(name, spec, rewards, key):
-            # models_here: the local executor's one process (also the controller's inside a Ray worker)
-            args = (rewards, self.config, key, spec.failure_policy(), isinstance(self.executor, LocalExecutor))
-            if scores_in_driver(spec, [r[0] for r in rewards], self.plugins.rewards):  # no devices
-                group = LocalExecutor().spawn(name, RewardWorker, [(*args, None)] * spec.num_workers)
-                self.groups[name] = group
-                return group
-            return self.spawn(name, RewardWorker, [args] * spec.num_workers, spec)
-        default = spawn("reward", roles.reward, [(roles.reward.name, roles.reward.options, 1.0)], "roles.reward")
-        by_domain = {d: spawn(f"reward/{d}", spec, [(r.name, r.options, r.weight) for r in spec.rewards],
-                              f"roles.domain_rewards.{d}") for d, spec in roles.domain_rewards.items()}
+        default = self._reward_group("reward", "roles.reward")
+        by_domain = {d: self._reward_group(f"reward/{d}", f"roles.domain_rewards.{d}")
+                     for d in self.config.roles.domain_rewards}
         router = RewardRouter(default, by_domain)
         router.ready()
         return router
+
+    def eval_rewards(self) -> RewardRouter | None:
+        """Spawn ``roles.eval_reward``, which scores held-out evaluations, as :meth:`rewards` spawns
+        the others; None when the run has none (the training rewards score them)."""
+        if self.config.roles.eval_reward is None:
+            return None
+        router = RewardRouter(self._reward_group("eval_reward", "roles.eval_reward"))
+        router.ready()
+        return router
+
+    def _reward_group(self, name: str, key: str) -> WorkerGroup:
+        """The workers of the reward role at config ``key``, or its one worker in the driver."""
+        spec, entries = self.config.roles.reward_roles()[key]
+        rewards = [(r.name, r.options, r.weight) for r in entries]
+        # models_here: the local executor's one process (also the controller's inside a Ray worker)
+        args = (rewards, self.config, key, spec.failure_policy(), isinstance(self.executor, LocalExecutor))
+        if scores_in_driver(spec, [r.name for r in entries], self.plugins.rewards):  # no devices
+            group = LocalExecutor().spawn(name, RewardWorker, [(*args, None)] * spec.num_workers)
+            self.groups[name] = group
+            return group
+        return self.spawn(name, RewardWorker, [args] * spec.num_workers, spec)
 
     def use(self, *names: str) -> None:
         """Make these roles resident (offloading colocated ones first)."""
@@ -387,14 +398,16 @@ class TrainingLoop(Pipeline):
 
 
 class ActorLoop(TrainingLoop):
-    """A pipeline that trains ``actor_train`` on a seeded stream of rows (``sft``, ``dpo``,
-    ``distill``): its checkpoint is the actor's (with the tokenizer, so ``model/`` loads whole), the
-    stream's position and the step-0 evaluation, and its summary prints ``headline`` before and after.
-    A subclass sets ``self.actor``, ``self.tokenizer`` and ``self.stream`` and says what a step and an
-    evaluation are."""
+    """A pipeline that trains one role, ``actor_train`` unless ``trained_role`` says otherwise, on a
+    seeded stream of rows (``sft``, ``dpo``, ``distill``; ``reward_model`` trains ``critic``): its
+    checkpoint is that role's (with the tokenizer, so ``model/`` loads whole), the stream's position
+    and the step-0 evaluation, and its summary prints ``headline`` before and after. A subclass sets
+    ``self.actor`` (the trained role's workers), ``self.tokenizer`` and ``self.stream`` and says what
+    a step and an evaluation are."""
 
     #: (metric, how it is called, its format, what a step is), e.g. ("eval/loss", "held-out loss", "{:.3f}", "SFT steps")
     headline: tuple[str, str, str, str]
+    trained_role = "actor_train"  # its key in roles, and its directory in each checkpoint
     actor: WorkerGroup
     stream: Any  # roll_core.data.PromptStream
     before: dict[str, float]
@@ -404,12 +417,12 @@ class ActorLoop(TrainingLoop):
         return self.before
 
     def write_checkpoint(self, tmp: Path) -> dict:
-        self.executor.get(self.actor.call("save_checkpoint", str(tmp / "actor_train")))
-        save_tokenizer_beside(self.tokenizer, tmp / "actor_train")
+        self.executor.get(self.actor.call("save_checkpoint", str(tmp / self.trained_role)))
+        save_tokenizer_beside(self.tokenizer, tmp / self.trained_role)
         return {"data": self.stream.state(), "before": self.before}
 
     def restore(self, path: Path, state: dict) -> None:
-        self.executor.get(self.actor.call("load_checkpoint", str(path / "actor_train")))
+        self.executor.get(self.actor.call("load_checkpoint", str(path / self.trained_role)))
         self.stream.load_state(state["data"])
         self.before = state["before"]
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import torch
+
 from roll_core.data import Batch
+from roll_core.rewards import RewardInput
 
 
 def rows_by_domain(batch: Batch) -> dict[str, list[int]]:
@@ -36,16 +39,25 @@ def batch_metrics(batch: Batch, per_domain: bool) -> dict[str, float]:
     return out
 
 
-def heldout_accuracy(scheduler, rows: list[dict], reward) -> dict[str, float]:
+def heldout_accuracy(scheduler, rows: list[dict], reward, evaluator=None) -> dict[str, float]:
     """Held-out accuracy with greedy decoding: the mean verifiable reward of one sample per row,
     per domain too when there are several, and the evaluation's own reward failures (popped, so
-    they are not counted in the next RL step)."""
+    they are not counted in the next RL step). With ``evaluator`` (``roles.eval_reward``'s router)
+    that reward scores the samples again and its scores are the accuracy: the scheduler scores
+    everything it generates with the training rewards, whose mean is then ``eval/train_reward``."""
     batch = scheduler.collect(rows, num_return_sequences=1, temperature=0.0)
-    metrics = {"eval/accuracy": float(batch["scores"].mean())}
-    metrics.update({f"eval/{k}": v for k, v in reward.pop_failures().items() if v})
+    scores = batch["scores"]
+    metrics = {f"eval/{k}": v for k, v in reward.pop_failures().items() if v}
+    if evaluator is not None:
+        metrics["eval/train_reward"] = float(scores.mean())
+        samples = [RewardInput(p, t, g, d) for p, t, g, d in
+                   zip(batch["prompt"], batch["response_text"], batch["ground_truth"], batch["domain"])]
+        scores = torch.tensor(evaluator.gather(evaluator.submit(samples))[0], dtype=torch.float32)
+        metrics.update({f"eval/eval_{k}": v for k, v in evaluator.pop_failures().items() if v})
+    metrics["eval/accuracy"] = float(scores.mean())
     domains = rows_by_domain(batch)
     if len(domains) > 1:
-        metrics.update({f"eval/accuracy/{d}": float(batch["scores"][idx].mean()) for d, idx in domains.items()})
+        metrics.update({f"eval/accuracy/{d}": float(scores[idx].mean()) for d, idx in domains.items()})
     return metrics
 
 

@@ -166,12 +166,9 @@ def controller_blocker(cfg) -> str | None:
     if roles.reference is not None and not cfg.reference_on_actor() and (
             cfg.pipeline != "rlvr" or reference_read(cfg.algorithm, plugins)):
         return "roles.reference runs on workers of its own"
-    specs = {"roles.reward": (roles.reward, [roles.reward.name])}
-    specs.update({f"roles.domain_rewards.{d}": (spec, [r.name for r in spec.rewards])
-                  for d, spec in roles.domain_rewards.items()})
-    for key, (spec, names) in specs.items():
+    for key, (spec, entries) in roles.reward_roles().items():
         try:
-            if not scores_in_driver(spec, names, plugins.rewards):
+            if not scores_in_driver(spec, [r.name for r in entries], plugins.rewards):
                 return f"{key} scores on workers of its own (its placement)"
         except RegistryError:  # an unknown name is reported by the registry-name check
             return f"{key} names a reward that is not registered"

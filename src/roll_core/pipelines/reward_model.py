@@ -1,0 +1,101 @@
+"""``reward_model``: train a reward model on preference pairs, RLHF's step between SFT and PPO.
+
+The model is ``roles.critic``: the checkpoint (``model.path``) with a fresh one-label score head, on
+any strategy that hosts a critic. Each step takes ``reward_model.batch_size`` pairs (rows with a
+``rejected`` response, as ``dpo`` reads them) in a seeded, resumable order and makes one optimizer
+step on the Bradley-Terry loss ``-log sigmoid(r_chosen - r_rejected)``, each response's score being
+the head's output after the prompt and the whole response. The held-out metric is the preference
+accuracy: the share of held-out pairs whose chosen response scores higher.
+
+At the end the trained model is also written as a Hugging Face sequence classifier with one label,
+``<output_dir>/reward_model/``, the format roll-rewards' ``reward_model`` reward (and other
+libraries) score with; it reads its score where training did, at the end of prompt + response.
+The head's bias is left out of that export: it adds the same constant to every score, which no
+preference depends on.
+
+    roll run pipeline=reward_model 'roles.critic={}' trainer.max_steps=60 trainer.eval_every=20 \\
+        output_dir=runs/rm
+    roll run roles.reward.name=reward_model roles.reward.options.model_path=runs/rm/reward_model \\
+        output_dir=runs/rlhf                                                 # then RL against it
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from roll_core.algorithms.objective import RewardModelObjective
+from roll_core.data import PromptStream
+from roll_core.errors import ConfigError
+from roll_core.pipelines.dpo import pair_batch, preference_pairs
+from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, start_update, values
+from roll_core.pipelines.sources import load_rows
+from roll_core.training import UpdateSpec
+
+EXPORT = "reward_model"  # the sequence classifier's directory in output_dir
+
+
+class RewardModelPipeline(ActorLoop):
+    headline = ("eval/reward_model/rewards/accuracy", "held-out preference accuracy", "{:.1%}", "reward model steps")
+    trained_role = "critic"
+
+    def prepare(self) -> None:
+        cfg = self.config
+        self.model, self.tokenizer = self.policy()
+        train_rows, eval_rows = load_rows(cfg.data, self.plugins, self.tokenizer)
+        self.train_pairs, self.eval_pairs = preference_pairs(train_rows), preference_pairs(eval_rows)
+        if not self.train_pairs:
+            raise ConfigError("pipeline reward_model: no training row is a preference pair (a row with 'rejected', "
+                              "and 'chosen' or 'ground_truth')")
+        self.loss_fn = RewardModelObjective()
+        self.spec = UpdateSpec(max_grad_norm=cfg.algorithm.max_grad_norm,
+                               micro_batch_size=cfg.roles.critic.micro_batch_size, metric_prefix="reward_model")
+
+    def build(self) -> None:
+        self.actor = self.roles.model_role("critic", self.model, self.config.roles.critic)
+        self.stream = PromptStream(self.train_pairs, self.config.seed + SEED_OFFSETS["preference_data"])
+
+    def step(self, step: int) -> dict[str, float]:
+        batch = pair_batch(self.tokenizer, self.stream.next(self.config.reward_model.batch_size))
+        return self.executor.get(start_update(self.actor, batch, self.loss_fn, self.spec))[0]
+
+    def evaluate(self) -> dict[str, float]:
+        """The loss and score metrics of the held-out pairs (no gradient)."""
+        if not self.eval_pairs:
+            return {}
+        batch = pair_batch(self.tokenizer, self.eval_pairs)
+        _, metrics = self.loss_fn({"values": values(self.executor, self.actor, batch)}, batch, 0.0, float(len(batch)))
+        return {k.replace("reward_model/", "eval/reward_model/"): v for k, v in metrics.items()}
+
+    def after_steps(self) -> None:
+        checkpoint = self.checkpoints.latest()
+        assert checkpoint is not None  # the last step always saves
+        out = Path(self.config.output_dir) / EXPORT
+        export_sequence_classifier(checkpoint / self.trained_role / "model", out, self.tokenizer)
+        print(f"reward model written to {out} (a sequence classifier: roles.reward.name=reward_model "
+              f"roles.reward.options.model_path={out})", flush=True)
+
+
+def export_sequence_classifier(value_model: Path, out: Path, tokenizer) -> None:
+    """A critic checkpoint (``...ForTokenClassification``, one label) as ``...ForSequenceClassification``
+    at ``out``, with ``tokenizer``: the same backbone and head weights, the head's bias left out,
+    and the padding id set so that batched scoring finds each row's last token. Written whole or
+    not at all (a directory beside ``out``, renamed over it)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "score.bias was not used": it is left out on purpose
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(value_model, num_labels=1, dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial, safe_serialization=True)
+    tokenizer.save_pretrained(partial)
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+
