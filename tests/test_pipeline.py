@@ -98,7 +98,12 @@ def test_failing_reward_stops_with_a_clear_message(tiny_config, roll_plugins):
         RLVRPipeline(cfg, LocalExecutor()).run()
 
 
-def test_an_eval_reward_scores_the_held_out_rows_while_training_uses_its_own(tiny_config, roll_plugins):
+@pytest.mark.parametrize("judge, accuracy, counted", [
+    ("quarter", 0.25, {}),
+    ("{name: broken, on_nonfinite: zero}", 0.0, {"eval/eval_reward/nonfinite": 32.0}),  # 16 held-out rows a domain
+])
+def test_an_eval_reward_scores_the_held_out_rows_while_training_uses_its_own(tiny_config, roll_plugins, judge,
+                                                                              accuracy, counted):
     from roll_core.rewards import Reward
     from roll_core.testing import hooks
     from roll_core.trackers import read_metrics
@@ -115,18 +120,27 @@ def test_an_eval_reward_scores_the_held_out_rows_while_training_uses_its_own(tin
         def score(self, sample):
             return 0.25
 
+    class Broken(Reward):
+        def score(self, sample):
+            return float("nan")
+
     def register(register):
         register("length", Length)
         register("quarter", Quarter)
+        register("broken", Broken)
 
     roll_plugins(("mine", hooks(roll_register_rewards=register)))
-    cfg = tiny_config("roles.reward.name=length", "roles.eval_reward={name: quarter}", "trainer.max_steps=1")
+    judge = judge if judge.startswith("{") else f"{{name: {judge}}}"
+    cfg = tiny_config("roles.reward.name=length", f"roles.eval_reward={judge}", "trainer.max_steps=1",
+                      "data.domains={a: {dataset: carry_addition}, b: {dataset: carry_addition}}")
     summary = RLVRPipeline(cfg, LocalExecutor()).run()
     trained = next(r for r in read_metrics(f"{cfg.output_dir}/metrics.jsonl") if "reward/mean" in r)
     assert trained["reward/mean"] > 1  # lengths: the training reward scored the step
     for evaluation in (summary["before_rl"], summary["after_rl"]):
-        assert evaluation["eval/accuracy"] == 0.25  # the eval reward's scores
-        assert evaluation["eval/train_reward"] != 0.25  # the training reward's mean length of the same answers
+        # the eval reward's scores, per domain too; the training reward's mean length of the same answers
+        assert [evaluation[k] for k in ("eval/accuracy", "eval/accuracy/a", "eval/accuracy/b")] == [accuracy] * 3
+        assert evaluation["eval/train_reward"] > 0.25
+        assert {k: v for k, v in evaluation.items() if k.startswith("eval/eval_")} == counted
 
 
 def _run_cli(run_dir, *overrides, executor="local"):

@@ -89,3 +89,44 @@ def test_the_reward_model_learns_the_pairs_resumes_exactly_and_exports_what_it_l
     assert sum(gaps) / len(gaps) == pytest.approx(after["eval/reward_model/rewards/margin"], abs=1e-4)
     assert sum(g > 0 for g in gaps) / len(gaps) == pytest.approx(after["eval/reward_model/rewards/accuracy"])
     assert not (straight / "reward_model.partial").exists()
+    assert (straight / "checkpoints" / "step_000080" / "critic" / "model" / "config.json").is_file()
+
+
+def test_the_pipeline_checks_its_pairs_and_takes_the_critics_micro_batches(tmp_path):
+    from conftest import write_jsonl
+
+    from roll_core.errors import ConfigError
+    from roll_core.pipelines.reward_model import RewardModelPipeline
+    from roll_core.runtime import LocalExecutor
+
+    def pipeline(*overrides):
+        return RewardModelPipeline(load_config(None, [*RUN, f"output_dir={tmp_path / 'run'}", *overrides]),
+                                   LocalExecutor())
+
+    ready = pipeline("roles.critic={micro_batch_size: 4}")
+    ready.prepare()
+    assert (ready.spec.micro_batch_size, ready.spec.metric_prefix) == (4, "reward_model")
+    ready.eval_pairs = []
+    assert ready.evaluate() == {}  # no held-out pairs: nothing to measure, and no worker asked
+    unpaired = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "1+2=", "ground_truth": "3"}])
+    with pytest.raises(ConfigError, match="pipeline reward_model: no training row is a preference pair"):
+        pipeline(f"data.train_file={unpaired}", f"data.eval_file={unpaired}").prepare()
+
+
+def test_the_export_gets_a_padding_id_where_the_checkpoint_has_none(tmp_path):
+    import json
+
+    from roll_core.embedded.model import build_tiny_model
+    from roll_core.pipelines.reward_model import export_sequence_classifier
+    from roll_core.pipelines.runtime import load_tokenizer
+    from roll_core.strategies.models import load_value_model
+
+    critic = tmp_path / "critic"
+    load_value_model(str(build_tiny_model(tmp_path / "tiny")), torch.device("cpu"), seed=0).save_pretrained(critic)
+    config = json.loads((critic / "config.json").read_text())
+    (critic / "config.json").write_text(json.dumps({**config, "pad_token_id": None}))
+    tokenizer = load_tokenizer(str(tmp_path / "tiny"))
+    export_sequence_classifier(critic, tmp_path / "rm", tokenizer)
+    exported = json.loads((tmp_path / "rm" / "config.json").read_text())
+    assert exported["pad_token_id"] == tokenizer.pad_token_id == 0
+    assert exported["architectures"] == ["LlamaForSequenceClassification"]

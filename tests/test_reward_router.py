@@ -101,3 +101,51 @@ def test_a_worker_whose_call_hung_is_replaced_once_readied_and_counted_and_stopp
     router.gather(router.submit(samples(2)))  # the fresh worker hangs too: it is the group's, so it goes in turn
     assert fresh.calls == [["r0"]] and stopped == [old_a, fresh] and group.handles[0] not in (old_a, fresh)
     assert router.pop_failures()["reward/replaced_workers"] == 2.0  # both replacements, in the same step
+
+
+def test_the_run_s_reward_roles_score_with_their_configured_weights(roll_plugins, tmp_path):
+    """From the config to the workers: a domain's rewards summed with their weights, the eval reward
+    a router of its own."""
+    from roll_core.config import load_and_check
+    from roll_core.pipelines.runtime import RoleGroups
+    from roll_core.rewards import Reward
+    from roll_core.testing import hooks
+
+    class One(Reward):
+        lightweight = True
+
+        def score(self, sample):
+            return 1.0
+
+    plugins = roll_plugins(("mine", hooks(roll_register_rewards=lambda register: register("one", One))))
+    cfg = load_and_check(None, [f"output_dir={tmp_path}", "executor=local", "roles.reward.name=one",
+                                "roles.domain_rewards={b: {rewards: [{name: one, weight: 2.0}, {name: one, weight: 0.5}]}}",
+                                "roles.eval_reward={name: one}"])
+    roles = RoleGroups(cfg, LocalExecutor(), plugins)
+    router, judge = roles.rewards(), roles.eval_rewards()
+    samples = [RewardInput("1+1=", "2", "2", "a"), RewardInput("1+1=", "2", "2", "b")]
+    assert router.gather(router.submit(samples))[0] == [1.0, 2.5]
+    assert judge.gather(judge.submit(samples))[0] == [1.0, 1.0] and judge.default.role == "eval_reward"
+    assert RoleGroups(load_and_check(None, [f"output_dir={tmp_path}"]), LocalExecutor(), plugins).eval_rewards() is None
+
+
+def test_an_eval_reward_that_cannot_start_stops_the_run_before_it_trains(roll_plugins, tmp_path):
+    import pytest
+
+    from roll_core.config import load_and_check
+    from roll_core.errors import RollError
+    from roll_core.pipelines.runtime import RoleGroups
+    from roll_core.rewards import Reward
+    from roll_core.testing import hooks
+
+    class NoService(Reward):
+        def __init__(self):
+            raise ConnectionError("no judge at localhost:9")
+
+        def score(self, sample):
+            return 0.0
+
+    plugins = roll_plugins(("mine", hooks(roll_register_rewards=lambda register: register("judge", NoService))))
+    cfg = load_and_check(None, [f"output_dir={tmp_path}", "executor=local", "roles.eval_reward={name: judge}"])
+    with pytest.raises(RollError, match=r"key 'roles.eval_reward': reward 'judge' \(plugin 'mine'\) failed to start"):
+        RoleGroups(cfg, LocalExecutor(), plugins).eval_rewards()

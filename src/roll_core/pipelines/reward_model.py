@@ -65,7 +65,7 @@ class RewardModelPipeline(ActorLoop):
             return {}
         batch = pair_batch(self.tokenizer, self.eval_pairs)
         _, metrics = self.loss_fn({"values": values(self.executor, self.actor, batch)}, batch, 0.0, float(len(batch)))
-        return {k.replace("reward_model/", "eval/reward_model/"): v for k, v in metrics.items()}
+        return {f"eval/{k}": v for k, v in metrics.items()}
 
     def after_steps(self) -> None:
         checkpoint = self.checkpoints.latest()
