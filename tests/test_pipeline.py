@@ -44,9 +44,11 @@ def test_local_run_writes_metrics_checkpoints_and_tensorboard(tiny_config, monke
     assert steps == ["step_000002", "step_000003"]  # keep_checkpoints=2
     ckpt = run / "checkpoints" / "step_000003"
     assert (ckpt / "actor_train" / "model" / "model.safetensors").exists()
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     AutoModelForCausalLM.from_pretrained(ckpt / "actor_train" / "model")  # Hugging Face format
+    tokenizer = AutoTokenizer.from_pretrained(ckpt / "actor_train" / "model")  # whole: a server can load it alone
+    assert tokenizer("47+38=")["input_ids"] == pipeline.tokenizer("47+38=")["input_ids"]
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

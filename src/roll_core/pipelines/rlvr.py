@@ -26,7 +26,8 @@ from roll_core.algorithms.objective import (ActorObjective, CriticObjective, dis
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import Batch, DomainMixer, PromptStream
 from roll_core.pipelines import mismatch
-from roll_core.pipelines.runtime import TrainingLoop, log_probs, start_update, values, warn_if_oversubscribed
+from roll_core.pipelines.runtime import (TrainingLoop, log_probs, save_tokenizer_beside, start_update, values,
+                                        warn_if_oversubscribed)
 from roll_core.pipelines.sft import DemonstrationSource, WarmStart
 from roll_core.pipelines.sources import check_domains, check_ground_truth, load_rows
 from roll_core.rollout import overlaps_training
@@ -231,6 +232,8 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         self.roles.use(*self._trained())
         self.executor.get([h for name, group in self._trained().items()
                            for h in group.call("save_checkpoint", str(tmp / name))])
+        for name in self._trained():
+            save_tokenizer_beside(self.tokenizer, tmp / name)
         self.roles.save_rng("actor_infer", tmp / "infer_rng.pt")
         return {"data": self.stream.state(), "before_rl": self.before_rl, "shaping": self.shaper.state_dict()}
 
