@@ -196,7 +196,8 @@ def test_play_checks_its_options_and_actions_and_a_random_policy_draws_from_the_
 
     roll_plugins(("echo", hooks(roll_register_envs=register)))
     assert main(["play", "echo", "--options", "{size: 4"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --options is not valid YAML: expected ',' or '}', but got '<stream end>'"
+    assert capsys.readouterr().err.strip() == ("error: --options is not valid YAML: expected ',' or '}', but got "
+                                               "'<stream end>'")
     assert main(["play", "echo", "--options", "[4]"]) == 2
     assert capsys.readouterr().err.strip() == "error: --options must be a mapping such as '{size: 6}', got '[4]'"
     # options the constructor would refuse: one line each, as roll validate words them, not a traceback

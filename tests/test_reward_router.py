@@ -119,7 +119,8 @@ def test_the_run_s_reward_roles_score_with_their_configured_weights(roll_plugins
 
     plugins = roll_plugins(("mine", hooks(roll_register_rewards=lambda register: register("one", One))))
     cfg = load_and_check(None, [f"output_dir={tmp_path}", "executor=local", "roles.reward.name=one",
-                                "roles.domain_rewards={b: {rewards: [{name: one, weight: 2.0}, {name: one, weight: 0.5}]}}",
+                                "roles.domain_rewards={b: {rewards: [{name: one, weight: 2.0}, "
+                                "{name: one, weight: 0.5}]}}",
                                 "roles.eval_reward={name: one}"])
     roles = RoleGroups(cfg, LocalExecutor(), plugins)
     router, judge = roles.rewards(), roles.eval_rewards()

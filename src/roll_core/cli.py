@@ -326,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("play", help="play one episode of an environment in this process and print it")
     pl.add_argument("env", help="a registered environment (roll list-plugins)")
-    pl.add_argument("--options", default="{}", help="the environment's options, a YAML mapping as agentic.env_options takes: '{size: 6}'")
+    pl.add_argument("--options", default="{}",
+                    help="the environment's options, a YAML mapping as agentic.env_options takes: '{size: 6}'")
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--policy", choices=["scripted", "random", "model"], default="model",
                     help="scripted: --actions in order; random: drawn from --actions; model: --model generates")

@@ -96,8 +96,8 @@ def describe_run(config) -> str:
     if config.pipeline == "agentic":
         task = "environments " + ", ".join(f"{e.label} ({e.env})" for e in config.agentic.environments())
     else:
-        rewards = [config.roles.reward.name] + [
-            f"{domain}: {'+'.join(r.name for r in spec.rewards)}" for domain, spec in config.roles.domain_rewards.items()]
+        rewards = [config.roles.reward.name] + [f"{domain}: {'+'.join(r.name for r in spec.rewards)}"
+                                                for domain, spec in config.roles.domain_rewards.items()]
         source = config.data.train_file or ", ".join(config.data.domains) or config.data.dataset
         judge = config.roles.eval_reward
         scored = f", reward {'; '.join(rewards)}" + (f", evaluated by {judge.name}" if judge is not None else "")

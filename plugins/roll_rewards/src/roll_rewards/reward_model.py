@@ -16,8 +16,8 @@ What the model reads (``template``):
   (the response). Right for published chat reward models when the data's prompts are plain text.
 
 Texts longer than ``max_length`` tokens lose the start of their text (a BOS the tokenizer adds
-stays), never their end: the model reads its score at the last token, which must be the response's. ``metrics()`` counts them
-(``reward/reward_model/truncated``).
+stays), never their end: the model reads its score at the last token, which must be the
+response's. ``metrics()`` counts them (``reward/reward_model/truncated``).
 
     roll run roles.reward.name=reward_model roles.reward.options.model_path=/models/my-rm \\
         roles.reward.device_mapping=[1]
