@@ -34,6 +34,17 @@ def preference_pairs(rows: list[dict]) -> list[dict]:
     return [{**r, "chosen": r.get("chosen", r.get("ground_truth"))} for r in rows if r.get("rejected") is not None]
 
 
+def load_pairs(pipeline: str, data, plugins, tokenizer) -> tuple[list[dict], list[dict]]:
+    """The training and held-out preference pairs of the ``data`` section (:func:`preference_pairs`);
+    a config error naming ``pipeline`` when no training row is a pair."""
+    train_rows, eval_rows = load_rows(data, plugins, tokenizer)
+    train, held_out = preference_pairs(train_rows), preference_pairs(eval_rows)
+    if not train:
+        raise ConfigError(f"pipeline {pipeline}: no training row is a preference pair (a row with 'rejected', and "
+                          f"'chosen' or 'ground_truth')")
+    return train, held_out
+
+
 def pair_batch(tokenizer, pairs: list[dict]) -> Batch:
     """Each pair as two consecutive rows, chosen then rejected, tagged with ``pair`` and ``chosen``
     so the loss can check that no split separated them."""
@@ -49,11 +60,7 @@ class DPOPipeline(ActorLoop):
     def prepare(self) -> None:
         cfg = self.config
         self.model, self.tokenizer = self.policy()
-        train_rows, eval_rows = load_rows(cfg.data, self.plugins, self.tokenizer)
-        self.train_pairs, self.eval_pairs = preference_pairs(train_rows), preference_pairs(eval_rows)
-        if not self.train_pairs:
-            raise ConfigError("pipeline dpo: no training row is a preference pair (a row with 'rejected', and "
-                              "'chosen' or 'ground_truth')")
+        self.train_pairs, self.eval_pairs = load_pairs("dpo", cfg.data, self.plugins, self.tokenizer)
         if cfg.roles.actor_train.micro_batch_size % 2:
             raise ConfigError(f"key 'roles.actor_train.micro_batch_size': dpo keeps each pair in one micro-batch, "
                               f"so it must be even, got {cfg.roles.actor_train.micro_batch_size}")

@@ -26,10 +26,8 @@ from pathlib import Path
 
 from roll_core.algorithms.objective import RewardModelObjective
 from roll_core.data import PromptStream
-from roll_core.errors import ConfigError
-from roll_core.pipelines.dpo import pair_batch, preference_pairs
+from roll_core.pipelines.dpo import load_pairs, pair_batch
 from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, start_update, values
-from roll_core.pipelines.sources import load_rows
 from roll_core.training import UpdateSpec
 
 EXPORT = "reward_model"  # the sequence classifier's directory in output_dir
@@ -42,11 +40,7 @@ class RewardModelPipeline(ActorLoop):
     def prepare(self) -> None:
         cfg = self.config
         self.model, self.tokenizer = self.policy()
-        train_rows, eval_rows = load_rows(cfg.data, self.plugins, self.tokenizer)
-        self.train_pairs, self.eval_pairs = preference_pairs(train_rows), preference_pairs(eval_rows)
-        if not self.train_pairs:
-            raise ConfigError("pipeline reward_model: no training row is a preference pair (a row with 'rejected', "
-                              "and 'chosen' or 'ground_truth')")
+        self.train_pairs, self.eval_pairs = load_pairs("reward_model", cfg.data, self.plugins, self.tokenizer)
         self.loss_fn = RewardModelObjective()
         self.spec = UpdateSpec(max_grad_norm=cfg.algorithm.max_grad_norm,
                                micro_batch_size=cfg.roles.critic.micro_batch_size, metric_prefix="reward_model")
