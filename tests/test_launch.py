@@ -65,6 +65,9 @@ def test_in_process_plugins_need_the_local_executor_and_nothing_starts_without_i
         "in-process plugins (counting_rewards) reach only this process, and executor 'ray' runs workers in "
         "others: pass executor=local, or install them as a package (roll plugin new) so that every worker finds them")
     assert not list(tmp_path.iterdir())
+    from roll_core.plugins import get_plugins
+
+    assert "counting" not in get_plugins().rewards.names()  # a call that failed leaves the plugins as they were
 
 
 def test_a_name_only_an_in_process_plugin_gives_is_unknown_without_it(tmp_path):

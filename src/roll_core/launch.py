@@ -47,16 +47,12 @@ def run(config: str | Path | None = None, overrides: Sequence[str] = (), *,
     ``plugins`` adds in-process plugins by name for this call (the module docstring)."""
     if isinstance(overrides, str):
         raise TypeError(f"overrides is a list of 'key=value' strings, got the string {overrides!r}")
-    from roll_core import plugins as registries
+    if not plugins:
+        return _run_checked(config, list(overrides), in_process=[])
+    from roll_core.plugins import plugins_added
 
-    before = registries._PLUGINS
-    if plugins:
-        registries.reset_plugins(registries.load_plugins(extra=list(plugins.items())))
-    try:
-        return _run_checked(config, list(overrides), in_process=sorted(plugins or ()))
-    finally:
-        if plugins:
-            registries.reset_plugins(before)
+    with plugins_added(list(plugins.items())):
+        return _run_checked(config, list(overrides), in_process=sorted(plugins))
 
 
 def _run_checked(config, overrides: list[str], in_process: list[str]) -> dict[str, Any]:

@@ -18,13 +18,14 @@ the driver as long as they run in the same Python environment.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.metadata as md
 import os
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pluggy
 
@@ -299,3 +300,17 @@ def reset_plugins(plugins: RollPlugins | None = None) -> None:
     """Replace (or drop, so it is rebuilt) the process-wide plugin manager. Used by tests."""
     global _PLUGINS
     _PLUGINS = plugins
+
+
+@contextlib.contextmanager
+def plugins_added(extra: list[tuple[str, Any]]) -> Iterator[RollPlugins]:
+    """Within the block, the process-wide plugins are the installed ones plus ``extra`` (``(name,
+    plugin object)`` pairs: a notebook's plugins, :func:`roll_core.run`'s ``plugins``); after it,
+    what they were before."""
+    global _PLUGINS
+    before = _PLUGINS
+    _PLUGINS = load_plugins(extra)
+    try:
+        yield _PLUGINS
+    finally:
+        _PLUGINS = before

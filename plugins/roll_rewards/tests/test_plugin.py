@@ -17,12 +17,14 @@ def test_listed_with_its_rewards():
     mine = plugins["rewards"]
     assert mine["distribution"] == "roll-rewards" and mine["status"] == "ok"
     assert mine["provides"] == {"rewards": [
-        "code", "ifeval", "llm_judge", "math_verify", "multiple_choice", "shaped", "trl_function", "verl_compute_score"]}
+        "code", "ifeval", "llm_judge", "math_verify", "multiple_choice", "reward_model", "shaped", "trl_function",
+        "verl_compute_score"]}
 
 
-def test_listing_does_not_import_sympy_math_verify_or_httpx():
+def test_listing_does_not_import_sympy_math_verify_httpx_or_the_reward_model():
     code = ("import sys; from roll_core.plugins import get_plugins; assert 'code' in get_plugins().rewards; "
-            "print([m for m in ('sympy', 'math_verify', 'roll_rewards.sandbox', 'httpx') if m in sys.modules])")
+            "print([m for m in ('sympy', 'math_verify', 'roll_rewards.sandbox', 'httpx', 'roll_rewards.reward_model') "
+            "if m in sys.modules])")
     # GEM (roll-envs[gem]), when installed, imports sympy itself while it lists its environments
     env = {**os.environ, "ROLL_DISABLE_PLUGINS": "gem"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
