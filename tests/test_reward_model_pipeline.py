@@ -120,13 +120,16 @@ def test_the_export_gets_a_padding_id_where_the_checkpoint_has_none(tmp_path):
     from roll_core.pipelines.reward_model import export_sequence_classifier
     from roll_core.pipelines.runtime import load_tokenizer
     from roll_core.strategies.models import load_value_model
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.set_verbosity_warning()  # transformers' default, whatever an earlier test left
     critic = tmp_path / "critic"
     load_value_model(str(build_tiny_model(tmp_path / "tiny")), torch.device("cpu"), seed=0).save_pretrained(critic)
     config = json.loads((critic / "config.json").read_text())
     (critic / "config.json").write_text(json.dumps({**config, "pad_token_id": None}))
     tokenizer = load_tokenizer(str(tmp_path / "tiny"))
     export_sequence_classifier(critic, tmp_path / "rm", tokenizer)
+    assert hf_logging.get_verbosity() == hf_logging.WARNING  # warnings off for each head swap only
     exported = json.loads((tmp_path / "rm" / "config.json").read_text())
     assert exported["pad_token_id"] == tokenizer.pad_token_id == 0
     assert exported["architectures"] == ["LlamaForSequenceClassification"]

@@ -21,13 +21,13 @@ preference depends on.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from roll_core.algorithms.objective import RewardModelObjective
 from roll_core.data import PromptStream
 from roll_core.pipelines.dpo import load_pairs, pair_batch
 from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, start_update, values
+from roll_core.strategies.models import export_sequence_classifier
 from roll_core.training import UpdateSpec
 
 EXPORT = "reward_model"  # the sequence classifier's directory in output_dir
@@ -68,28 +68,4 @@ class RewardModelPipeline(ActorLoop):
         export_sequence_classifier(checkpoint / self.trained_role / "model", out, self.tokenizer)
         print(f"reward model written to {out} (a sequence classifier: roles.reward.name=reward_model "
               f"roles.reward.options.model_path={out})", flush=True)
-
-
-def export_sequence_classifier(value_model: Path, out: Path, tokenizer) -> None:
-    """A critic checkpoint (``...ForTokenClassification``, one label) as ``...ForSequenceClassification``
-    at ``out``, with ``tokenizer``: the same backbone and head weights, the head's bias left out,
-    and the padding id set so that batched scoring finds each row's last token. Written whole or
-    not at all (a directory beside ``out``, renamed over it)."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # "score.bias was not used": it is left out on purpose
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(value_model, num_labels=1, dtype=torch.float32)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial, safe_serialization=True)
-    tokenizer.save_pretrained(partial)
-    shutil.rmtree(out, ignore_errors=True)
-    partial.rename(out)
 

@@ -3,9 +3,11 @@ plugins that start from the same weights): one place for dtype, device and the v
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -43,19 +45,45 @@ def load_value_model(model_path: str, device: torch.device, seed: int) -> Any:
     head's dropout (transformers defaults it to 0.1) is off: the values the update regresses must
     be the ones computed at rollout time, and accumulating micro-batches must not change them."""
     from transformers import AutoConfig, AutoModelForTokenClassification
+
+    with _expected_reports(), torch.random.fork_rng(devices=[]):  # "score head newly initialised"
+        torch.manual_seed(seed)
+        config = AutoConfig.from_pretrained(model_path, num_labels=1)
+        config.classifier_dropout = 0.0
+        model: Any = AutoModelForTokenClassification.from_pretrained(model_path, config=config, dtype=torch.float32)
+    return model.to(device)
+
+
+def export_sequence_classifier(value_model: Path, out: Path, tokenizer) -> None:
+    """A value model's checkpoint (:func:`load_value_model`'s ``...ForTokenClassification``, one
+    label) as ``...ForSequenceClassification`` at ``out``, with ``tokenizer``: the same backbone and
+    head weights, the head's bias left out, and the padding id set so that batched scoring finds each
+    row's last token. Written whole or not at all (a directory beside ``out``, renamed over it)."""
+    from transformers import AutoModelForSequenceClassification
+
+    with _expected_reports():  # "score.bias was not used": it is left out on purpose
+        model = AutoModelForSequenceClassification.from_pretrained(value_model, num_labels=1, dtype=torch.float32)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial, safe_serialization=True)
+    tokenizer.save_pretrained(partial)
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+
+
+@contextlib.contextmanager
+def _expected_reports() -> Iterator[None]:
+    """transformers' warnings off within the block, for the reports a head swap makes (a head newly
+    initialised, a head's weight unused); its verbosity as it was after."""
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the "score head newly initialised" report is expected
+    hf_logging.set_verbosity_error()
     try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            config = AutoConfig.from_pretrained(model_path, num_labels=1)
-            config.classifier_dropout = 0.0
-            model: Any = AutoModelForTokenClassification.from_pretrained(model_path, config=config, dtype=torch.float32)
+        yield
     finally:
         hf_logging.set_verbosity(verbosity)
-    return model.to(device)
 
 
 def full_sequence(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
