@@ -1,12 +1,12 @@
 """Preference losses against numbers computed by hand (DPO sigmoid with label smoothing, IPO, and a
-reward model's Bradley-Terry loss)."""
+reward model's Bradley-Terry loss), and the pairs online DPO draws from scored groups."""
 
 import math
 
 import pytest
 import torch
 
-from roll_core.algorithms.preference import PreferenceInput, bradley_terry, dpo_sigmoid, ipo
+from roll_core.algorithms.preference import PreferenceInput, best_worst_pairs, bradley_terry, dpo_sigmoid, ipo
 
 # Pair 0: chosen log-ratio -1.0 - (-1.5) = 0.5, rejected -2.0 - (-1.0) = -1.0, so h = 1.5.
 # Pair 1: chosen log-ratio -0.2, rejected 0.3, so h = -0.5 (the policy prefers the rejected one).
@@ -63,3 +63,13 @@ def test_bradley_terry_is_minus_log_sigmoid_of_the_score_gap():
     torch.testing.assert_close(chosen.grad, torch.tensor([-1 / (1 + math.e), -1 / (1 + math.exp(-2))]))
     shifted, _ = bradley_terry(chosen.detach() + 3.0, rejected + 3.0)  # a constant on every score changes nothing
     torch.testing.assert_close(shifted, loss.detach())
+
+
+def test_best_worst_pairs_take_each_groups_top_and_bottom_score_and_skip_ties():
+    # groups (in row order) 2, 0, 2, 1, 0, 2, 1, 3, 3; group 1 ties, group 3 holds a NaN
+    group = torch.tensor([2, 0, 2, 1, 0, 2, 1, 3, 3])
+    scores = torch.tensor([0.5, 0.0, 1.0, 1.0, 1.0, 0.5, 1.0, float("nan"), 1.0])
+    # group 0: rows 1 (0.0), 4 (1.0) -> (4, 1); group 2: rows 0, 2, 5 -> best 2, worst 0 (the earlier of two 0.5s)
+    assert best_worst_pairs(scores, group).tolist() == [[4, 1], [2, 0]]
+    assert best_worst_pairs(torch.ones(4), torch.tensor([0, 0, 1, 1])).shape == (0, 2)
+    assert best_worst_pairs(torch.tensor([3, 1, 2]), torch.zeros(3, dtype=torch.long)).tolist() == [[0, 1]]

@@ -109,6 +109,10 @@ def test_replay_says_which_dumps_or_checkpoint_it_lacks(dumped_run, tmp_path):
     with pytest.raises(RollError, match=r"is not a run directory: it has no config.json \(roll run writes it there\)"):
         replay(tmp_path)
     assert Path(dumped_run / "checkpoints" / "step_000002").is_dir()
+    config = json.loads((dumped_run / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "pipeline": "online_dpo"}))
+    with pytest.raises(RollError, match=f"replays rlvr's policy updates; {tmp_path} ran pipeline online_dpo"):
+        replay(tmp_path)
 
 
 def _run_dir(root: Path, dumped: list[int], checkpoints: list[int]) -> Path:

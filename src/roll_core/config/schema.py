@@ -104,7 +104,8 @@ class WarmupConfig(Strict):
 
 
 class DPOConfig(Strict):
-    """The ``dpo`` pipeline: pairs of a ``prompt``, a ``chosen`` and a ``rejected`` response."""
+    """The ``dpo`` and ``online_dpo`` pipelines: pairs of a ``prompt``, a ``chosen`` and a
+    ``rejected`` response (online_dpo: the best and worst of each prompt's samples)."""
 
     loss: str = Field("dpo_sigmoid", description="a registered preference loss (dpo_sigmoid, ipo, ...)")
     beta: float = Field(0.1, gt=0, description="strength of the pull toward the reference (IPO: its tau)")
@@ -114,7 +115,8 @@ class DPOConfig(Strict):
     reference: Literal["role", "precomputed"] = Field(
         "role", description="role: log-probs from roles.reference; precomputed: each pair's "
         "reference_chosen_logp and reference_rejected_logp, computed once with the data")
-    batch_size: int = Field(32, ge=1, description="pairs per optimizer step")
+    batch_size: int = Field(32, ge=1, description="pairs per optimizer step (online_dpo: at most one per prompt "
+                            "of rollout.prompts_per_step)")
 
 
 class RewardModelConfig(Strict):
@@ -818,7 +820,7 @@ class RollConfig(Strict):
     output_dir: str = Field("runs/quickstart", description="checkpoints, metrics and logs of the run")
     seed: int = Field(
         42, description="seed of every random stream; each role and data order draws from its own offset of it")
-    pipeline: str = Field("rlvr", description="a registered pipeline: rlvr, sft, dpo, reward_model, distill, "
+    pipeline: str = Field("rlvr", description="a registered pipeline: rlvr, sft, dpo, online_dpo, reward_model, distill, "
                           "agentic, or a plugin's")
     executor: Literal["ray", "local"] = Field(
         "ray", description="ray: every worker a Ray actor; local: every worker in this process (debuggers, no Ray)")
@@ -862,6 +864,8 @@ class RollConfig(Strict):
             if critic.micro_batch_size % 2:
                 raise ValueError(f"roles.critic.micro_batch_size: reward_model keeps each pair in one micro-batch, "
                                  f"so it must be even, got {critic.micro_batch_size}")
+        if self.pipeline == "online_dpo":
+            self._check_online_dpo()
         if algo.opd_coef > 0 and self.roles.reference is None:
             raise ValueError("algorithm.opd_coef > 0 needs a teacher: roles.reference (with its model_path)")
         if (algo.kl_loss_coef > 0 or algo.kl_penalty.coef > 0) and self.roles.reference is None:
@@ -877,6 +881,23 @@ class RollConfig(Strict):
                 raise ValueError(f"algorithm.ppo_mini_batch_size ({algo.ppo_mini_batch_size}) must divide the "
                                  f"samples per step (prompts_per_step * num_return_sequences = {samples})")
         return self
+
+    def _check_online_dpo(self) -> None:
+        """online_dpo pairs each group's best and worst samples and trains them against a reference."""
+        if self.rollout.num_return_sequences < 2:
+            raise ValueError("pipeline online_dpo pairs samples of one prompt: rollout.num_return_sequences must be "
+                             f"at least 2, got {self.rollout.num_return_sequences}")
+        if self.roles.reference is None:
+            raise ValueError("pipeline online_dpo reads a reference's log-probs: roles.reference is null (add "
+                             "roles.reference={} for the policy as RL starts)")
+        if self.dpo.reference != "role":
+            raise ValueError("dpo.reference: online_dpo samples its pairs as it runs, so no log-probs can be "
+                             "precomputed; use 'role'")
+        if self.roles.critic is not None:
+            raise ValueError("pipeline online_dpo trains no critic: set roles.critic=null")
+        if self.roles.actor_train.micro_batch_size % 2:
+            raise ValueError(f"roles.actor_train.micro_batch_size: online_dpo keeps each pair in one micro-batch, "
+                             f"so it must be even, got {self.roles.actor_train.micro_batch_size}")
 
     def role(self, name: str, kind: str | None = None) -> RoleConfig:
         """The role at key ``roles.<name>``, checked to be of ``kind`` when given."""

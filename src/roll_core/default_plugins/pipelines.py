@@ -10,6 +10,8 @@ def roll_register_pipelines(register):
              description="supervised fine-tuning on demonstrations (rlvr's warm-up, on its own)")
     register("dpo", "roll_core.pipelines.dpo:DPOPipeline",
              description="direct preference optimisation on (prompt, chosen, rejected) pairs (DPO, IPO, ...)")
+    register("online_dpo", "roll_core.pipelines.online_dpo:OnlineDPOPipeline",
+             description="DPO on pairs the policy samples each step, the best- and worst-scored by the run's reward")
     register("reward_model", "roll_core.pipelines.reward_model:RewardModelPipeline",
              description="a reward model (the critic's score head) trained on preference pairs (Bradley-Terry)")
     register("agentic", "roll_core.pipelines.agentic:AgenticPipeline",

@@ -11,7 +11,8 @@ step between the checkpoint and the last step asked for must have been dumped. R
     roll run trainer.dump_rollouts_every=1 trainer.save_every=10
     roll replay runs/quickstart --steps 11-13
 
-LoRA runs and the critic are not replayed (the policy's full weights only).
+LoRA runs and the critic are not replayed (the policy's full weights only), nor other pipelines'
+updates (``online_dpo`` dumps its pairs for ``roll show-rollouts``).
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ def replay(run_dir: Path, steps: tuple[int, int] | None = None, progress=print) 
     if not (run_dir / "config.json").is_file():
         raise RollError(f"{run_dir} is not a run directory: it has no config.json (roll run writes it there)")
     cfg = RollConfig.model_validate(json.loads((run_dir / "config.json").read_text()))
+    if cfg.pipeline != "rlvr":
+        raise RollError(f"roll replay replays rlvr's policy updates; {run_dir} ran pipeline {cfg.pipeline} (its dumps "
+                        f"are for roll show-rollouts)")
     if cfg.roles.actor_train.lora is not None:
         raise RollError("roll replay does not replay LoRA runs yet (it restores the policy's full weights)")
     (start, checkpoint), wanted = plan(run_dir, steps)

@@ -34,6 +34,7 @@ from roll_core.rollout import overlaps_training
 from roll_core.rollout.metrics import accuracy_summary, batch_metrics, heldout_accuracy, idle_times
 from roll_core.rollout.sync import tokenize_prompts
 from roll_core.runtime import weight_sync
+from roll_core.runtime.executor import WorkerGroup
 from roll_core.training import UpdateSpec
 
 
@@ -67,7 +68,8 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         self.ordered_infer = not getattr(engine, "concurrent_requests", False)
         self.scheduler = self.plugins.schedulers.get(cfg.rollout.scheduler)(
             cfg, self.executor, self.infer, self.reward, self.tokenizer)
-        self.reference = self.critic = None
+        self.reference: WorkerGroup | None = None  # spawned from the policy RL starts with (begin, restore)
+        self.critic: WorkerGroup | None = None
         # whether the reference / old log-prob passes must return full distributions (loss term, penalty)
         self.dist_loss, self.dist_penalty = distributions_needed(cfg.algorithm, self.plugins)
         self.reusable_old = old_log_probs_reusable(cfg.algorithm, self.plugins)
@@ -110,12 +112,17 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         mismatch.check_mismatch(gap, self.config.trainer.max_initial_mismatch)
         return {"train/infer_log_prob_gap": gap}
 
-    def before_steps(self) -> None:
-        self.roles.record(self.run_dir / "placement.json")
+    def streamed_reference(self):
+        """The reference whose log-probs the scheduler computes as samples arrive (None: the step
+        does): one on its own devices, where token log-probs are enough and generation overlaps."""
         streamed = (self.reference is not None and self.reference.serves is None and self.overlapping
                     and not self.roles.residency.colocation.get("reference")
-                    and not (self.dist_loss or self.dist_penalty))  # own devices, token log-probs enough
-        self.scheduler.start(self.stream, reference=self.reference if streamed else None)
+                    and not (self.dist_loss or self.dist_penalty))
+        return self.reference if streamed else None
+
+    def before_steps(self) -> None:
+        self.roles.record(self.run_dir / "placement.json")
+        self.scheduler.start(self.stream, reference=self.streamed_reference())
         if self.overlapping:
             warn_if_oversubscribed(self.config)
         self.roles.set_threads(rl=True)

@@ -3,7 +3,8 @@ on again without generating (``roll replay``, :mod:`roll_core.pipelines.replay`)
 
 With ``trainer.dump_rollouts_every: N``, ``rlvr`` and ``agentic`` write the batch of every N-th
 step, exactly as the update receives it (after scoring, reference and old log-probs, reward
-shaping and advantages), into ``<output_dir>/rollouts/``:
+shaping and advantages), and ``online_dpo`` its pairs with their reference log-probs (none on a
+step whose groups all tie), into ``<output_dir>/rollouts/``:
 
 * ``step_000012.pt``: every tensor and list of the batch (``torch.save``), what replay trains on;
 * ``step_000012.jsonl``: one readable line per sample: prompt and response text (for an agentic

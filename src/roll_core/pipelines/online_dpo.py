@@ -1,0 +1,98 @@
+"""``online_dpo``: DPO on pairs that the policy samples itself, labelled by the run's reward.
+
+Offline DPO (the ``dpo`` pipeline) learns from a fixed set of pairs written by other models; as the
+policy moves away from them they say less and less about its own mistakes. Online DPO (Guo et al.
+2024, "Direct Language Model Alignment from Online AI Feedback", arXiv:2402.04792) samples the pairs
+from the current policy at every step and has a judge label them. Here the judge is the run's
+reward, as in ``rlvr``: a verifier, an LLM judge, or a learned reward model (roll-rewards'
+``reward_model``, trained by the ``reward_model`` pipeline). One step::
+
+    scheduler.next_batch()   rollout.num_return_sequences samples per prompt on actor_infer, scored
+                             by the reward workers (dynamic sampling, if set, drops tied groups)
+    -> each group's best- and worst-scored samples as a (chosen, rejected) pair; a group whose
+       samples all score alike gives none (algorithms.preference.best_worst_pairs)
+    -> the reference's sequence log-probs of both sides (roles.reference, frozen at RL's start)
+    -> one update of actor_train with the registered preference loss (dpo.loss, dpo.beta, ...)
+    -> weight push to actor_infer
+
+Everything else is ``rlvr``'s: the supervised warm-up, the held-out accuracy before and after
+(``roles.eval_reward`` included), placement, checkpoints and resume. Run::
+
+    roll run pipeline=online_dpo
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from roll_core.algorithms.objective import PreferenceObjective, sequence_log_probs
+from roll_core.algorithms.preference import best_worst_pairs
+from roll_core.data import Batch
+from roll_core.pipelines.rlvr import RLVRPipeline
+from roll_core.pipelines.runtime import log_probs, start_update
+from roll_core.training import UpdateSpec
+
+
+def pair_rows(batch: Batch, pairs: torch.Tensor) -> Batch:
+    """The rows of ``pairs`` ``[P, 2]`` (chosen, rejected), each pair as two consecutive rows tagged
+    with ``pair`` and ``chosen``, the layout :class:`PreferenceObjective` reads."""
+    rows = batch.select(pairs.flatten().tolist())
+    return rows.update(pair=torch.arange(len(pairs)).repeat_interleave(2),
+                       chosen=torch.tensor([True, False]).repeat(len(pairs)))
+
+
+class OnlineDPOPipeline(RLVRPipeline):
+    step_label = "online DPO step"
+
+    def build(self) -> None:
+        super().build()
+        cfg = self.config
+        self.preference_update = (PreferenceObjective.from_config(cfg.dpo, self.plugins),
+                                  UpdateSpec(max_grad_norm=cfg.algorithm.max_grad_norm,
+                                             micro_batch_size=cfg.roles.actor_train.micro_batch_size,
+                                             metric_prefix="dpo"))
+
+    def _spawn_policy_copies(self, model_path: str) -> None:
+        """The reference every DPO loss reads, from the policy RL begins with; no critic."""
+        self.reference = self.roles.reference(self.actor, model_path)
+
+    def streamed_reference(self):
+        return None  # the step reads the reference's log-probs of the pairs' rows only
+
+    def step(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        batch, metrics = self.collect()
+        t_rollout = time.perf_counter() - t0
+        pairs = best_worst_pairs(batch["scores"], batch["group_index"])
+        groups = len(torch.unique(batch["group_index"]))
+        usable = len(pairs) - len(pairs) % self.actor.dp_size  # each data-parallel rank takes whole pairs
+        metrics.update({"online_dpo/pairs": float(usable), "online_dpo/tied_groups": 1 - len(pairs) / groups,
+                        **self.reward.pop_failures()})
+        t1 = time.perf_counter()
+        if usable:
+            metrics.update(self._update(step, pair_rows(batch, pairs[:usable])))
+        t_train = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        if usable:
+            self.push_weights(policy_update=True)
+        metrics.update({"data/epoch": self.stream.epoch, "time/rollout_s": t_rollout, "time/train_s": t_train,
+                        "time/weight_sync_s": time.perf_counter() - t2, "time/step_s": time.perf_counter() - t0,
+                        **self.roles.residency.metrics()})
+        return metrics
+
+    def _update(self, step: int, pairs: Batch) -> dict[str, float]:
+        """One preference update on ``pairs`` against the reference; its metrics."""
+        objective, spec = self.preference_update
+        assert self.reference is not None  # spawned before the first step (begin, restore)
+        self.roles.use(self.reference.resident_role)
+        reference, _ = log_probs(self.executor, self.reference, pairs, objective.temperature)
+        pairs.update(reference_logp=sequence_log_probs(reference, pairs["response_mask"].float(),
+                                                       objective.average_log_probs))
+        self.dump_rollouts(step, pairs)
+        self.roles.use("actor_train")
+        pending = start_update(self.actor, pairs, objective, spec)
+        metrics = self.scheduler.wait(pending[0])  # a scheduler may generate meanwhile
+        self.executor.get(pending[1:])
+        return metrics

@@ -1,0 +1,63 @@
+"""The ``online_dpo`` pipeline on the tiny model: the pairs it trains on, its reference, and that it
+learns the embedded task. The pair rule itself is in ``test_preference.py``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import metrics_of
+
+from roll_core.runtime import LocalExecutor
+
+
+def run_online_dpo(tiny_config, *overrides):
+    from roll_core.pipelines.online_dpo import OnlineDPOPipeline
+
+    cfg = tiny_config("pipeline=online_dpo", *overrides)
+    return cfg, OnlineDPOPipeline(cfg, LocalExecutor()).run()
+
+
+def test_online_dpo_trains_each_groups_best_over_its_worst_and_raises_heldout_accuracy(tiny_config):
+    # sampling at 0.7 while DPO reads log-probs at 1: a reference pass at the sampling temperature
+    # would show as a margin at step 1
+    cfg, summary = run_online_dpo(tiny_config, "warmup.steps=500", "rollout.prompts_per_step=32",
+                                  "rollout.num_return_sequences=8", "rollout.temperature=0.7",
+                                  "roles.actor_train.micro_batch_size=64", "trainer.max_steps=30",
+                                  "data.eval_size=200", "trainer.dump_rollouts_every=1")
+    from roll_core.pipelines.rollout_dump import load_dump
+
+    pairs = load_dump(cfg.output_dir, 1)
+    rows = [r for r in metrics_of(cfg.output_dir) if r["step"] > 0]
+    assert rows[0]["online_dpo/pairs"] == len(pairs) / 2 > 0
+    assert rows[0]["online_dpo/tied_groups"] == pytest.approx(1 - len(pairs) / 2 / 32)
+    chosen = pairs["chosen"]
+    assert chosen.tolist() == [True, False] * (len(pairs) // 2)
+    assert pairs["pair"].tolist() == [i // 2 for i in range(len(pairs))]
+    assert (pairs["scores"][chosen] > pairs["scores"][~chosen]).all()
+    assert pairs["prompt"][0::2] == pairs["prompt"][1::2]  # both sides answer one prompt
+    assert len(set(pairs["prompt"][0::2])) == len(pairs) // 2  # one pair per prompt
+    # the reference is the policy RL starts from: before the first update every log-ratio is 0
+    assert rows[0]["dpo/rewards/margin"] == pytest.approx(0.0, abs=1e-6)
+    assert rows[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert torch.isfinite(pairs["reference_logp"]).all() and (pairs["reference_logp"] < 0).all()
+    assert all(r["online_dpo/pairs"] > 0 and "dpo/grad_norm" in r for r in rows)
+    assert abs(rows[-1]["dpo/rewards/margin"]) > 1e-3  # the policy has moved away from the reference
+    before, after = summary["before_rl"]["eval/accuracy"], summary["after_rl"]["eval/accuracy"]
+    assert after > before + 0.1, summary
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout.num_return_sequences=1", "num_return_sequences must be at least 2"),
+    ("roles.reference=null", "roles.reference is null"),
+    ("dpo.reference=precomputed", "no log-probs can be precomputed"),
+    ("roles.critic={}", "trains no critic"),
+    ("roles.actor_train.micro_batch_size=3", "online_dpo keeps each pair in one micro-batch"),
+])
+def test_online_dpo_refuses_what_it_cannot_train_before_any_worker(tiny_config, override, message):
+    from roll_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        tiny_config("pipeline=online_dpo", override)
