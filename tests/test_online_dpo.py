@@ -22,11 +22,13 @@ def run_online_dpo(tiny_config, *overrides):
 
 def test_online_dpo_trains_each_groups_best_over_its_worst_and_raises_heldout_accuracy(tiny_config):
     # sampling at 0.7 while DPO reads log-probs at 1: a reference pass at the sampling temperature
-    # would show as a margin at step 1
+    # would show as a margin at step 1. The weights travel to actor_infer as copies (object_store):
+    # under in_process both roles compute with the same tensors, and a missed push would not show.
     cfg, summary = run_online_dpo(tiny_config, "warmup.steps=500", "rollout.prompts_per_step=32",
                                   "rollout.num_return_sequences=8", "rollout.temperature=0.7",
                                   "roles.actor_train.micro_batch_size=64", "trainer.max_steps=30",
-                                  "data.eval_size=200", "trainer.dump_rollouts_every=1")
+                                  "data.eval_size=200", "trainer.dump_rollouts_every=1",
+                                  "runtime.weight_sync=object_store")
     from roll_core.pipelines.rollout_dump import load_dump
 
     pairs = load_dump(cfg.output_dir, 1)

@@ -73,3 +73,4 @@ def test_best_worst_pairs_take_each_groups_top_and_bottom_score_and_skip_ties():
     assert best_worst_pairs(scores, group).tolist() == [[4, 1], [2, 0]]
     assert best_worst_pairs(torch.ones(4), torch.tensor([0, 0, 1, 1])).shape == (0, 2)
     assert best_worst_pairs(torch.tensor([3, 1, 2]), torch.zeros(3, dtype=torch.long)).tolist() == [[0, 1]]
+    assert best_worst_pairs(torch.tensor([0, 2, 2]), torch.zeros(3, dtype=torch.long)).tolist() == [[1, 0]]
