@@ -260,10 +260,9 @@ VALUED = [{**r, "reference_chosen_logp": -1.0, "reference_rejected_logp": -2.0} 
 
 @pytest.mark.parametrize("overrides, rows, held_out, message", [
     (["roles.actor_train.micro_batch_size=3"], DPO_ROWS, None, "micro_batch_size': dpo keeps each pair in one micro-"),
-    (["roles.reference=null"], DPO_ROWS, None, "'role' needs roles.reference"),
     (["dpo.reference=precomputed"], VALUED, VALUED[:3] + DPO_ROWS[3:], "precomputed needs"),
     ([], DPO_ROWS[2:3], DPO_ROWS, "no training row is a preference pair"),
-], ids=["odd-micro-batches", "no-reference-role", "a-held-out-pair-without-values", "no-pairs"])
+], ids=["odd-micro-batches", "a-held-out-pair-without-values", "no-pairs"])
 def test_dpo_refuses_what_it_cannot_train_before_any_worker(tiny_config, tmp_path, overrides, rows, held_out, message):
     with pytest.raises(ConfigError, match=message):
         dpo_pipeline(tiny_config, tmp_path, *overrides, rows=rows, train_only=[], held_out=held_out)
@@ -280,6 +279,22 @@ def test_dpo_takes_precomputed_reference_values_pair_by_pair(tiny_config, tmp_pa
     drawn = first_draw(pipeline, pipeline.train_pairs, "preference_data", 3)
     assert batch["reference_logp"].tolist() == [v for p in drawn for v in (p["reference_chosen_logp"],
                                                                            p["reference_rejected_logp"])]
+
+
+def test_a_reference_free_loss_starts_no_reference_and_takes_its_own_options(tiny_config, tmp_path):
+    # SimPO: no reference role, zeros in its place (precomputed values not asked for), gamma from loss_options
+    pipeline, groups = dpo_pipeline(tiny_config, tmp_path, "dpo.loss=simpo", "dpo.beta=2", "dpo.reference=precomputed",
+                                    "dpo.loss_options={gamma: 0.3}", "dpo.average_log_probs=true",
+                                    "dpo.batch_size=3", "roles.reference=null")
+    assert "reference" not in groups and pipeline.loss_fn.options == (("gamma", 0.3),)
+    pipeline.step(1)
+    assert groups["actor_train"].handles[0].updates[0][0]["reference_logp"].tolist() == [0.0] * 6
+    tok, beta = pipeline.tokenizer, 2.0
+    h = [sequence_logp(tok, "actor_train", c, True) - sequence_logp(tok, "actor_train", r, True) for _, c, r in PAIRS]
+    evaluation = pipeline.evaluate()
+    by_hand = sum(math.log1p(math.exp(-(beta * x - 0.3))) for x in h) / 3
+    assert evaluation["eval/loss"] == pytest.approx(by_hand, rel=1e-5)
+    assert evaluation["eval/rewards/margin"] == pytest.approx(beta * sum(h) / 3, abs=1e-5)
 
 
 # -- distill ------------------------------------------------------------------------------------------

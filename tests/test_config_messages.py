@@ -403,3 +403,20 @@ def test_a_tracker_listed_twice_is_refused():
         "config error in the default config (with command-line overrides): trackers lists jsonl more than once; "
         "each would log every step again")
     assert load_config(None, ["trackers=[jsonl, stdout]"]).trackers == ["jsonl", "stdout"]
+
+
+def test_a_preference_loss_gets_its_own_options_and_a_reference_where_it_reads_one():
+    assert error(None, ["pipeline=dpo", "dpo.loss=simpo", "dpo.loss_options={gama: 1}"]) == (
+        "config error in the default config: key 'dpo.loss_options' for preference loss 'simpo': unknown option "
+        "'gama'. Did you mean 'gamma'? Valid options: gamma")
+    assert "preference loss 'dpo_sigmoid': unknown option 'gamma'. Valid options: (none)" in error(
+        None, ["pipeline=dpo", "dpo.loss_options={gamma: 1}"])
+    assert error(None, ["pipeline=dpo", "roles.reference=null"]) == (
+        "config error in the default config: key 'dpo.reference': 'role' needs roles.reference, which is null, for "
+        "preference loss 'dpo_sigmoid' (add roles.reference={}, or set dpo.reference=precomputed)")
+    assert error(None, ["pipeline=online_dpo", "roles.reference=null", "dpo.loss=ipo"]).endswith(
+        "for preference loss 'ipo' (add roles.reference={}, or a reference-free loss: simpo)")
+    for fine in (["pipeline=dpo", "roles.reference=null", "dpo.reference=precomputed"],
+                 ["pipeline=online_dpo", "roles.reference=null", "dpo.loss=simpo", "dpo.loss_options={gamma: 1}"],
+                 ["pipeline=sft", "roles.reference=null"]):
+        load_and_check(None, fine)

@@ -35,6 +35,8 @@ def test_the_quickstart_layout_runs_its_controller_in_its_one_worker():
 @pytest.mark.parametrize("overrides, reason", [
     (["algorithm.kl_metric=true"], "roles.reference runs on workers of its own"),
     (["algorithm.kl_loss_coef=0.1"], "roles.reference runs on workers of its own"),
+    (["pipeline=online_dpo"], "roles.reference runs on workers of its own"),
+    (["pipeline=dpo", "dpo.loss=ipo"], "roles.reference runs on workers of its own"),
     (["algorithm.advantage_estimator=gae", "roles.critic={}"], "roles.critic runs on workers of its own"),
     (["roles.teacher={kind: infer}"], "roles.teacher runs on workers of its own"),
     (["roles.reward.placement=workers"], "roles.reward scores on workers of its own (its placement)"),
@@ -61,6 +63,9 @@ def test_a_reference_nothing_reads_does_not_keep_the_controller_out():
     # the reference is configured by default, but with no KL term nor metric it is never started
     cfg = load_config(None, RAY)
     assert cfg.roles.reference is not None and controller_in_worker(cfg)
+    # nor does one a reference-free preference loss leaves unread, or reference log-probs in the data
+    assert controller_in_worker(load_config(None, RAY + ["pipeline=online_dpo", "dpo.loss=simpo"]))
+    assert controller_in_worker(load_config(None, RAY + ["pipeline=dpo", "dpo.reference=precomputed"]))
 
 
 def test_asking_for_the_controller_in_the_worker_where_it_cannot_be_is_a_config_error():

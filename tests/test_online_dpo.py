@@ -51,9 +51,18 @@ def test_online_dpo_trains_each_groups_best_over_its_worst_and_raises_heldout_ac
     assert after > before + 0.1, summary
 
 
+def test_a_reference_free_loss_trains_without_a_reference_role(tiny_config):
+    cfg, _ = run_online_dpo(tiny_config, "warmup.steps=120", "trainer.max_steps=1", "trainer.dump_rollouts_every=1",
+                            "rollout.prompts_per_step=16", "rollout.num_return_sequences=8", "dpo.loss=simpo",
+                            "dpo.beta=2", "roles.reference=null")
+    from roll_core.pipelines.rollout_dump import load_dump
+
+    pairs = load_dump(cfg.output_dir, 1)
+    assert len(pairs) and pairs["reference_logp"].tolist() == [0.0] * len(pairs)
+
+
 @pytest.mark.parametrize("override, message", [
     ("rollout.num_return_sequences=1", "num_return_sequences must be at least 2"),
-    ("roles.reference=null", "roles.reference is null"),
     ("dpo.reference=precomputed", "no log-probs can be precomputed"),
     ("roles.critic={}", "trains no critic"),
     ("roles.actor_train.micro_batch_size=3", "online_dpo keeps each pair in one micro-batch"),

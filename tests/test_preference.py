@@ -1,12 +1,13 @@
 """Preference losses against numbers computed by hand (DPO sigmoid with label smoothing, IPO, and a
-reward model's Bradley-Terry loss), and the pairs online DPO draws from scored groups."""
+reward model's Bradley-Terry loss, SimPO), and the pairs online DPO draws from scored groups."""
 
 import math
 
 import pytest
 import torch
 
-from roll_core.algorithms.preference import PreferenceInput, best_worst_pairs, bradley_terry, dpo_sigmoid, ipo
+from roll_core.algorithms.preference import (PreferenceInput, best_worst_pairs, bradley_terry, dpo_sigmoid, ipo,
+                                             simpo)
 
 # Pair 0: chosen log-ratio -1.0 - (-1.5) = 0.5, rejected -2.0 - (-1.0) = -1.0, so h = 1.5.
 # Pair 1: chosen log-ratio -0.2, rejected 0.3, so h = -0.5 (the policy prefers the rejected one).
@@ -74,3 +75,16 @@ def test_best_worst_pairs_take_each_groups_top_and_bottom_score_and_skip_ties():
     assert best_worst_pairs(torch.ones(4), torch.tensor([0, 0, 1, 1])).shape == (0, 2)
     assert best_worst_pairs(torch.tensor([3, 1, 2]), torch.zeros(3, dtype=torch.long)).tolist() == [[0, 1]]
     assert best_worst_pairs(torch.tensor([0, 2, 2]), torch.zeros(3, dtype=torch.long)).tolist() == [[1, 0]]
+
+
+def test_simpo_ignores_the_reference_and_asks_for_a_margin_of_gamma():
+    # policy gaps h' = -1.0 - (-2.0) = 1.0 and -1.2 - (-0.7) = -0.5; beta 2, gamma 0.5: logits 1.5 and -1.5
+    loss, metrics = simpo(PAIRS, beta=2.0, gamma=0.5)
+    torch.testing.assert_close(loss, torch.tensor([math.log1p(math.exp(-1.5)), math.log1p(math.exp(1.5))]))
+    assert metrics == pytest.approx({"rewards/chosen": -2.2, "rewards/rejected": -2.7, "rewards/margin": 0.5,
+                                     "rewards/accuracy": 0.5})
+    moved = PreferenceInput(PAIRS.policy_chosen, PAIRS.policy_rejected, PAIRS.reference_chosen + 5.0, torch.zeros(2))
+    torch.testing.assert_close(simpo(moved, beta=2.0, gamma=0.5)[0], loss)  # no reference read
+    smoothed, _ = simpo(PAIRS, beta=2.0, gamma=0.5, label_smoothing=0.25)
+    torch.testing.assert_close(smoothed[0], torch.tensor(0.75 * math.log1p(math.exp(-1.5))
+                                                         + 0.25 * math.log1p(math.exp(1.5))))

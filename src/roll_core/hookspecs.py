@@ -109,10 +109,13 @@ def roll_register_preference_losses(register):
     Called once per process when the plugin registries are built.
 
     Args:
-        register: ``register(name, target, *, description="")``; ``target`` is a callable
-            ``fn(inputs: PreferenceInput, *, beta, label_smoothing) -> (loss [B], metrics)``
-            taking the sequence log-probs of the chosen and rejected responses under the policy
-            and the reference, one loss per pair (see :mod:`roll_core.algorithms.preference`).
+        register: ``register(name, target, *, description="", reads_reference=True)``;
+            ``target`` is a callable ``fn(inputs: PreferenceInput, *, beta, label_smoothing,
+            **options) -> (loss [B], metrics)`` taking the sequence log-probs of the chosen and
+            rejected responses under the policy and the reference, one loss per pair (see
+            :mod:`roll_core.algorithms.preference`); ``options`` are its own keyword parameters,
+            set with ``dpo.loss_options``. A loss that ignores the reference registers with
+            ``reads_reference=False``, and no reference role is started for it.
 
     Returns: nothing.
     """

@@ -97,6 +97,15 @@ def reference_read(config, plugins=None) -> bool:
                                       (plugins.policy_losses, config.policy_loss)))
 
 
+def preference_reference_read(dpo, plugins=None) -> bool:
+    """Whether the preference loss ``dpo.loss`` reads reference log-probs: every loss but one
+    registered with ``reads_reference=False`` (``simpo``), for which ``dpo`` and ``online_dpo``
+    start no reference role."""
+    from roll_core.plugins import get_plugins
+
+    return (plugins or get_plugins()).preference_losses.entry(dpo.loss).metadata.get("reads_reference", True)
+
+
 def reuses_update_log_probs(config, batch_size: int, plugins=None) -> bool:
     """Whether the old log-probs can be the update's own (``algorithm.old_log_probs: auto``).
 
@@ -327,6 +336,8 @@ class PreferenceObjective:
     beta: float
     label_smoothing: float = 0.0
     average_log_probs: bool = False
+    options: tuple[tuple[str, Any], ...] = ()  # the loss's own keyword options (frozen and hashable)
+    reads_reference: bool = True  # False: a reference-free loss; reference_logp may be zeros
     metric: str = "dpo"
     outputs: frozenset[str] = frozenset({"log_probs"})
     temperature: float = 1.0
@@ -335,8 +346,14 @@ class PreferenceObjective:
     def from_config(cls, dpo, plugins=None) -> "PreferenceObjective":
         from roll_core.plugins import get_plugins
 
-        loss = (plugins or get_plugins()).preference_losses.get(dpo.loss)
-        return cls(loss, dpo.beta, dpo.label_smoothing, dpo.average_log_probs)
+        plugins = plugins or get_plugins()
+        return cls(plugins.preference_losses.get(dpo.loss), dpo.beta, dpo.label_smoothing, dpo.average_log_probs,
+                   tuple(sorted(dpo.loss_options.items())), preference_reference_read(dpo, plugins))
+
+    def reference_values(self, rows: int) -> torch.Tensor | None:
+        """``reference_logp`` for ``rows`` rows of a loss that reads none (zeros); None when the
+        loss reads the reference, whose log-probs the pipeline must supply."""
+        return None if self.reads_reference else torch.zeros(rows)
 
     @property
     def additive(self) -> frozenset[str]:
@@ -350,7 +367,8 @@ class PreferenceObjective:
         reference = micro["reference_logp"].to(policy)
         chosen = pair_sides(micro)
         inputs = PreferenceInput(policy[chosen], policy[~chosen], reference[chosen], reference[~chosen])
-        per_pair, metrics = self.loss(inputs, beta=self.beta, label_smoothing=self.label_smoothing)
+        per_pair, metrics = self.loss(inputs, beta=self.beta, label_smoothing=self.label_smoothing,
+                                      **dict(self.options))
         loss = per_pair.sum() / max(seqs / 2, 1.0)
         return loss, {f"{self.metric}/loss": loss.item(), **{f"{self.metric}/{k}": v for k, v in metrics.items()}}
 

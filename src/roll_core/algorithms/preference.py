@@ -13,7 +13,10 @@ Shared notation, per pair::
 
 Metrics are the implicit rewards of DPO, ``beta * logratio``: their means for chosen and rejected
 responses, the mean margin, and the preference accuracy (share of pairs whose chosen response gets
-the higher implicit reward).
+the higher implicit reward). A loss may take keyword options beyond ``beta`` and
+``label_smoothing`` (``dpo.loss_options``), and one that reads no reference log-probs registers with
+``reads_reference=False`` (:func:`simpo`): its pipelines then start no reference role and pass it
+zeros.
 
 :func:`bradley_terry` is the explicit counterpart: the loss of a reward model (the ``reward_model``
 pipeline) on the scores it gives both responses, with the same metrics of those scores.
@@ -80,6 +83,25 @@ def ipo(inputs: PreferenceInput, *, beta: float, label_smoothing: float = 0.0):
     chosen, rejected = inputs.logratios()
     loss = (chosen - rejected - 1 / (2 * beta)) ** 2
     return loss, _metrics(chosen, rejected, beta)
+
+
+def simpo(inputs: PreferenceInput, *, beta: float, label_smoothing: float = 0.0, gamma: float = 0.5):
+    """SimPO (Meng, Xia & Chen 2024, arXiv:2405.14734): DPO without a reference. The implicit reward
+    is the policy's own length-normalised log-likelihood, and the chosen response must beat the
+    rejected one by a target margin ``gamma``::
+
+        h'   = policy_chosen - policy_rejected     (per-token means: dpo.average_log_probs: true)
+        loss = -(1 - eps) * log sigmoid(beta * h' - gamma) - eps * log sigmoid(gamma - beta * h')
+
+    The paper's ``beta`` is much larger than DPO's (2 to 10) and its ``gamma`` about half of it or
+    less (``dpo.loss_options: {gamma: ...}``); ``eps`` is cDPO's label smoothing, as in
+    :func:`dpo_sigmoid`. The reference log-probs are not read (registered ``reads_reference=False``,
+    so no reference role starts). Shapes as :func:`dpo_sigmoid`; the metrics' rewards are
+    ``beta * policy log-probs``.
+    """
+    logits = beta * (inputs.policy_chosen - inputs.policy_rejected) - gamma
+    loss = -(1 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
+    return loss, _metrics(inputs.policy_chosen, inputs.policy_rejected, beta)
 
 
 def bradley_terry(chosen: torch.Tensor, rejected: torch.Tensor):

@@ -436,16 +436,40 @@ def _validated_options(key: str, kind: str, registry, name: str, options: dict) 
     return validated, []
 
 
-def _distill_options(cfg: RollConfig, plugins) -> list[str]:
-    """``distill.loss_options`` against the keyword parameters of the named distillation loss."""
+def _loss_options(cfg: RollConfig, plugins) -> list[str]:
+    """``distill.loss_options`` and ``dpo.loss_options`` against the keyword parameters of the named
+    loss, beyond those its pipeline passes itself."""
+    problems = []
+    for key, section, registry, what, passed in (
+            ("distill.loss_options", cfg.distill, plugins.distill_losses, "distillation loss", 2),  # (student, teacher)
+            ("dpo.loss_options", cfg.dpo, plugins.preference_losses, "preference loss", 1)):  # (inputs, *, beta, ...)
+        try:
+            fn = registry.get(section.loss)
+        except RegistryError:
+            continue  # already reported as an unknown name
+        params = [p for p in list(inspect.signature(fn).parameters)[passed:] if p not in ("beta", "label_smoothing")]
+        problems += [f"key '{key}' for {what} '{section.loss}': unknown option '{k}'."
+                     f"{did_you_mean(k, params)} Valid options: {', '.join(params) or '(none)'}"
+                     for k in section.loss_options if k not in params]
+    return problems
+
+
+def _preference_requirements(cfg: RollConfig, plugins) -> list[str]:
+    """``dpo`` and ``online_dpo`` need a reference role when their loss reads reference log-probs
+    that the data does not carry (``dpo.reference: precomputed``, which ``online_dpo`` refuses)."""
+    if cfg.pipeline not in ("dpo", "online_dpo") or cfg.roles.reference is not None:
+        return []
+    from roll_core.algorithms.objective import preference_reference_read
+
     try:
-        fn = plugins.distill_losses.get(cfg.distill.loss)
+        reads = preference_reference_read(cfg.dpo, plugins)
     except RegistryError:
         return []  # already reported as an unknown name
-    params = list(inspect.signature(fn).parameters)[2:]  # after (student_logp, teacher_logp)
-    return [f"key 'distill.loss_options' for distillation loss '{cfg.distill.loss}': unknown option '{k}'."
-            f"{did_you_mean(k, params)} Valid options: {', '.join(params) or '(none)'}"
-            for k in cfg.distill.loss_options if k not in params]
+    if reads and cfg.dpo.reference == "role":
+        alternative = "set dpo.reference=precomputed" if cfg.pipeline == "dpo" else "a reference-free loss: simpo"
+        return [f"key 'dpo.reference': 'role' needs roles.reference, which is null, for preference loss "
+                f"'{cfg.dpo.loss}' (add roles.reference={{}}, or {alternative})"]
+    return []
 
 
 def _options_fit(where: str, name: str, options: dict, registry, what: str) -> list[str]:
@@ -554,7 +578,8 @@ def check_registry_names(cfg: RollConfig, plugins=None, where: str = "the config
     problems += _env_options(cfg, plugins)
     problems += _component_options(cfg, plugins)
     problems += _strategy_options(cfg, plugins)
-    problems += _distill_options(cfg, plugins)
+    problems += _loss_options(cfg, plugins)
+    problems += _preference_requirements(cfg, plugins)
     sources = [("data", cfg.data)] + [(f"data.domains.{d}", src) for d, src in cfg.data.domains.items()]
     for prefix, source in sources:
         for key in ("train_file", "eval_file"):

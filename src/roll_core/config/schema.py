@@ -107,7 +107,9 @@ class DPOConfig(Strict):
     """The ``dpo`` and ``online_dpo`` pipelines: pairs of a ``prompt``, a ``chosen`` and a
     ``rejected`` response (online_dpo: the best and worst of each prompt's samples)."""
 
-    loss: str = Field("dpo_sigmoid", description="a registered preference loss (dpo_sigmoid, ipo, ...)")
+    loss: str = Field("dpo_sigmoid", description="a registered preference loss (dpo_sigmoid, ipo, simpo, ...)")
+    loss_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of the loss beyond "
+                                         "beta and label_smoothing (simpo's gamma)")
     beta: float = Field(0.1, gt=0, description="strength of the pull toward the reference (IPO: its tau)")
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="probability that a pair's label is wrong (cDPO)")
     average_log_probs: bool = Field(False, description="per-token mean log-probs of each response instead of "
@@ -883,13 +885,11 @@ class RollConfig(Strict):
         return self
 
     def _check_online_dpo(self) -> None:
-        """online_dpo pairs each group's best and worst samples and trains them against a reference."""
+        """online_dpo pairs each group's best and worst samples (its reference: the loader's
+        ``_preference_requirements``, which knows the loss)."""
         if self.rollout.num_return_sequences < 2:
             raise ValueError("pipeline online_dpo pairs samples of one prompt: rollout.num_return_sequences must be "
                              f"at least 2, got {self.rollout.num_return_sequences}")
-        if self.roles.reference is None:
-            raise ValueError("pipeline online_dpo reads a reference's log-probs: roles.reference is null (add "
-                             "roles.reference={} for the policy as RL starts)")
         if self.dpo.reference != "role":
             raise ValueError("dpo.reference: online_dpo samples its pairs as it runs, so no log-probs can be "
                              "precomputed; use 'role'")

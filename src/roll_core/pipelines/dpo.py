@@ -4,9 +4,10 @@ Rows with a ``rejected`` response are pairs; the ``chosen`` one is the row's ``c
 ``ground_truth`` (the embedded ``carry_addition`` task pairs the right sum with the careless
 teacher's). Each step takes ``dpo.batch_size`` pairs in a seeded, resumable order and makes one
 optimizer step on actor_train with the registered preference loss ``dpo.loss`` (``dpo_sigmoid``,
-``ipo``, or a plugin's), against a frozen reference: ``roles.reference`` (by default the same model),
-or log-probs precomputed with the data (``dpo.reference: precomputed``, fields
-``reference_chosen_logp`` / ``reference_rejected_logp``). The held-out metric is the preference
+``ipo``, ``simpo``, or a plugin's), against a frozen reference: ``roles.reference`` (by default the
+same model), or log-probs precomputed with the data (``dpo.reference: precomputed``, fields
+``reference_chosen_logp`` / ``reference_rejected_logp``); a reference-free loss (``simpo``) needs
+neither. The held-out metric is the preference
 accuracy: the share of held-out pairs whose chosen response gets the higher implicit reward
 ``beta * log(pi / pi_ref)``.
 
@@ -64,13 +65,12 @@ class DPOPipeline(ActorLoop):
         if cfg.roles.actor_train.micro_batch_size % 2:
             raise ConfigError(f"key 'roles.actor_train.micro_batch_size': dpo keeps each pair in one micro-batch, "
                               f"so it must be even, got {cfg.roles.actor_train.micro_batch_size}")
-        if cfg.dpo.reference == "role" and cfg.roles.reference is None:
-            raise ConfigError("key 'dpo.reference': 'role' needs roles.reference (or set dpo.reference=precomputed)")
-        if cfg.dpo.reference == "precomputed":
+        self.loss_fn = PreferenceObjective.from_config(cfg.dpo, self.plugins)
+        # a reference role where the loss reads one: the loader checked that it is configured
+        if cfg.dpo.reference == "precomputed" and self.loss_fn.reads_reference:
             missing = [k for k in PRECOMPUTED if any(k not in p for p in self.train_pairs + self.eval_pairs)]
             if missing:
                 raise ConfigError(f"key 'dpo.reference': precomputed needs {missing} in every pair")
-        self.loss_fn = PreferenceObjective.from_config(cfg.dpo, self.plugins)
         self.spec = UpdateSpec(max_grad_norm=cfg.algorithm.max_grad_norm,
                                micro_batch_size=cfg.roles.actor_train.micro_batch_size, metric_prefix="dpo")
 
@@ -78,12 +78,16 @@ class DPOPipeline(ActorLoop):
         self.eval_reference = None
         self.actor = self.roles.model_role("actor_train", self.model)
         self.reference = None
-        if self.config.dpo.reference == "role":
+        if self.config.dpo.reference == "role" and self.loss_fn.reads_reference:
             self.reference = self.roles.reference(self.actor, self.model)
         self.stream = PromptStream(self.train_pairs, self.config.seed + SEED_OFFSETS["preference_data"])
 
     def _with_reference(self, batch: Batch, pairs: list[dict]) -> Batch:
-        """``reference_logp`` ``[2P]``: the reference's sequence log-probs of every row."""
+        """``reference_logp`` ``[2P]``: the reference's sequence log-probs of every row (zeros for
+        a loss that reads none)."""
+        unread = self.loss_fn.reference_values(len(batch))
+        if unread is not None:
+            return batch.update(reference_logp=unread)
         if self.reference is None:
             values = [p[k] for p in pairs for k in PRECOMPUTED]
             return batch.update(reference_logp=torch.tensor(values, dtype=torch.float32))

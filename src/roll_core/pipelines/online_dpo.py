@@ -11,7 +11,8 @@ reward, as in ``rlvr``: a verifier, an LLM judge, or a learned reward model (rol
                              by the reward workers (dynamic sampling, if set, drops tied groups)
     -> each group's best- and worst-scored samples as a (chosen, rejected) pair; a group whose
        samples all score alike gives none (algorithms.preference.best_worst_pairs)
-    -> the reference's sequence log-probs of both sides (roles.reference, frozen at RL's start)
+    -> the reference's sequence log-probs of both sides (roles.reference, frozen at RL's start;
+       none for a reference-free loss: simpo)
     -> one update of actor_train with the registered preference loss (dpo.loss, dpo.beta, ...)
     -> weight push to actor_infer
 
@@ -55,8 +56,9 @@ class OnlineDPOPipeline(RLVRPipeline):
                                              metric_prefix="dpo"))
 
     def _spawn_policy_copies(self, model_path: str) -> None:
-        """The reference every DPO loss reads, from the policy RL begins with; no critic."""
-        self.reference = self.roles.reference(self.actor, model_path)
+        """The reference, from the policy RL begins with, where the loss reads one; no critic."""
+        if self.preference_update[0].reads_reference:
+            self.reference = self.roles.reference(self.actor, model_path)
 
     def streamed_reference(self):
         return None  # the step reads the reference's log-probs of the pairs' rows only
@@ -85,11 +87,13 @@ class OnlineDPOPipeline(RLVRPipeline):
     def _update(self, step: int, pairs: Batch) -> dict[str, float]:
         """One preference update on ``pairs`` against the reference; its metrics."""
         objective, spec = self.preference_update
-        assert self.reference is not None  # spawned before the first step (begin, restore)
-        self.roles.use(self.reference.resident_role)
-        reference, _ = log_probs(self.executor, self.reference, pairs, objective.temperature)
-        pairs.update(reference_logp=sequence_log_probs(reference, pairs["response_mask"].float(),
-                                                       objective.average_log_probs))
+        reference_logp = objective.reference_values(len(pairs))
+        if reference_logp is None:
+            assert self.reference is not None  # spawned before the first step (begin, restore)
+            self.roles.use(self.reference.resident_role)
+            reference, _ = log_probs(self.executor, self.reference, pairs, objective.temperature)
+            reference_logp = sequence_log_probs(reference, pairs["response_mask"].float(), objective.average_log_probs)
+        pairs.update(reference_logp=reference_logp)
         self.dump_rollouts(step, pairs)
         self.roles.use("actor_train")
         pending = start_update(self.actor, pairs, objective, spec)

@@ -142,7 +142,6 @@ def controller_blocker(cfg) -> str | None:
     process: actor_train alone (one CPU worker), actor_infer inside it (the hybrid engine, its
     weights handed over in memory), the rewards scored in the controller (``placement``), and no
     reference, critic or environment workers of their own."""
-    from roll_core.algorithms.objective import reference_read
     from roll_core.pipelines.runtime import scores_in_driver
     from roll_core.plugins import get_plugins
 
@@ -163,8 +162,7 @@ def controller_blocker(cfg) -> str | None:
     if own := roles.own():
         return f"roles.{next(iter(own))} runs on workers of its own"
     plugins = get_plugins()
-    if roles.reference is not None and not cfg.reference_on_actor() and (
-            cfg.pipeline != "rlvr" or reference_read(cfg.algorithm, plugins)):
+    if roles.reference is not None and not cfg.reference_on_actor() and _reference_started(cfg, plugins):
         return "roles.reference runs on workers of its own"
     for key, (spec, entries) in roles.reward_roles().items():
         try:
@@ -173,6 +171,22 @@ def controller_blocker(cfg) -> str | None:
         except RegistryError:  # an unknown name is reported by the registry-name check
             return f"{key} names a reward that is not registered"
     return None
+
+
+def _reference_started(cfg, plugins) -> bool:
+    """Whether the run's pipeline starts its configured reference role: rlvr where something reads
+    it (:func:`reference_read`), dpo and online_dpo where their loss does and the data carries no
+    reference log-probs; any other, always."""
+    from roll_core.algorithms.objective import preference_reference_read, reference_read
+
+    try:
+        if cfg.pipeline == "rlvr":
+            return reference_read(cfg.algorithm, plugins)
+        if cfg.pipeline in ("dpo", "online_dpo"):  # online_dpo refuses precomputed reference log-probs
+            return cfg.dpo.reference == "role" and preference_reference_read(cfg.dpo, plugins)
+    except RegistryError:  # an unknown name is reported by the registry-name check
+        return True
+    return True
 
 
 def controller_in_worker(cfg) -> bool:
