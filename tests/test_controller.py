@@ -37,6 +37,7 @@ def test_the_quickstart_layout_runs_its_controller_in_its_one_worker():
     (["algorithm.kl_loss_coef=0.1"], "roles.reference runs on workers of its own"),
     (["pipeline=online_dpo"], "roles.reference runs on workers of its own"),
     (["pipeline=dpo", "dpo.loss=ipo"], "roles.reference runs on workers of its own"),
+    (["pipeline=distill"], "roles.reference runs on workers of its own"),  # the teacher
     (["algorithm.advantage_estimator=gae", "roles.critic={}"], "roles.critic runs on workers of its own"),
     (["roles.teacher={kind: infer}"], "roles.teacher runs on workers of its own"),
     (["roles.reward.placement=workers"], "roles.reward scores on workers of its own (its placement)"),

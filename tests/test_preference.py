@@ -85,6 +85,7 @@ def test_simpo_ignores_the_reference_and_asks_for_a_margin_of_gamma():
                                      "rewards/accuracy": 0.5})
     moved = PreferenceInput(PAIRS.policy_chosen, PAIRS.policy_rejected, PAIRS.reference_chosen + 5.0, torch.zeros(2))
     torch.testing.assert_close(simpo(moved, beta=2.0, gamma=0.5)[0], loss)  # no reference read
+    torch.testing.assert_close(simpo(PAIRS, beta=2.0)[0], loss)  # gamma 0.5 by default
     smoothed, _ = simpo(PAIRS, beta=2.0, gamma=0.5, label_smoothing=0.25)
     torch.testing.assert_close(smoothed[0], torch.tensor(0.75 * math.log1p(math.exp(-1.5))
                                                          + 0.25 * math.log1p(math.exp(1.5))))

@@ -316,5 +316,5 @@ def test_roll_validate_checks_the_distillation_loss_options():
     from roll_core.config import load_and_check
     from roll_core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="unknown option 'alpah'. Did you mean 'alpha'?"):
+    with pytest.raises(ConfigError, match=r"unknown option 'alpah'. Did you mean 'alpha'\? Valid options: alpha$"):
         load_and_check(None, ["pipeline=distill", "distill.loss=skewed_forward_kl", "distill.loss_options={alpah: 0.2}"])
