@@ -3,7 +3,9 @@ learns the embedded task. The pair rule itself is in ``test_preference.py``."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,6 +51,15 @@ def test_online_dpo_trains_each_groups_best_over_its_worst_and_raises_heldout_ac
     assert abs(rows[-1]["dpo/rewards/margin"]) > 1e-3  # the policy has moved away from the reference
     before, after = summary["before_rl"]["eval/accuracy"], summary["after_rl"]["eval/accuracy"]
     assert after > before + 0.1, summary
+    # exported, the pairs of a step are those it trained on
+    from roll_core.pipelines.rollout_dump import export_pairs
+
+    count, steps = export_pairs(cfg.output_dir, Path(cfg.output_dir) / "pairs.jsonl", (1, 1))
+    exported = [json.loads(line) for line in (Path(cfg.output_dir) / "pairs.jsonl").read_text().splitlines()]
+    assert count == len(pairs) // 2 and steps == [1]
+    assert [(r["prompt"], r["chosen"], r["rejected"], r["chosen_score"]) for r in exported] == [
+        (pairs["prompt"][i], pairs["response_text"][i], pairs["response_text"][i + 1], float(pairs["scores"][i]))
+        for i in range(0, len(pairs), 2)]
 
 
 def test_a_reference_free_loss_trains_without_a_reference_role(tiny_config):

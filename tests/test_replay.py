@@ -12,7 +12,8 @@ from roll_core.cli import main
 from roll_core.errors import RollError
 from roll_core.pipelines.checkpoint import CheckpointManager
 from roll_core.pipelines.replay import ReplayedStep, largest_gap, parse_steps, plan, replay, report
-from roll_core.pipelines.rollout_dump import dump_path, dumped_steps, load_dump
+from roll_core.data import Batch
+from roll_core.pipelines.rollout_dump import dump_pairs, dump_path, dumped_steps, export_pairs, load_dump
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,34 @@ def test_show_rollouts_prints_a_step_and_names_the_dumped_steps_when_asked_for_a
     assert out.startswith("step 3: 32 samples\n") and out.count("--- sample") == 32
     assert main(["show-rollouts", str(dumped_run), "--step", "9"]) == 2
     assert "no rollout dump of step 9; dumped steps: 1-4" in capsys.readouterr().err
+
+
+def test_export_pairs_takes_each_groups_best_and_worst_answer_of_the_dumped_steps(dumped_run, tmp_path, capsys):
+    out = tmp_path / "pairs" / "p.jsonl"
+    assert main(["export-pairs", str(dumped_run), "--steps", "2-3", "-o", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert capsys.readouterr().out.strip() == f"{len(rows)} pairs from steps 2-3 -> {out}"
+    for step in (2, 3):
+        batch = load_dump(dumped_run, step)
+        mine = [r for r in rows if r["step"] == step]
+        groups = {}
+        for i, g in enumerate(batch["group_index"].tolist()):
+            groups.setdefault(g, []).append(i)
+        untied = [g for g, members in groups.items() if len({float(batch["scores"][i]) for i in members}) > 1]
+        assert len(mine) == len(untied) > 0
+        for row, g in zip(mine, sorted(untied)):
+            members = groups[g]
+            first = members[0]
+            assert row["prompt"] == batch["prompt"][first] and row["ground_truth"] == batch["ground_truth"][first]
+            best = max(members, key=lambda i: (float(batch["scores"][i]), -i))  # the first of the best
+            worst = min(members, key=lambda i: (float(batch["scores"][i]), i))
+            assert (row["chosen"], row["rejected"]) == (batch["response_text"][best], batch["response_text"][worst])
+            assert row["chosen_score"] == float(batch["scores"][best]) > row["rejected_score"] == float(
+                batch["scores"][worst])
+    with pytest.raises(RollError, match=r"no rollout dumps in steps 7-8 \(dumped: 1-4"):
+        export_pairs(dumped_run, out, (7, 8))
+    with pytest.raises(RollError, match="only rlvr and online_dpo dumps hold scored responses"):
+        dump_pairs(Batch({"scores": torch.ones(2)}))
 
 
 def test_replay_reproduces_the_recorded_loss_and_gradient_norm(dumped_run, capsys, monkeypatch):

@@ -10,6 +10,7 @@
     roll report RUN_DIR [RUN_DIR ...]       PNG plots and one HTML page of runs (several overlaid)
     roll show-rollouts RUN_DIR [--step N]   a step's dumped samples (trainer.dump_rollouts_every)
     roll replay RUN_DIR [--steps A-B]       train again on dumped batches; compare loss and grad norm
+    roll export-pairs RUN_DIR -o FILE       dumped samples as preference pairs (best and worst per prompt)
     roll plugin new KIND NAME               a third-party plugin package to start from
     roll --version                          roll-core's version; bare ``roll`` prints the help
 
@@ -313,6 +314,16 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--limit", type=_at_least(0), default=8, help="samples to print (default 8; 0 = all)")
     sr.set_defaults(func=_cmd_show_rollouts)
 
+    ep = sub.add_parser("export-pairs", help="write a run's dumped samples as preference pairs (JSON lines)",
+                        description="For each dumped step of an rlvr or online_dpo run, pair each prompt's best- "
+                        "and worst-scored answers (online_dpo: the pairs it trained on) and write them as rows with "
+                        "prompt, chosen, rejected, both scores, ground_truth and step: a data.train_file for the dpo "
+                        "and reward_model pipelines. Prompts whose answers all scored alike give no pair.")
+    ep.add_argument("run", metavar="RUN_DIR")
+    ep.add_argument("-o", "--output", required=True, help="the JSON-lines file to write")
+    ep.add_argument("--steps", help="a step (12) or a range (11-13); default: every dumped step")
+    ep.set_defaults(func=_cmd_export_pairs)
+
     rp = sub.add_parser("replay", help="train again on a run's dumped batches, without generating",
                         description="Load actor_train from the latest checkpoint before the first step asked for, "
                         "run the update on each dumped batch in this process, and print each step's recorded and "
@@ -361,6 +372,15 @@ def _cmd_show_rollouts(args) -> int:
     from roll_core.pipelines.rollout_dump import show
 
     print(show(args.run, args.step, args.limit or None))
+    return 0
+
+
+def _cmd_export_pairs(args) -> int:
+    from roll_core.pipelines.replay import parse_steps
+    from roll_core.pipelines.rollout_dump import export_pairs, step_ranges
+
+    count, steps = export_pairs(args.run, args.output, parse_steps(args.steps) if args.steps else None)
+    print(f"{count} pairs from steps {step_ranges(steps)} -> {args.output}")
     return 0
 
 

@@ -12,10 +12,13 @@ step whose groups all tie), into ``<output_dir>/rollouts/``:
   reward components, domain, ground truth, advantage, the sampler's and the trainer's log-probs
   summed over the response, and the policy version that generated it (asynchronous rollout).
 
-Both are written atomically (a temporary name, then a rename). Run::
+Both are written atomically (a temporary name, then a rename). ``roll export-pairs`` turns the
+dumps of an ``rlvr`` or ``online_dpo`` run into preference pairs of the policy's own answers
+(each prompt's best- and worst-scored), a ``data.train_file`` for ``dpo`` or ``reward_model``. Run::
 
     roll run trainer.dump_rollouts_every=10
     roll show-rollouts runs/quickstart --step 10
+    roll export-pairs runs/quickstart -o pairs.jsonl
 """
 
 from __future__ import annotations
@@ -105,6 +108,47 @@ def load_dump(run_dir: Path, step: int) -> Batch:
                         f"{step_ranges(have) or 'none (set trainer.dump_rollouts_every)'}")
     saved = torch.load(path, weights_only=False)
     return Batch(saved["tensors"], saved["non_tensors"])
+
+
+def dump_pairs(batch: Batch) -> list[dict]:
+    """A dumped step's samples as preference pairs, in the rows the ``dpo`` and ``reward_model``
+    pipelines train on (``prompt``, ``chosen``, ``rejected``, with both scores and the ground truth):
+    an ``online_dpo`` step's own pairs, or each group of an ``rlvr`` step as its best- and
+    worst-scored samples (:func:`~roll_core.algorithms.preference.best_worst_pairs`; tied groups
+    give none)."""
+    from roll_core.algorithms.preference import best_worst_pairs
+
+    if "response_text" not in batch.non_tensors or "scores" not in batch.tensors:
+        raise RollError("only rlvr and online_dpo dumps hold scored responses to pair (an agentic dump holds "
+                        "episodes)")
+    if "pair" in batch.tensors:  # online_dpo: chosen, rejected, chosen, ...
+        chosen = batch["chosen"].bool()
+        index = torch.stack([chosen.nonzero().flatten(), (~chosen).nonzero().flatten()], dim=1)
+    else:
+        index = best_worst_pairs(batch["scores"], batch["group_index"])
+    scores, texts = batch["scores"].tolist(), batch["response_text"]
+    return [{"prompt": batch["prompt"][c], "chosen": texts[c], "rejected": texts[r], "chosen_score": scores[c],
+             "rejected_score": scores[r], "ground_truth": batch["ground_truth"][c]}
+            for c, r in index.tolist()]
+
+
+def export_pairs(run_dir: Path, out: Path, steps: tuple[int, int] | None = None) -> tuple[int, list[int]]:
+    """Write the preference pairs of every dumped step in ``steps`` (inclusive; None: all) to
+    ``out`` as JSON lines, each with its ``step`` (written atomically); returns the number of pairs
+    and the steps read."""
+    run_dir = Path(run_dir)
+    dumped = dumped_steps(run_dir)
+    chosen = [s for s in dumped if steps is None or steps[0] <= s <= steps[1]]
+    if not chosen:
+        raise RollError(f"{run_dir} has no rollout dumps{f' in steps {steps[0]}-{steps[1]}' if steps else ''} "
+                        f"(dumped: {step_ranges(dumped) or 'none'}; run with trainer.dump_rollouts_every=N)")
+    rows = [{**pair, "step": step} for step in chosen for pair in dump_pairs(load_dump(run_dir, step))]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tmp.replace(out)
+    return len(rows), chosen
 
 
 def step_ranges(steps: list[int]) -> str:
