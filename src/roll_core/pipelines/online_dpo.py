@@ -50,14 +50,13 @@ class OnlineDPOPipeline(RLVRPipeline):
     def build(self) -> None:
         super().build()
         cfg = self.config
-        self.preference_update = (PreferenceObjective.from_config(cfg.dpo, self.plugins),
-                                  UpdateSpec(max_grad_norm=cfg.algorithm.max_grad_norm,
-                                             micro_batch_size=cfg.roles.actor_train.micro_batch_size,
-                                             metric_prefix="dpo"))
+        self.preference_loss = PreferenceObjective.from_config(cfg.dpo, self.plugins)
+        self.preference_spec = UpdateSpec(max_grad_norm=cfg.algorithm.max_grad_norm,
+                                          micro_batch_size=cfg.roles.actor_train.micro_batch_size, metric_prefix="dpo")
 
     def _spawn_policy_copies(self, model_path: str) -> None:
         """The reference, from the policy RL begins with, where the loss reads one; no critic."""
-        if self.preference_update[0].reads_reference:
+        if self.preference_loss.reads_reference:
             self.reference = self.roles.reference(self.actor, model_path)
 
     def streamed_reference(self):
@@ -86,7 +85,7 @@ class OnlineDPOPipeline(RLVRPipeline):
 
     def _update(self, step: int, pairs: Batch) -> dict[str, float]:
         """One preference update on ``pairs`` against the reference; its metrics."""
-        objective, spec = self.preference_update
+        objective = self.preference_loss
         reference_logp = objective.reference_values(len(pairs))
         if reference_logp is None:
             assert self.reference is not None  # spawned before the first step (begin, restore)
@@ -96,7 +95,7 @@ class OnlineDPOPipeline(RLVRPipeline):
         pairs.update(reference_logp=reference_logp)
         self.dump_rollouts(step, pairs)
         self.roles.use("actor_train")
-        pending = start_update(self.actor, pairs, objective, spec)
+        pending = start_update(self.actor, pairs, objective, self.preference_spec)
         metrics = self.scheduler.wait(pending[0])  # a scheduler may generate meanwhile
         self.executor.get(pending[1:])
         return metrics
