@@ -77,6 +77,9 @@ def test_a_reference_free_loss_trains_without_a_reference_role(tiny_config):
     ("dpo.reference=precomputed", "no log-probs can be precomputed"),
     ("roles.critic={}", "trains no critic"),
     ("roles.actor_train.micro_batch_size=3", "online_dpo keeps each pair in one micro-batch"),
+    ("algorithm.kl_loss_coef=0.1", r"overrides\): algorithm.kl_loss_coef: online_dpo's update is the preference "
+                                   r"loss .* rlvr's algorithm.kl_loss_coef does not apply"),
+    ("algorithm.ppo_epochs=2", "rlvr's algorithm.ppo_epochs does not apply"),
 ])
 def test_online_dpo_refuses_what_it_cannot_train_before_any_worker(tiny_config, override, message):
     from roll_core.errors import ConfigError

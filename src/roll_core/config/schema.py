@@ -895,6 +895,16 @@ class RollConfig(Strict):
                              "precomputed; use 'role'")
         if self.roles.critic is not None:
             raise ValueError("pipeline online_dpo trains no critic: set roles.critic=null")
+        algo = self.algorithm
+        unread = [key for key, active in (
+            ("kl_loss_coef", algo.kl_loss_coef > 0), ("kl_penalty.coef", algo.kl_penalty.coef > 0),
+            ("opd_coef", algo.opd_coef > 0), ("entropy_coef", algo.entropy_coef != 0),
+            ("ppo_epochs", algo.ppo_epochs != 1), ("ppo_mini_batch_size", algo.ppo_mini_batch_size is not None))
+            if active]
+        if unread:
+            raise ValueError(f"algorithm.{unread[0]}: online_dpo's update is the preference loss (dpo.loss, with "
+                             f"dpo.beta its pull toward the reference), one step per batch; rlvr's "
+                             f"{', '.join('algorithm.' + k for k in unread)} does not apply")
         if self.roles.actor_train.micro_batch_size % 2:
             raise ValueError(f"roles.actor_train.micro_batch_size: online_dpo keeps each pair in one micro-batch, "
                              f"so it must be even, got {self.roles.actor_train.micro_batch_size}")
