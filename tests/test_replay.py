@@ -139,7 +139,7 @@ def test_replay_says_which_dumps_or_checkpoint_it_lacks(dumped_run, tmp_path):
         replay(tmp_path)
     assert Path(dumped_run / "checkpoints" / "step_000002").is_dir()
     config = json.loads((dumped_run / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "pipeline": "online_dpo"}))
+    (tmp_path / "config.json").write_text(json.dumps({**config, "pipeline": "online_dpo", "algorithm": {}}))
     with pytest.raises(RollError, match=f"replays rlvr's policy updates; {tmp_path} ran pipeline online_dpo"):
         replay(tmp_path)
 
