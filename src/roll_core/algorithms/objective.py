@@ -106,6 +106,13 @@ def preference_reference_read(dpo, plugins=None) -> bool:
     return (plugins or get_plugins()).preference_losses.entry(dpo.loss).metadata.get("reads_reference", True)
 
 
+def preference_reference_role(dpo, plugins=None) -> bool:
+    """Whether ``dpo`` and ``online_dpo`` start ``roles.reference``: their loss reads reference
+    log-probs (:func:`preference_reference_read`) and the data does not carry them
+    (``dpo.reference: role``)."""
+    return dpo.reference == "role" and preference_reference_read(dpo, plugins)
+
+
 def reuses_update_log_probs(config, batch_size: int, plugins=None) -> bool:
     """Whether the old log-probs can be the update's own (``algorithm.old_log_probs: auto``).
 
@@ -371,6 +378,12 @@ class PreferenceObjective:
                                       **dict(self.options))
         loss = per_pair.sum() / max(seqs / 2, 1.0)
         return loss, {f"{self.metric}/loss": loss.item(), **{f"{self.metric}/{k}": v for k, v in metrics.items()}}
+
+
+def pair_tags(pairs: int) -> dict[str, torch.Tensor]:
+    """The tags of ``pairs`` pairs laid out as consecutive rows, chosen then rejected: ``pair`` ids
+    ``[2P]`` and the ``chosen`` mask ``[2P]`` that :func:`pair_sides` reads back."""
+    return {"pair": torch.arange(pairs).repeat_interleave(2), "chosen": torch.tensor([True, False]).repeat(pairs)}
 
 
 def pair_sides(micro: Batch) -> torch.Tensor:

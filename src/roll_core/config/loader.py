@@ -459,13 +459,13 @@ def _preference_requirements(cfg: RollConfig, plugins) -> list[str]:
     that the data does not carry (``dpo.reference: precomputed``, which ``online_dpo`` refuses)."""
     if cfg.pipeline not in ("dpo", "online_dpo") or cfg.roles.reference is not None:
         return []
-    from roll_core.algorithms.objective import preference_reference_read
+    from roll_core.algorithms.objective import preference_reference_role
 
     try:
-        reads = preference_reference_read(cfg.dpo, plugins)
+        needed = preference_reference_role(cfg.dpo, plugins)
     except RegistryError:
         return []  # already reported as an unknown name
-    if reads and cfg.dpo.reference == "role":
+    if needed:
         alternative = "set dpo.reference=precomputed" if cfg.pipeline == "dpo" else "a reference-free loss: simpo"
         return [f"key 'dpo.reference': 'role' needs roles.reference, which is null, for preference loss "
                 f"'{cfg.dpo.loss}' (add roles.reference={{}}, or {alternative})"]

@@ -822,8 +822,8 @@ class RollConfig(Strict):
     output_dir: str = Field("runs/quickstart", description="checkpoints, metrics and logs of the run")
     seed: int = Field(
         42, description="seed of every random stream; each role and data order draws from its own offset of it")
-    pipeline: str = Field("rlvr", description="a registered pipeline: rlvr, sft, dpo, online_dpo, reward_model, distill, "
-                          "agentic, or a plugin's")
+    pipeline: str = Field("rlvr", description="a registered pipeline: rlvr, sft, dpo, online_dpo, reward_model, "
+                          "distill, agentic, or a plugin's")
     executor: Literal["ray", "local"] = Field(
         "ray", description="ray: every worker a Ray actor; local: every worker in this process (debuggers, no Ray)")
     torch_threads: int = Field(2, ge=1, description="intra-op threads of every worker (same in both executors)")

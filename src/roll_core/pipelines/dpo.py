@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from roll_core.algorithms.objective import PreferenceObjective, sequence_log_probs
+from roll_core.algorithms.objective import (PreferenceObjective, pair_tags, preference_reference_role,
+                                           sequence_log_probs)
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
 from roll_core.pipelines.batches import demonstration_batch
@@ -51,8 +52,7 @@ def pair_batch(tokenizer, pairs: list[dict]) -> Batch:
     so the loss can check that no split separated them."""
     rows = [{"prompt": p["prompt"], "target": p[side]} for p in pairs for side in ("chosen", "rejected")]
     batch = demonstration_batch(tokenizer, rows, target="target")
-    return batch.update(pair=torch.arange(len(pairs)).repeat_interleave(2),
-                        chosen=torch.tensor([True, False]).repeat(len(pairs)))
+    return batch.update(**pair_tags(len(pairs)))
 
 
 class DPOPipeline(ActorLoop):
@@ -78,7 +78,7 @@ class DPOPipeline(ActorLoop):
         self.eval_reference = None
         self.actor = self.roles.model_role("actor_train", self.model)
         self.reference = None
-        if self.config.dpo.reference == "role" and self.loss_fn.reads_reference:
+        if preference_reference_role(self.config.dpo, self.plugins):
             self.reference = self.roles.reference(self.actor, self.model)
         self.stream = PromptStream(self.train_pairs, self.config.seed + SEED_OFFSETS["preference_data"])
 

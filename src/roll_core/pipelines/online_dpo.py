@@ -28,7 +28,8 @@ import time
 
 import torch
 
-from roll_core.algorithms.objective import PreferenceObjective, sequence_log_probs
+from roll_core.algorithms.objective import (PreferenceObjective, pair_tags, preference_reference_role,
+                                           sequence_log_probs)
 from roll_core.algorithms.preference import best_worst_pairs
 from roll_core.data import Batch
 from roll_core.pipelines.rlvr import RLVRPipeline
@@ -39,9 +40,7 @@ from roll_core.training import UpdateSpec
 def pair_rows(batch: Batch, pairs: torch.Tensor) -> Batch:
     """The rows of ``pairs`` ``[P, 2]`` (chosen, rejected), each pair as two consecutive rows tagged
     with ``pair`` and ``chosen``, the layout :class:`PreferenceObjective` reads."""
-    rows = batch.select(pairs.flatten().tolist())
-    return rows.update(pair=torch.arange(len(pairs)).repeat_interleave(2),
-                       chosen=torch.tensor([True, False]).repeat(len(pairs)))
+    return batch.select(pairs.flatten().tolist()).update(**pair_tags(len(pairs)))
 
 
 class OnlineDPOPipeline(RLVRPipeline):
@@ -56,7 +55,7 @@ class OnlineDPOPipeline(RLVRPipeline):
 
     def _spawn_policy_copies(self, model_path: str) -> None:
         """The reference, from the policy RL begins with, where the loss reads one; no critic."""
-        if self.preference_loss.reads_reference:
+        if preference_reference_role(self.config.dpo, self.plugins):  # schema: dpo.reference is role
             self.reference = self.roles.reference(self.actor, model_path)
 
     def streamed_reference(self):

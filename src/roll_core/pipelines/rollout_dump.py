@@ -87,6 +87,13 @@ def readable_rows(batch: Batch, tokenizer) -> list[dict]:
     return rows
 
 
+def write_json_lines(path: Path, rows: list[dict]) -> None:
+    """``rows`` as JSON lines at ``path``, whole or not at all (a temporary name, then a rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
+    tmp.replace(path)
+
+
 def write_dump(run_dir: Path, step: int, batch: Batch, tokenizer) -> None:
     """``step_<step>.pt`` and ``.jsonl`` under ``run_dir/rollouts`` (see the module docstring)."""
     tensors_file, text_file = dump_path(run_dir, step, "pt"), dump_path(run_dir, step, "jsonl")
@@ -94,9 +101,7 @@ def write_dump(run_dir: Path, step: int, batch: Batch, tokenizer) -> None:
     tmp = tensors_file.with_suffix(".pt.tmp")
     torch.save({"tensors": dict(batch.tensors), "non_tensors": dict(batch.non_tensors)}, tmp)
     tmp.replace(tensors_file)
-    tmp = text_file.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(row, default=str) + "\n" for row in readable_rows(batch, tokenizer)))
-    tmp.replace(text_file)
+    write_json_lines(text_file, readable_rows(batch, tokenizer))
 
 
 def load_dump(run_dir: Path, step: int) -> Batch:
@@ -116,13 +121,14 @@ def dump_pairs(batch: Batch) -> list[dict]:
     an ``online_dpo`` step's own pairs, or each group of an ``rlvr`` step as its best- and
     worst-scored samples (:func:`~roll_core.algorithms.preference.best_worst_pairs`; tied groups
     give none)."""
+    from roll_core.algorithms.objective import pair_sides
     from roll_core.algorithms.preference import best_worst_pairs
 
     if "response_text" not in batch.non_tensors or "scores" not in batch.tensors:
         raise RollError("only rlvr and online_dpo dumps hold scored responses to pair (an agentic dump holds "
                         "episodes)")
     if "pair" in batch.tensors:  # online_dpo: chosen, rejected, chosen, ...
-        chosen = batch["chosen"].bool()
+        chosen = pair_sides(batch)
         index = torch.stack([chosen.nonzero().flatten(), (~chosen).nonzero().flatten()], dim=1)
     else:
         index = best_worst_pairs(batch["scores"], batch["group_index"])
@@ -145,9 +151,7 @@ def export_pairs(run_dir: Path, out: Path, steps: tuple[int, int] | None = None)
     rows = [{**pair, "step": step} for step in chosen for pair in dump_pairs(load_dump(run_dir, step))]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    tmp.replace(out)
+    write_json_lines(out, rows)
     return len(rows), chosen
 
 

@@ -177,13 +177,13 @@ def _reference_started(cfg, plugins) -> bool:
     """Whether the run's pipeline starts its configured reference role: rlvr where something reads
     it (:func:`reference_read`), dpo and online_dpo where their loss does and the data carries no
     reference log-probs; any other, always."""
-    from roll_core.algorithms.objective import preference_reference_read, reference_read
+    from roll_core.algorithms.objective import preference_reference_role, reference_read
 
     try:
         if cfg.pipeline == "rlvr":
             return reference_read(cfg.algorithm, plugins)
-        if cfg.pipeline in ("dpo", "online_dpo"):  # online_dpo refuses precomputed reference log-probs
-            return cfg.dpo.reference == "role" and preference_reference_read(cfg.dpo, plugins)
+        if cfg.pipeline in ("dpo", "online_dpo"):
+            return preference_reference_role(cfg.dpo, plugins)
     except RegistryError:  # an unknown name is reported by the registry-name check
         return True
     return True
