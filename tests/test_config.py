@@ -252,9 +252,10 @@ def test_an_eval_reward_is_checked_like_the_training_reward_and_only_where_it_is
     with pytest.raises(ConfigError, match=r"key 'roles.eval_reward.options' for reward 'exact_match': unknown "
                                           r"option 'strp'. Did you mean 'strip'\?"):
         load_and_check(None, ["roles.eval_reward={name: exact_match, options: {strp: true}}"])
-    with pytest.raises(ConfigError, match="roles.eval_reward scores rlvr's held-out generations; pipeline dpo "
-                                          "evaluates without a reward"):
-        load_config(None, ["pipeline=dpo", "roles.eval_reward={name: exact_match}"])
+    with pytest.raises(ConfigError, match="key 'roles.eval_reward': pipeline dpo evaluates without a reward, so "
+                                          "the role would never be read"):
+        load_and_check(None, ["pipeline=dpo", "roles.eval_reward={name: exact_match}"])
+    load_and_check(None, ["pipeline=online_dpo", "roles.eval_reward={name: exact_match}"])  # rlvr's evaluation
     cfg = load_and_check(None, ["roles.eval_reward={name: exact_match}"])
     assert list(cfg.roles.reward_roles()) == ["roles.reward", "roles.eval_reward"]
     assert "eval_reward" in cfg.roles.named()

@@ -158,6 +158,32 @@ def test_roll_register_pipelines(roll_plugins):
     assert p.pipelines.get("echo")("cfg", None).run() == {"config": "cfg"}
 
 
+def test_a_registered_pipeline_checks_its_own_config_where_the_built_in_ones_do(roll_plugins):
+    from roll_core.config import load_and_check
+    from roll_core.errors import ConfigError
+    from roll_core.pipelines import Pipeline
+
+    class Pairs(Pipeline):
+        reads_eval_reward = True
+
+        @classmethod
+        def config_problems(cls, cfg, plugins):
+            n = cfg.rollout.num_return_sequences
+            return super().config_problems(cfg, plugins) + ([f"key 'rollout.num_return_sequences': pairs need 2, "
+                                                             f"got {n}"] if n != 2 else [])
+
+        def run(self):
+            return {}
+
+    p = roll_plugins(("t", hooks(roll_register_pipelines=lambda register: register("pairs", Pairs))))
+    with pytest.raises(ConfigError, match="key 'rollout.num_return_sequences': pairs need 2, got 8"):
+        load_and_check(None, ["pipeline=pairs"], plugins=p)
+    load_and_check(None, ["pipeline=pairs", "rollout.num_return_sequences=2", "roles.eval_reward={}"], plugins=p)
+    Pairs.reads_eval_reward = False  # the default: a set eval_reward that no one would read is refused
+    with pytest.raises(ConfigError, match="key 'roles.eval_reward': pipeline pairs evaluates without a reward"):
+        load_and_check(None, ["pipeline=pairs", "rollout.num_return_sequences=2", "roles.eval_reward={}"], plugins=p)
+
+
 def test_hook_implementations_may_take_no_arguments(roll_plugins):
     """Opt-in arguments: an implementation that accepts none of the hook's arguments still runs."""
     called = []

@@ -73,16 +73,29 @@ def test_a_reference_free_loss_trains_without_a_reference_role(tiny_config):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("rollout.num_return_sequences=1", "num_return_sequences must be at least 2"),
+    ("rollout.num_return_sequences=1", "num_return_sequences.: online_dpo pairs samples of one prompt, so it must "
+                                       "be at least 2"),
     ("dpo.reference=precomputed", "no log-probs can be precomputed"),
     ("roles.critic={}", "trains no critic"),
     ("roles.actor_train.micro_batch_size=3", "online_dpo keeps each pair in one micro-batch"),
-    ("algorithm.kl_loss_coef=0.1", r"overrides\): algorithm.kl_loss_coef: online_dpo's update is the preference "
-                                   r"loss .* rlvr's algorithm.kl_loss_coef does not apply"),
+    ("algorithm.kl_loss_coef=0.1", r"config error in the config: key 'algorithm.kl_loss_coef': online_dpo's update "
+                                   r"is the preference loss .* rlvr's algorithm.kl_loss_coef does not apply"),
     ("algorithm.ppo_epochs=2", "rlvr's algorithm.ppo_epochs does not apply"),
 ])
 def test_online_dpo_refuses_what_it_cannot_train_before_any_worker(tiny_config, override, message):
+    from roll_core.config import check_registry_names
     from roll_core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
-        tiny_config("pipeline=online_dpo", override)
+        check_registry_names(tiny_config("pipeline=online_dpo", override))
+
+
+def test_online_dpo_reports_every_problem_at_once_and_checks_a_pipeline_built_in_python(tiny_config):
+    from roll_core.errors import ConfigError
+    from roll_core.pipelines.online_dpo import OnlineDPOPipeline
+
+    cfg = tiny_config("pipeline=online_dpo", "rollout.num_return_sequences=1", "roles.critic={}")
+    with pytest.raises(ConfigError) as err:
+        OnlineDPOPipeline(cfg, LocalExecutor()).run()  # no loader: the pipeline checks before any worker
+    assert "key 'rollout.num_return_sequences'" in str(err.value) and "key 'roles.critic'" in str(err.value)
+    assert not (Path(cfg.output_dir) / "config.json").exists()

@@ -40,14 +40,18 @@ def test_the_objective_averages_bradley_terry_over_the_step_s_pairs():
 @pytest.mark.parametrize("overrides, message", [
     ([], "pipeline reward_model trains roles.critic (the model with a score head), which is not configured: add "
          "roles.critic={}"),
-    (["roles.critic={micro_batch_size: 3}"], "roles.critic.micro_batch_size: reward_model keeps each pair in one "
-                                             "micro-batch, so it must be even, got 3"),
+    (["roles.critic={micro_batch_size: 3}"], "key 'roles.critic.micro_batch_size': reward_model keeps each pair in "
+                                             "one micro-batch, so it must be even, got 3"),
+    (["roles.critic={}", "roles.eval_reward={}"], "key 'roles.eval_reward': pipeline reward_model evaluates without "
+                                                  "a reward"),
 ])
 def test_what_the_pipeline_cannot_train_is_a_config_error(overrides, message):
+    from roll_core.config import load_and_check
     from roll_core.errors import ConfigError
 
+    load_config(None, ["pipeline=reward_model", *overrides])  # the schema holds for every pipeline
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["pipeline=reward_model", *overrides])
+        load_and_check(None, ["pipeline=reward_model", *overrides])  # the pipeline's own checks
     assert message in str(err.value)
 
 

@@ -263,6 +263,9 @@ def roll_register_pipelines(register):
     Args:
         register: ``register(name, target, *, description="")``; ``target`` is a
             :class:`roll_core.pipelines.Pipeline` subclass constructed as ``cls(config, executor)``.
+            Its classmethod ``config_problems(cfg, plugins)`` lists what it cannot run in a config
+            (``roll validate`` and ``roll run`` report it with the rest, before any worker starts);
+            ``reads_eval_reward`` and ``starts_reference`` say which optional roles it reads.
 
     Returns: nothing.
     """

@@ -454,22 +454,13 @@ def _loss_options(cfg: RollConfig, plugins) -> list[str]:
     return problems
 
 
-def _preference_requirements(cfg: RollConfig, plugins) -> list[str]:
-    """``dpo`` and ``online_dpo`` need a reference role when their loss reads reference log-probs
-    that the data does not carry (``dpo.reference: precomputed``, which ``online_dpo`` refuses)."""
-    if cfg.pipeline not in ("dpo", "online_dpo") or cfg.roles.reference is not None:
-        return []
-    from roll_core.algorithms.objective import preference_reference_role
-
+def _pipeline_problems(cfg: RollConfig, plugins) -> list[str]:
+    """The pipeline's own checks (:meth:`roll_core.pipelines.Pipeline.config_problems`)."""
     try:
-        needed = preference_reference_role(cfg.dpo, plugins)
+        pipeline = plugins.pipelines.get(cfg.pipeline)
     except RegistryError:
         return []  # already reported as an unknown name
-    if needed:
-        alternative = "set dpo.reference=precomputed" if cfg.pipeline == "dpo" else "a reference-free loss: simpo"
-        return [f"key 'dpo.reference': 'role' needs roles.reference, which is null, for preference loss "
-                f"'{cfg.dpo.loss}' (add roles.reference={{}}, or {alternative})"]
-    return []
+    return pipeline.config_problems(cfg, plugins)
 
 
 def _options_fit(where: str, name: str, options: dict, registry, what: str) -> list[str]:
@@ -579,7 +570,7 @@ def check_registry_names(cfg: RollConfig, plugins=None, where: str = "the config
     problems += _component_options(cfg, plugins)
     problems += _strategy_options(cfg, plugins)
     problems += _loss_options(cfg, plugins)
-    problems += _preference_requirements(cfg, plugins)
+    problems += _pipeline_problems(cfg, plugins)
     sources = [("data", cfg.data)] + [(f"data.domains.{d}", src) for d, src in cfg.data.domains.items()]
     for prefix, source in sources:
         for key in ("train_file", "eval_file"):

@@ -855,19 +855,6 @@ class RollConfig(Strict):
             raise ValueError("rollout.async_generation_ratio > 0 needs rollout.scheduler: async")
         if self.data.domains and (self.data.train_file or self.data.eval_file):
             raise ValueError("data.domains replaces data.train_file / data.eval_file: give each domain its own files")
-        if self.roles.eval_reward is not None and self.pipeline in ("sft", "dpo", "distill", "agentic", "reward_model"):
-            raise ValueError(f"roles.eval_reward scores rlvr's held-out generations; pipeline {self.pipeline} "
-                             f"evaluates without a reward (set roles.eval_reward=null)")
-        if self.pipeline == "reward_model":
-            critic = self.roles.critic
-            if critic is None:
-                raise ValueError("pipeline reward_model trains roles.critic (the model with a score head), which is "
-                                 "not configured: add roles.critic={} (or its strategy, lr, ...)")
-            if critic.micro_batch_size % 2:
-                raise ValueError(f"roles.critic.micro_batch_size: reward_model keeps each pair in one micro-batch, "
-                                 f"so it must be even, got {critic.micro_batch_size}")
-        if self.pipeline == "online_dpo":
-            self._check_online_dpo()
         if algo.opd_coef > 0 and self.roles.reference is None:
             raise ValueError("algorithm.opd_coef > 0 needs a teacher: roles.reference (with its model_path)")
         if (algo.kl_loss_coef > 0 or algo.kl_penalty.coef > 0) and self.roles.reference is None:
@@ -883,31 +870,6 @@ class RollConfig(Strict):
                 raise ValueError(f"algorithm.ppo_mini_batch_size ({algo.ppo_mini_batch_size}) must divide the "
                                  f"samples per step (prompts_per_step * num_return_sequences = {samples})")
         return self
-
-    def _check_online_dpo(self) -> None:
-        """online_dpo pairs each group's best and worst samples (its reference: the loader's
-        ``_preference_requirements``, which knows the loss)."""
-        if self.rollout.num_return_sequences < 2:
-            raise ValueError("pipeline online_dpo pairs samples of one prompt: rollout.num_return_sequences must be "
-                             f"at least 2, got {self.rollout.num_return_sequences}")
-        if self.dpo.reference != "role":
-            raise ValueError("dpo.reference: online_dpo samples its pairs as it runs, so no log-probs can be "
-                             "precomputed; use 'role'")
-        if self.roles.critic is not None:
-            raise ValueError("pipeline online_dpo trains no critic: set roles.critic=null")
-        algo = self.algorithm
-        unread = [key for key, active in (
-            ("kl_loss_coef", algo.kl_loss_coef > 0), ("kl_penalty.coef", algo.kl_penalty.coef > 0),
-            ("opd_coef", algo.opd_coef > 0), ("entropy_coef", algo.entropy_coef != 0),
-            ("ppo_epochs", algo.ppo_epochs != 1), ("ppo_mini_batch_size", algo.ppo_mini_batch_size is not None))
-            if active]
-        if unread:
-            raise ValueError(f"algorithm.{unread[0]}: online_dpo's update is the preference loss (dpo.loss, with "
-                             f"dpo.beta its pull toward the reference), one step per batch; rlvr's "
-                             f"{', '.join('algorithm.' + k for k in unread)} does not apply")
-        if self.roles.actor_train.micro_batch_size % 2:
-            raise ValueError(f"roles.actor_train.micro_batch_size: online_dpo keeps each pair in one micro-batch, "
-                             f"so it must be even, got {self.roles.actor_train.micro_batch_size}")
 
     def role(self, name: str, kind: str | None = None) -> RoleConfig:
         """The role at key ``roles.<name>``, checked to be of ``kind`` when given."""

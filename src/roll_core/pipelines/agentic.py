@@ -163,6 +163,10 @@ def env_slots(executor, group, env_cls, per_worker: int) -> list[RemoteEnv]:
 class AgenticPipeline(WarmStart, TrainingLoop):
     step_label = "agentic step"
 
+    @classmethod
+    def starts_reference(cls, cfg, plugins) -> bool:
+        return cfg.roles.reference is not None and reference_read(cfg.algorithm, plugins)
+
     def prepare(self) -> None:
         cfg, a = self.config, self.config.agentic
         self.model, self.tokenizer = self.policy()
@@ -239,7 +243,7 @@ class AgenticPipeline(WarmStart, TrainingLoop):
                 self.loops.policy_updated()
 
     def _spawn_reference(self) -> None:
-        if self.config.roles.reference is not None and reference_read(self.config.algorithm, self.plugins):
+        if self.starts_reference(self.config, self.plugins):
             self.reference = self.roles.reference(self.actor, self.start_model())
 
     def begin(self) -> dict[str, float]:

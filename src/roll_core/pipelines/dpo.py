@@ -21,7 +21,7 @@ import torch
 from roll_core.algorithms.objective import (PreferenceObjective, pair_tags, preference_reference_role,
                                            sequence_log_probs)
 from roll_core.data import Batch, PromptStream
-from roll_core.errors import ConfigError
+from roll_core.errors import ConfigError, RegistryError
 from roll_core.pipelines.batches import demonstration_batch
 from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, log_probs, start_update
 from roll_core.pipelines.sources import load_rows
@@ -55,16 +55,43 @@ def pair_batch(tokenizer, pairs: list[dict]) -> Batch:
     return batch.update(**pair_tags(len(pairs)))
 
 
+def odd_micro_batch(cfg, trained: str) -> list[str]:
+    """A pipeline training role ``trained`` on pairs keeps each pair in one micro-batch (the loss
+    compares its two sides), so the role's micro-batch must be even."""
+    micro = cfg.role(trained).micro_batch_size
+    return [f"key 'roles.{trained}.micro_batch_size': {cfg.pipeline} keeps each pair in one micro-batch, so it "
+            f"must be even, got {micro}"] if micro % 2 else []
+
+
+def missing_reference(cfg, plugins, no_reference_fix: str) -> list[str]:
+    """``roles.reference`` is needed where the preference loss reads reference log-probs that the
+    data does not carry; ``no_reference_fix`` says how else the pipeline runs without one."""
+    if cfg.roles.reference is not None:
+        return []
+    try:
+        needed = preference_reference_role(cfg.dpo, plugins)
+    except RegistryError:
+        return []  # an unknown dpo.loss: reported as an unknown name
+    return [f"key 'dpo.reference': 'role' needs roles.reference, which is null, for preference loss "
+            f"'{cfg.dpo.loss}' (add roles.reference={{}}, or {no_reference_fix})"] if needed else []
+
+
 class DPOPipeline(ActorLoop):
     headline = ("eval/rewards/accuracy", "held-out preference accuracy", "{:.1%}", "DPO steps")
+
+    @classmethod
+    def starts_reference(cls, cfg, plugins) -> bool:
+        return cfg.roles.reference is not None and preference_reference_role(cfg.dpo, plugins)
+
+    @classmethod
+    def config_problems(cls, cfg, plugins) -> list[str]:
+        return (super().config_problems(cfg, plugins) + odd_micro_batch(cfg, "actor_train")
+                + missing_reference(cfg, plugins, "set dpo.reference=precomputed"))
 
     def prepare(self) -> None:
         cfg = self.config
         self.model, self.tokenizer = self.policy()
         self.train_pairs, self.eval_pairs = load_pairs("dpo", cfg.data, self.plugins, self.tokenizer)
-        if cfg.roles.actor_train.micro_batch_size % 2:
-            raise ConfigError(f"key 'roles.actor_train.micro_batch_size': dpo keeps each pair in one micro-batch, "
-                              f"so it must be even, got {cfg.roles.actor_train.micro_batch_size}")
         self.loss_fn = PreferenceObjective.from_config(cfg.dpo, self.plugins)
         # a reference role where the loss reads one: the loader checked that it is configured
         if cfg.dpo.reference == "precomputed" and self.loss_fn.reads_reference:
@@ -78,7 +105,7 @@ class DPOPipeline(ActorLoop):
         self.eval_reference = None
         self.actor = self.roles.model_role("actor_train", self.model)
         self.reference = None
-        if preference_reference_role(self.config.dpo, self.plugins):
+        if self.starts_reference(self.config, self.plugins):
             self.reference = self.roles.reference(self.actor, self.model)
         self.stream = PromptStream(self.train_pairs, self.config.seed + SEED_OFFSETS["preference_data"])
 

@@ -32,6 +32,7 @@ from roll_core.algorithms.objective import (PreferenceObjective, pair_tags, pref
                                            sequence_log_probs)
 from roll_core.algorithms.preference import best_worst_pairs
 from roll_core.data import Batch
+from roll_core.pipelines.dpo import missing_reference, odd_micro_batch
 from roll_core.pipelines.rlvr import RLVRPipeline
 from roll_core.pipelines.runtime import log_probs, start_update
 from roll_core.training import UpdateSpec
@@ -46,6 +47,37 @@ def pair_rows(batch: Batch, pairs: torch.Tensor) -> Batch:
 class OnlineDPOPipeline(RLVRPipeline):
     step_label = "online DPO step"
 
+    @classmethod
+    def starts_reference(cls, cfg, plugins) -> bool:
+        return cfg.roles.reference is not None and preference_reference_role(cfg.dpo, plugins)
+
+    @classmethod
+    def config_problems(cls, cfg, plugins) -> list[str]:
+        """Pairs need two samples a prompt and come from the run itself, so no precomputed reference
+        log-probs; no critic; the update is the preference loss, so rlvr's loss settings are refused
+        rather than silently ignored."""
+        problems = super().config_problems(cfg, plugins)
+        if cfg.rollout.num_return_sequences < 2:
+            problems.append("key 'rollout.num_return_sequences': online_dpo pairs samples of one prompt, so it must "
+                            f"be at least 2, got {cfg.rollout.num_return_sequences}")
+        if cfg.dpo.reference != "role":
+            problems.append("key 'dpo.reference': online_dpo samples its pairs as it runs, so no log-probs can be "
+                            "precomputed; use 'role'")
+        if cfg.roles.critic is not None:
+            problems.append("key 'roles.critic': pipeline online_dpo trains no critic: set roles.critic=null")
+        algo = cfg.algorithm
+        unread = [key for key, active in (
+            ("kl_loss_coef", algo.kl_loss_coef > 0), ("kl_penalty.coef", algo.kl_penalty.coef > 0),
+            ("opd_coef", algo.opd_coef > 0), ("entropy_coef", algo.entropy_coef != 0),
+            ("ppo_epochs", algo.ppo_epochs != 1), ("ppo_mini_batch_size", algo.ppo_mini_batch_size is not None))
+            if active]
+        if unread:
+            problems.append(f"key 'algorithm.{unread[0]}': online_dpo's update is the preference loss (dpo.loss, "
+                            f"with dpo.beta its pull toward the reference), one step per batch; rlvr's "
+                            f"{', '.join('algorithm.' + k for k in unread)} does not apply")
+        return problems + odd_micro_batch(cfg, "actor_train") + missing_reference(
+            cfg, plugins, "a reference-free loss: simpo")
+
     def build(self) -> None:
         super().build()
         cfg = self.config
@@ -55,7 +87,7 @@ class OnlineDPOPipeline(RLVRPipeline):
 
     def _spawn_policy_copies(self, model_path: str) -> None:
         """The reference, from the policy RL begins with, where the loss reads one; no critic."""
-        if preference_reference_role(self.config.dpo, self.plugins):  # schema: dpo.reference is role
+        if self.starts_reference(self.config, self.plugins):
             self.reference = self.roles.reference(self.actor, model_path)
 
     def streamed_reference(self):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from roll_core.algorithms.objective import RewardModelObjective
 from roll_core.data import PromptStream
-from roll_core.pipelines.dpo import load_pairs, pair_batch
+from roll_core.pipelines.dpo import load_pairs, odd_micro_batch, pair_batch
 from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, start_update, values
 from roll_core.strategies.models import export_sequence_classifier
 from roll_core.training import UpdateSpec
@@ -36,6 +36,13 @@ EXPORT = "reward_model"  # the sequence classifier's directory in output_dir
 class RewardModelPipeline(ActorLoop):
     headline = ("eval/reward_model/rewards/accuracy", "held-out preference accuracy", "{:.1%}", "reward model steps")
     trained_role = "critic"
+
+    @classmethod
+    def config_problems(cls, cfg, plugins) -> list[str]:
+        if cfg.roles.critic is None:
+            return ["key 'roles.critic': pipeline reward_model trains roles.critic (the model with a score head), "
+                    "which is not configured: add roles.critic={} (or its strategy, lr, ...)"]
+        return super().config_problems(cfg, plugins) + odd_micro_batch(cfg, "critic")
 
     def prepare(self) -> None:
         cfg = self.config

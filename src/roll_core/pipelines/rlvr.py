@@ -40,6 +40,11 @@ from roll_core.training import UpdateSpec
 
 class RLVRPipeline(WarmStart, TrainingLoop):
     step_label = "RL step"
+    reads_eval_reward = True
+
+    @classmethod
+    def starts_reference(cls, cfg, plugins) -> bool:
+        return cfg.roles.reference is not None and reference_read(cfg.algorithm, plugins)
 
     # -- set-up ---------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -83,8 +88,8 @@ class RLVRPipeline(WarmStart, TrainingLoop):
     def _spawn_policy_copies(self, model_path: str) -> None:
         """Roles that start from the policy RL begins with (the warmed-up model): reference, critic.
         A reference with its own ``model_path`` is a different model (a distillation teacher)."""
-        ref, critic = self.config.roles.reference, self.config.roles.critic
-        if ref is not None and reference_read(self.config.algorithm, self.plugins):
+        critic = self.config.roles.critic
+        if self.starts_reference(self.config, self.plugins):
             self.reference = self.roles.reference(self.actor, model_path)
         if critic is not None:
             self.critic = self.roles.model_role("critic", model_path, critic)

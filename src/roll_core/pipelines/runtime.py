@@ -335,6 +335,9 @@ class TrainingLoop(Pipeline):
 
     def run(self) -> dict:
         cfg = self.config
+        problems = self.config_problems(cfg, self.plugins)  # again: a pipeline built in Python skips the loader
+        if problems:
+            raise ConfigError("config error in the config: " + "; ".join(problems))
         latest = self.checkpoints.latest() if cfg.trainer.resume == "auto" else None
         if latest is not None:  # before anything is written or started
             check_resume(self.checkpoints.load_state(latest).get("config"), cfg.model_dump(mode="json"), latest)

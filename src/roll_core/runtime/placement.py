@@ -174,19 +174,11 @@ def controller_blocker(cfg) -> str | None:
 
 
 def _reference_started(cfg, plugins) -> bool:
-    """Whether the run's pipeline starts its configured reference role: rlvr where something reads
-    it (:func:`reference_read`), dpo and online_dpo where their loss does and the data carries no
-    reference log-probs; any other, always."""
-    from roll_core.algorithms.objective import preference_reference_role, reference_read
-
+    """Whether the run's pipeline starts its configured reference role (its ``starts_reference``)."""
     try:
-        if cfg.pipeline == "rlvr":
-            return reference_read(cfg.algorithm, plugins)
-        if cfg.pipeline in ("dpo", "online_dpo"):
-            return preference_reference_role(cfg.dpo, plugins)
+        return plugins.pipelines.get(cfg.pipeline).starts_reference(cfg, plugins)
     except RegistryError:  # an unknown name is reported by the registry-name check
         return True
-    return True
 
 
 def controller_in_worker(cfg) -> bool:
