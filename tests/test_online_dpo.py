@@ -26,17 +26,18 @@ def test_online_dpo_trains_each_groups_best_over_its_worst_and_raises_heldout_ac
     # sampling at 0.7 while DPO reads log-probs at 1: a reference pass at the sampling temperature
     # would show as a margin at step 1. The weights travel to actor_infer as copies (object_store):
     # under in_process both roles compute with the same tensors, and a missed push would not show.
+    # The difficulty mask pairs only prompts answered right less than 3/4 of the time.
     cfg, summary = run_online_dpo(tiny_config, "warmup.steps=500", "rollout.prompts_per_step=32",
                                   "rollout.num_return_sequences=8", "rollout.temperature=0.7",
                                   "roles.actor_train.micro_batch_size=64", "trainer.max_steps=30",
                                   "data.eval_size=200", "trainer.dump_rollouts_every=1",
-                                  "runtime.weight_sync=object_store")
+                                  "runtime.weight_sync=object_store", "algorithm.difficulty_mask={low: 0, high: 0.75}")
     from roll_core.pipelines.rollout_dump import load_dump
 
     pairs = load_dump(cfg.output_dir, 1)
     rows = [r for r in metrics_of(cfg.output_dir) if r["step"] > 0]
     assert rows[0]["online_dpo/pairs"] == len(pairs) / 2 > 0
-    assert rows[0]["online_dpo/tied_groups"] == pytest.approx(1 - len(pairs) / 2 / 32)
+    assert rows[0]["online_dpo/unpaired_groups"] == pytest.approx(1 - len(pairs) / 2 / 32)
     chosen = pairs["chosen"]
     assert chosen.tolist() == [True, False] * (len(pairs) // 2)
     assert pairs["pair"].tolist() == [i // 2 for i in range(len(pairs))]
@@ -48,6 +49,9 @@ def test_online_dpo_trains_each_groups_best_over_its_worst_and_raises_heldout_ac
     assert rows[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-6)
     assert torch.isfinite(pairs["reference_logp"]).all() and (pairs["reference_logp"] < 0).all()
     assert all(r["online_dpo/pairs"] > 0 and "dpo/grad_norm" in r for r in rows)
+    # a group is masked whole (its mean score 0, 1 or at least 3/4) or, being mixed, paired
+    assert all(r["online_dpo/pairs"] + r["shaping/masked_samples"] / 8 == 32 for r in rows)
+    assert sum(r["shaping/masked_samples"] for r in rows) > 0
     assert abs(rows[-1]["dpo/rewards/margin"]) > 1e-3  # the policy has moved away from the reference
     before, after = summary["before_rl"]["eval/accuracy"], summary["after_rl"]["eval/accuracy"]
     assert after > before + 0.1, summary
@@ -81,6 +85,8 @@ def test_a_reference_free_loss_trains_without_a_reference_role(tiny_config):
     ("algorithm.kl_loss_coef=0.1", r"config error in the config: key 'algorithm.kl_loss_coef': online_dpo's update "
                                    r"is the preference loss .* rlvr's algorithm.kl_loss_coef does not apply"),
     ("algorithm.ppo_epochs=2", "rlvr's algorithm.ppo_epochs does not apply"),
+    ("algorithm.reward_clip=1.0", "rlvr's algorithm.reward_clip does not apply"),
+    ("algorithm.advantage_estimator=rloo", "rlvr's algorithm.advantage_estimator does not apply"),
 ])
 def test_online_dpo_refuses_what_it_cannot_train_before_any_worker(tiny_config, override, message):
     from roll_core.config import check_registry_names
@@ -91,6 +97,7 @@ def test_online_dpo_refuses_what_it_cannot_train_before_any_worker(tiny_config, 
 
 
 def test_online_dpo_reports_every_problem_at_once_and_checks_a_pipeline_built_in_python(tiny_config):
+    from roll_core.config import check_registry_names
     from roll_core.errors import ConfigError
     from roll_core.pipelines.online_dpo import OnlineDPOPipeline
 
@@ -99,3 +106,5 @@ def test_online_dpo_reports_every_problem_at_once_and_checks_a_pipeline_built_in
         OnlineDPOPipeline(cfg, LocalExecutor()).run()  # no loader: the pipeline checks before any worker
     assert "key 'rollout.num_return_sequences'" in str(err.value) and "key 'roles.critic'" in str(err.value)
     assert not (Path(cfg.output_dir) / "config.json").exists()
+    check_registry_names(tiny_config("pipeline=online_dpo", "algorithm.max_length_mask=true",  # what it reads
+                                     "algorithm.max_grad_norm=0.5", "algorithm.difficulty_mask={low: 0, high: 1}"))

@@ -75,6 +75,15 @@ def test_best_worst_pairs_take_each_groups_top_and_bottom_score_and_skip_ties():
     assert best_worst_pairs(torch.ones(4), torch.tensor([0, 0, 1, 1])).shape == (0, 2)
     assert best_worst_pairs(torch.tensor([3, 1, 2]), torch.zeros(3, dtype=torch.long)).tolist() == [[0, 1]]
     assert best_worst_pairs(torch.tensor([0, 2, 2]), torch.zeros(3, dtype=torch.long)).tolist() == [[1, 0]]
+    # masked rows take no part: group 0 keeps only row 4 (no pair); group 2 without its best (row 2)
+    # ties at 0.5 (none); group 3 without its NaN keeps one row (none)
+    keep = torch.tensor([1, 0, 0, 1, 1, 1, 1, 0, 1], dtype=torch.bool)
+    assert best_worst_pairs(scores, group, keep).shape == (0, 2)
+    keep[1] = True  # group 0 whole again
+    assert best_worst_pairs(scores, group, keep).tolist() == [[4, 1]]
+    scores[5] = 0.75  # group 2 without row 2: 0.75 over 0.5
+    assert best_worst_pairs(scores, group, keep).tolist() == [[4, 1], [5, 0]]
+    assert best_worst_pairs(scores, group, torch.ones(9, dtype=torch.bool)).tolist() == [[4, 1], [2, 0]]
 
 
 def test_simpo_ignores_the_reference_and_asks_for_a_margin_of_gamma():

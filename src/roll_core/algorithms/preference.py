@@ -118,7 +118,7 @@ def bradley_terry(chosen: torch.Tensor, rejected: torch.Tensor):
     return -F.logsigmoid(chosen - rejected), _metrics(chosen, rejected, 1.0)
 
 
-def best_worst_pairs(scores: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+def best_worst_pairs(scores: torch.Tensor, group_index: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
     """Preference pairs from groups of scored samples of one prompt: in each group, the best-scored
     sample is chosen over the worst-scored one, as in online and iterative DPO with a scalar judge
     (Guo et al. 2024, arXiv:2402.04792, with two samples; best-of-n against worst-of-n in Dong et
@@ -127,13 +127,18 @@ def best_worst_pairs(scores: torch.Tensor, group_index: torch.Tensor) -> torch.T
         pair(g) = (argmax_{i in g} score_i, argmin_{i in g} score_i)    if max > min, else none
 
     A group whose samples all score alike (or any NaN) says nothing about which is better and gives
-    no pair. Ties for best or worst go to the earlier sample. Shapes: ``scores`` and ``group_index``
-    ``[N]`` (a rollout batch's rewards and group ids); returns row indices ``[P, 2]`` (chosen,
-    rejected), one pair per group that has one, in group order.
+    no pair. Ties for best or worst go to the earlier sample. Only samples that ``keep`` (``[N]``
+    bool, default all) holds take part: rlvr's sample masks (a truncated answer, a group outside
+    the difficulty range) say which may be trained on. Shapes: ``scores`` and ``group_index`` ``[N]``
+    (a rollout batch's rewards and group ids); returns row indices ``[P, 2]`` (chosen, rejected),
+    one pair per group that has one, in group order.
     """
     pairs = []
+    kept = torch.ones(len(scores), dtype=torch.bool) if keep is None else keep.bool()
     for group in torch.unique(group_index).tolist():  # sorted
-        rows = (group_index == group).nonzero().flatten()
+        rows = ((group_index == group) & kept).nonzero().flatten()
+        if len(rows) < 2:
+            continue
         group_scores = scores[rows].float()
         best, worst = int(group_scores.argmax()), int(group_scores.argmin())
         if group_scores[best] > group_scores[worst]:

@@ -9,8 +9,9 @@ reward, as in ``rlvr``: a verifier, an LLM judge, or a learned reward model (rol
 
     scheduler.next_batch()   rollout.num_return_sequences samples per prompt on actor_infer, scored
                              by the reward workers (dynamic sampling, if set, drops tied groups)
-    -> each group's best- and worst-scored samples as a (chosen, rejected) pair; a group whose
-       samples all score alike gives none (algorithms.preference.best_worst_pairs)
+    -> each group's best- and worst-scored samples as a (chosen, rejected) pair, among those rlvr's
+       sample masks keep (algorithm.max_length_mask, difficulty_mask); a group whose samples all
+       score alike gives none (algorithms.preference.best_worst_pairs)
     -> the reference's sequence log-probs of both sides (roles.reference, frozen at RL's start;
        none for a reference-free loss: simpo)
     -> one update of actor_train with the registered preference loss (dpo.loss, dpo.beta, ...)
@@ -44,6 +45,12 @@ def pair_rows(batch: Batch, pairs: torch.Tensor) -> Batch:
     return batch.select(pairs.flatten().tolist()).update(**pair_tags(len(pairs)))
 
 
+#: The ``algorithm`` keys online_dpo reads: the sample masks (which samples may be paired), dynamic
+#: sampling (in the scheduler) and gradient clipping. The rest are rlvr's advantages, loss and
+#: reward shaping; set to anything but their defaults, they are refused rather than ignored.
+ALGORITHM_KEYS_READ = {"max_length_mask", "difficulty_mask", "dynamic_sampling", "max_grad_norm"}
+
+
 class OnlineDPOPipeline(RLVRPipeline):
     step_label = "online DPO step"
 
@@ -54,8 +61,8 @@ class OnlineDPOPipeline(RLVRPipeline):
     @classmethod
     def config_problems(cls, cfg, plugins) -> list[str]:
         """Pairs need two samples a prompt and come from the run itself, so no precomputed reference
-        log-probs; no critic; the update is the preference loss, so rlvr's loss settings are refused
-        rather than silently ignored."""
+        log-probs; no critic; the update is the preference loss, so rlvr's loss and shaping settings
+        (``algorithm`` keys beyond :data:`ALGORITHM_KEYS_READ`) are refused rather than ignored."""
         problems = super().config_problems(cfg, plugins)
         if cfg.rollout.num_return_sequences < 2:
             problems.append("key 'rollout.num_return_sequences': online_dpo pairs samples of one prompt, so it must "
@@ -65,12 +72,9 @@ class OnlineDPOPipeline(RLVRPipeline):
                             "precomputed; use 'role'")
         if cfg.roles.critic is not None:
             problems.append("key 'roles.critic': pipeline online_dpo trains no critic: set roles.critic=null")
-        algo = cfg.algorithm
-        unread = [key for key, active in (
-            ("kl_loss_coef", algo.kl_loss_coef > 0), ("kl_penalty.coef", algo.kl_penalty.coef > 0),
-            ("opd_coef", algo.opd_coef > 0), ("entropy_coef", algo.entropy_coef != 0),
-            ("ppo_epochs", algo.ppo_epochs != 1), ("ppo_mini_batch_size", algo.ppo_mini_batch_size is not None))
-            if active]
+        defaults = type(cfg.algorithm)().model_dump()
+        unread = [key for key, value in cfg.algorithm.model_dump().items()
+                  if key not in ALGORITHM_KEYS_READ and value != defaults[key]]
         if unread:
             problems.append(f"key 'algorithm.{unread[0]}': online_dpo's update is the preference loss (dpo.loss, "
                             f"with dpo.beta its pull toward the reference), one step per batch; rlvr's "
@@ -97,11 +101,12 @@ class OnlineDPOPipeline(RLVRPipeline):
         t0 = time.perf_counter()
         batch, metrics = self.collect()
         t_rollout = time.perf_counter() - t0
-        pairs = best_worst_pairs(batch["scores"], batch["group_index"])
+        keep = self.shaper.sample_mask(batch)  # algorithm.max_length_mask, difficulty_mask
+        pairs = best_worst_pairs(batch["scores"], batch["group_index"], keep.bool())
         groups = len(torch.unique(batch["group_index"]))
         usable = len(pairs) - len(pairs) % self.actor.dp_size  # each data-parallel rank takes whole pairs
-        metrics.update({"online_dpo/pairs": float(usable), "online_dpo/tied_groups": 1 - len(pairs) / groups,
-                        **self.reward.pop_failures()})
+        metrics.update({"online_dpo/pairs": float(usable), "online_dpo/unpaired_groups": 1 - len(pairs) / groups,
+                        "shaping/masked_samples": float(len(batch) - keep.sum()), **self.reward.pop_failures()})
         t1 = time.perf_counter()
         if usable:
             metrics.update(self._update(step, pair_rows(batch, pairs[:usable])))
