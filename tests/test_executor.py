@@ -35,6 +35,9 @@ def _recorder_class():
         def seen(self):
             return self.log
 
+        def forget(self):
+            self.log = []
+
     return Recorder
 
 
@@ -47,15 +50,24 @@ def ray_executor():
     executor.shutdown()
 
 
-@pytest.fixture
-def recorders(ray_executor):
-    """Two Ray workers, the second hosting a worker of role ``guest`` in its process."""
+@pytest.fixture(scope="module")
+def spawned_recorders(ray_executor):
+    """Two Ray workers and a third hosting a worker of role ``guest`` in its process; spawned once
+    for the module (each spawn starts a process that imports torch)."""
     cls = _recorder_class()
     group = ray_executor.spawn("recorder", cls, [(), ()])
     guest = ray_executor.spawn_hosted("guest", cls, [()], ray_executor.spawn("host", cls, [()]))
     yield group.handles[0], group.handles[1], guest.handles[0]
     for handle in [*group.handles, guest.handles[0].host]:
         ray_executor.stop(handle)
+
+
+@pytest.fixture
+def recorders(ray_executor, spawned_recorders):
+    """The module's recorders, each with an empty log."""
+    first, second, guest = spawned_recorders
+    ray_executor.get([ray_executor.invoke(h, "forget", (), {}) for h in (first, second, guest, guest.host)])
+    return spawned_recorders
 
 
 @pytest.mark.ray

@@ -234,7 +234,7 @@ def test_kill_after_checkpoint_then_resume_continues(tmp_path):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("layout", ["streaming", "hybrid", "hybrid-evaluated"])
+@pytest.mark.parametrize("layout", ["streaming", "hybrid"])
 def test_same_seed_same_metrics_local_and_ray(tmp_path, layout):
     """``streaming``: two inference workers, each running two requests whose rewards are scored
     while the next request generates on two reward workers: completion order differs between the
@@ -242,13 +242,13 @@ def test_same_seed_same_metrics_local_and_ray(tmp_path, layout):
     ``hybrid``: the default layout, where Ray builds actor_infer's worker inside actor_train's
     process (``ray.hybrid_engine``), the reward scores in the driver (``placement: auto``) and the
     engine computes with the trainer's own parameter tensors; the next step's
-    requests are queued behind the update (``prefetch``). ``hybrid-evaluated`` evaluates after
-    every step, with those requests in flight, and checkpoints after step 2, before which none
-    may be drawn early."""
+    requests are queued behind the update (``prefetch``). It evaluates after every step, with those
+    requests in flight, and checkpoints after step 2, before which none may be drawn early (so it
+    covers the plain default layout too)."""
     results = {}
     overrides = {"streaming": ["rollout.request_size=4", "roles.actor_infer.num_workers=2",
-                               "roles.reward.num_workers=2"], "hybrid": [],
-                 "hybrid-evaluated": ["trainer.max_steps=4", "trainer.eval_every=1", "trainer.save_every=2"]}[layout]
+                               "roles.reward.num_workers=2"],
+                 "hybrid": ["trainer.max_steps=4", "trainer.eval_every=1", "trainer.save_every=2"]}[layout]
     for executor in ("local", "ray"):
         run_dir = tmp_path / executor
         out = subprocess.run(_run_cli(run_dir, "trainer.max_steps=3", *overrides, executor=executor),
@@ -270,9 +270,9 @@ def test_same_seed_same_metrics_local_and_ray(tmp_path, layout):
     assert (reward_pids == [placement["driver_pid"]]) == layout.startswith("hybrid")
     assert len(set(reward_pids) | train_pids | {placement["driver_pid"]}) == (2 if layout.startswith("hybrid") else 4)
     local, ray = results["local"], results["ray"]
-    steps = [0, 1, 2, 3, 4] if layout == "hybrid-evaluated" else [0, 1, 2, 3]
+    steps = [0, 1, 2, 3, 4] if layout == "hybrid" else [0, 1, 2, 3]
     assert [r["step"] for r in local] == [r["step"] for r in ray] == steps
-    if layout == "hybrid-evaluated":
+    if layout == "hybrid":
         assert all("eval/accuracy" in r for r in ray)
         state = json.loads((tmp_path / "ray" / "checkpoints" / "step_000002" / "state.json").read_text())
         assert state["data"] == {"epoch": 0, "index": 8}  # 2 steps x 4 prompts: step 3's not drawn yet
