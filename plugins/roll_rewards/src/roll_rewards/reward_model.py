@@ -85,10 +85,12 @@ class RewardModelReward(Reward):
     def _forward(self, texts: list[str]) -> list[float]:
         # the chat template writes its special tokens itself; concat adds the tokenizer's (a BOS)
         special = self.template == "concat"
-        full = self.tokenizer(texts, add_special_tokens=special)["input_ids"]
-        self.truncated += sum(len(ids) > self.max_length for ids in full)
-        enc = self.tokenizer(texts, add_special_tokens=special, padding=True, truncation=True,
-                             max_length=self.max_length, return_tensors="pt")
+        enc = self.tokenizer(texts, add_special_tokens=special, padding=True, return_tensors="pt")
+        over = int((enc["attention_mask"].sum(1) > self.max_length).sum())
+        if over:  # again, cut by the tokenizer (its special tokens kept); most batches need one pass
+            self.truncated += over
+            enc = self.tokenizer(texts, add_special_tokens=special, padding=True, truncation=True,
+                                 max_length=self.max_length, return_tensors="pt")
         ids, mask = enc["input_ids"], enc["attention_mask"]
         # transformers reads a sequence classifier's score at the last token that is not its config's
         # pad id; a text ending in that id (an EOS that doubles as padding, as many chat templates
