@@ -259,13 +259,20 @@ VALUED = [{**r, "reference_chosen_logp": -1.0, "reference_rejected_logp": -2.0} 
 
 
 @pytest.mark.parametrize("overrides, rows, held_out, message", [
-    (["roles.actor_train.micro_batch_size=3"], DPO_ROWS, None, "micro_batch_size': dpo keeps each pair in one micro-"),
     (["dpo.reference=precomputed"], VALUED, VALUED[:3] + DPO_ROWS[3:], "precomputed needs"),
     ([], DPO_ROWS[2:3], DPO_ROWS, "no training row is a preference pair"),
-], ids=["odd-micro-batches", "a-held-out-pair-without-values", "no-pairs"])
+], ids=["a-held-out-pair-without-values", "no-pairs"])
 def test_dpo_refuses_what_it_cannot_train_before_any_worker(tiny_config, tmp_path, overrides, rows, held_out, message):
     with pytest.raises(ConfigError, match=message):
         dpo_pipeline(tiny_config, tmp_path, *overrides, rows=rows, train_only=[], held_out=held_out)
+
+
+def test_dpo_refuses_odd_micro_batches_at_validation():
+    from roll_core.config import load_and_check
+
+    with pytest.raises(ConfigError, match="key 'roles.actor_train.micro_batch_size': dpo keeps each pair in one "
+                                          "micro-batch, so it must be even, got 3"):
+        load_and_check(None, ["pipeline=dpo", "roles.actor_train.micro_batch_size=3"])
 
 
 def test_dpo_takes_precomputed_reference_values_pair_by_pair(tiny_config, tmp_path):
@@ -284,7 +291,7 @@ def test_dpo_takes_precomputed_reference_values_pair_by_pair(tiny_config, tmp_pa
 def test_a_reference_free_loss_starts_no_reference_and_takes_its_own_options(tiny_config, tmp_path):
     # SimPO: no reference role, zeros in its place (precomputed values not asked for), gamma from loss_options
     pipeline, groups = dpo_pipeline(tiny_config, tmp_path, "dpo.loss=simpo", "dpo.beta=2", "dpo.reference=precomputed",
-                                    "dpo.loss_options={gamma: 0.3}", "dpo.average_log_probs=true",
+                                    "dpo.loss_options={gamma: 0.3}",  # means: simpo registers average_log_probs
                                     "dpo.batch_size=3", "roles.reference=null")
     assert "reference" not in groups and pipeline.loss_fn.options == (("gamma", 0.3),)
     pipeline.step(1)

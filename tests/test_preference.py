@@ -98,3 +98,14 @@ def test_simpo_ignores_the_reference_and_asks_for_a_margin_of_gamma():
     smoothed, _ = simpo(PAIRS, beta=2.0, gamma=0.5, label_smoothing=0.25)
     torch.testing.assert_close(smoothed[0], torch.tensor(0.75 * math.log1p(math.exp(-1.5))
                                                          + 0.25 * math.log1p(math.exp(1.5))))
+
+
+@pytest.mark.parametrize("loss, setting, averaged", [("dpo_sigmoid", None, False), ("ipo", None, False),
+                                                     ("simpo", None, True), ("simpo", False, False),
+                                                     ("dpo_sigmoid", True, True)])
+def test_per_token_means_are_the_losss_own_choice_unless_the_config_says(loss, setting, averaged):
+    from roll_core.algorithms.objective import PreferenceObjective
+    from roll_core.config.schema import DPOConfig
+
+    objective = PreferenceObjective.from_config(DPOConfig(loss=loss, average_log_probs=setting))
+    assert objective.average_log_probs is averaged

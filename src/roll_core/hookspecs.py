@@ -109,13 +109,16 @@ def roll_register_preference_losses(register):
     Called once per process when the plugin registries are built.
 
     Args:
-        register: ``register(name, target, *, description="", reads_reference=True)``;
+        register: ``register(name, target, *, description="", reads_reference=True,
+            average_log_probs=False)``;
             ``target`` is a callable ``fn(inputs: PreferenceInput, *, beta, label_smoothing,
             **options) -> (loss [B], metrics)`` taking the sequence log-probs of the chosen and
             rejected responses under the policy and the reference, one loss per pair (see
             :mod:`roll_core.algorithms.preference`); ``options`` are its own keyword parameters,
             set with ``dpo.loss_options``. A loss that ignores the reference registers with
-            ``reads_reference=False``, and no reference role is started for it.
+            ``reads_reference=False``, and no reference role is started for it. A loss defined on
+            per-token mean log-probs (SimPO) registers ``average_log_probs=True``: the default of
+            ``dpo.average_log_probs`` (null) then takes means for it, sums for the others.
 
     Returns: nothing.
     """

@@ -354,7 +354,10 @@ class PreferenceObjective:
         from roll_core.plugins import get_plugins
 
         plugins = plugins or get_plugins()
-        return cls(plugins.preference_losses.get(dpo.loss), dpo.beta, dpo.label_smoothing, dpo.average_log_probs,
+        average = dpo.average_log_probs  # None: as the loss registered (simpo: average_log_probs=True)
+        if average is None:
+            average = plugins.preference_losses.entry(dpo.loss).metadata.get("average_log_probs", False)
+        return cls(plugins.preference_losses.get(dpo.loss), dpo.beta, dpo.label_smoothing, average,
                    tuple(sorted(dpo.loss_options.items())), preference_reference_read(dpo, plugins))
 
     def reference_values(self, rows: int) -> torch.Tensor | None:

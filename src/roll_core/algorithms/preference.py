@@ -90,7 +90,7 @@ def simpo(inputs: PreferenceInput, *, beta: float, label_smoothing: float = 0.0,
     is the policy's own length-normalised log-likelihood, and the chosen response must beat the
     rejected one by a target margin ``gamma``::
 
-        h'   = policy_chosen - policy_rejected     (per-token means: dpo.average_log_probs: true)
+        h'   = policy_chosen - policy_rejected     (per-token means: registered average_log_probs=True)
         loss = -(1 - eps) * log sigmoid(beta * h' - gamma) - eps * log sigmoid(gamma - beta * h')
 
     The paper's ``beta`` is much larger than DPO's (2 to 10) and its ``gamma`` about half of it or

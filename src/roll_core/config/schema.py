@@ -112,8 +112,9 @@ class DPOConfig(Strict):
                                          "beta and label_smoothing (simpo's gamma)")
     beta: float = Field(0.1, gt=0, description="strength of the pull toward the reference (IPO: its tau)")
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="probability that a pair's label is wrong (cDPO)")
-    average_log_probs: bool = Field(False, description="per-token mean log-probs of each response instead of "
-                                    "sums (as IPO's paper does)")
+    average_log_probs: bool | None = Field(
+        None, description="per-token mean log-probs of each response instead of sums (as IPO's paper does); "
+        "null: the loss's own choice (means for simpo, which is defined on them; sums for dpo_sigmoid and ipo)")
     reference: Literal["role", "precomputed"] = Field(
         "role", description="role: log-probs from roles.reference; precomputed: each pair's "
         "reference_chosen_logp and reference_rejected_logp, computed once with the data")

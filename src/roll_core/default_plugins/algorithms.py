@@ -57,7 +57,7 @@ def roll_register_kl_estimators(register):
 def roll_register_preference_losses(register):
     register("dpo_sigmoid", f"{_PREF}:dpo_sigmoid", description="DPO's -log sigmoid(beta h), cDPO label smoothing")
     register("ipo", f"{_PREF}:ipo", description="IPO: (h - 1/(2 beta))^2, a bounded preference gap")
-    register("simpo", f"{_PREF}:simpo", reads_reference=False,
+    register("simpo", f"{_PREF}:simpo", reads_reference=False, average_log_probs=True,
              description="SimPO: -log sigmoid(beta h' - gamma) on the policy's mean log-probs, no reference")
 
 

@@ -120,7 +120,7 @@ class DPOPipeline(ActorLoop):
             return batch.update(reference_logp=torch.tensor(values, dtype=torch.float32))
         tokens, _ = log_probs(self.executor, self.reference, batch, temperature=1.0)
         return batch.update(reference_logp=sequence_log_probs(tokens, batch["response_mask"].float(),
-                                                              self.config.dpo.average_log_probs))
+                                                              self.loss_fn.average_log_probs))
 
     def step(self, step: int) -> dict[str, float]:
         pairs = self.stream.next(self.config.dpo.batch_size)
