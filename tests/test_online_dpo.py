@@ -79,6 +79,8 @@ def test_a_reference_free_loss_trains_without_a_reference_role(tiny_config):
 @pytest.mark.parametrize("override, message", [
     ("rollout.num_return_sequences=1", "num_return_sequences.: online_dpo pairs samples of one prompt, so it must "
                                        "be at least 2"),
+    ("rollout.temperature=0", "0 samples greedily, so every answer to a prompt is the same and online_dpo finds no "
+                              "pair"),
     ("dpo.reference=precomputed", "no log-probs can be precomputed"),
     ("roles.critic={}", "trains no critic"),
     ("roles.actor_train.micro_batch_size=3", "online_dpo keeps each pair in one micro-batch"),

@@ -219,24 +219,21 @@ def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
     return problems
 
 
-def _group_requirements(cfg: RollConfig, plugins) -> list[str]:
+def group_baseline_problems(cfg: RollConfig, plugins, key: str, size: int, greedy: bool) -> list[str]:
     """An estimator registered with ``group_baseline=True`` compares the samples of one prompt's
-    group: with one sample a group, or greedy sampling in ``rlvr`` (every sample the same), every
-    advantage is 0 and nothing is learned."""
-    if cfg.pipeline not in ("rlvr", "agentic"):
-        return []
+    group: with one sample a group (``size`` at ``key``), or ``greedy`` sampling that makes every
+    sample the same, every advantage is 0 and nothing is learned. For the pipelines that train
+    with an estimator (rlvr, agentic), from their ``config_problems``."""
     name = cfg.algorithm.advantage_estimator
     try:
         grouped = plugins.advantage_estimators.entry(name).metadata.get("group_baseline", False)
     except RegistryError:
         return []  # already reported as an unknown name
-    key, size = (("agentic.group_size", cfg.agentic.group_size) if cfg.pipeline == "agentic"
-                 else ("rollout.num_return_sequences", cfg.rollout.num_return_sequences))
     if grouped and size < 2:
         return [f"key '{key}': '{name}' compares the samples of each prompt's group against each other, and a group "
                 f"of {size} makes every advantage 0; use 2 or more, or an estimator without a group baseline "
                 f"(reinforce_plus_plus)"]
-    if grouped and cfg.pipeline == "rlvr" and cfg.rollout.temperature == 0:  # an episode's environment may still vary
+    if grouped and greedy:
         return [f"key 'rollout.temperature': 0 samples greedily, so every response of a prompt's group is the same "
                 f"and '{name}' gives each an advantage of 0; sample with a temperature above 0"]
     return []
@@ -560,7 +557,6 @@ def check_registry_names(cfg: RollConfig, plugins=None, where: str = "the config
             continue
         problems += _missing_packages(key, plugins.registry(registry), name)
     problems += _role_requirements(cfg, plugins)
-    problems += _group_requirements(cfg, plugins)
     problems += _top_k_requirements(cfg, plugins)
     problems += _lora_requirements(cfg, plugins)
     problems += _packing_requirements(cfg, plugins)

@@ -42,6 +42,7 @@ from roll_core.algorithms.objective import ActorObjective, reference_read
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import Batch
 from roll_core.envs import Env, build_env
+from roll_core.config.loader import group_baseline_problems
 from roll_core.config.schema import EnvRoleConfig, EnvSettings
 from roll_core.errors import ConfigError
 from roll_core.pipelines.runtime import (SEED_OFFSETS, TrainingLoop, log_probs, save_tokenizer_beside,
@@ -166,6 +167,12 @@ class AgenticPipeline(WarmStart, TrainingLoop):
     @classmethod
     def starts_reference(cls, cfg, plugins) -> bool:
         return cfg.roles.reference is not None and reference_read(cfg.algorithm, plugins)
+
+    @classmethod
+    def config_problems(cls, cfg, plugins) -> list[str]:
+        # greedy sampling may still learn: an episode's environment can tell its samples apart
+        return super().config_problems(cfg, plugins) + group_baseline_problems(
+            cfg, plugins, "agentic.group_size", cfg.agentic.group_size, greedy=False)
 
     def prepare(self) -> None:
         cfg, a = self.config, self.config.agentic

@@ -60,13 +60,10 @@ class OnlineDPOPipeline(RLVRPipeline):
 
     @classmethod
     def config_problems(cls, cfg, plugins) -> list[str]:
-        """Pairs need two samples a prompt and come from the run itself, so no precomputed reference
+        """Pairs come from the run itself (:meth:`group_problems`), so no precomputed reference
         log-probs; no critic; the update is the preference loss, so rlvr's loss and shaping settings
         (``algorithm`` keys beyond :data:`ALGORITHM_KEYS_READ`) are refused rather than ignored."""
         problems = super().config_problems(cfg, plugins)
-        if cfg.rollout.num_return_sequences < 2:
-            problems.append("key 'rollout.num_return_sequences': online_dpo pairs samples of one prompt, so it must "
-                            f"be at least 2, got {cfg.rollout.num_return_sequences}")
         if cfg.dpo.reference != "role":
             problems.append("key 'dpo.reference': online_dpo samples its pairs as it runs, so no log-probs can be "
                             "precomputed; use 'role'")
@@ -88,6 +85,17 @@ class OnlineDPOPipeline(RLVRPipeline):
         self.preference_loss = PreferenceObjective.from_config(cfg.dpo, self.plugins)
         self.preference_spec = UpdateSpec(max_grad_norm=cfg.algorithm.max_grad_norm,
                                           micro_batch_size=cfg.roles.actor_train.micro_batch_size, metric_prefix="dpo")
+
+    @classmethod
+    def group_problems(cls, cfg, plugins) -> list[str]:
+        """A pair is two different samples of one prompt (no advantage estimator is read)."""
+        if cfg.rollout.num_return_sequences < 2:
+            return ["key 'rollout.num_return_sequences': online_dpo pairs samples of one prompt, so it must be at "
+                    f"least 2, got {cfg.rollout.num_return_sequences}"]
+        if cfg.rollout.temperature == 0:
+            return ["key 'rollout.temperature': 0 samples greedily, so every answer to a prompt is the same and "
+                    "online_dpo finds no pair; sample with a temperature above 0"]
+        return []
 
     def _spawn_policy_copies(self, model_path: str) -> None:
         """The reference, from the policy RL begins with, where the loss reads one; no critic."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from roll_core.algorithms.objective import (ActorObjective, CriticObjective, distributions_needed,
                                            old_log_probs_reusable, reference_read, single_mini_batch)
 from roll_core.algorithms.shaping import RewardShaper
+from roll_core.config.loader import group_baseline_problems
 from roll_core.data import Batch, DomainMixer, PromptStream
 from roll_core.pipelines import mismatch
 from roll_core.pipelines.runtime import (TrainingLoop, log_probs, save_tokenizer_beside, start_update, values,
@@ -45,6 +46,16 @@ class RLVRPipeline(WarmStart, TrainingLoop):
     @classmethod
     def starts_reference(cls, cfg, plugins) -> bool:
         return cfg.roles.reference is not None and reference_read(cfg.algorithm, plugins)
+
+    @classmethod
+    def config_problems(cls, cfg, plugins) -> list[str]:
+        return super().config_problems(cfg, plugins) + cls.group_problems(cfg, plugins)
+
+    @classmethod
+    def group_problems(cls, cfg, plugins) -> list[str]:
+        """What each prompt's group of samples needs for the update to learn from it."""
+        return group_baseline_problems(cfg, plugins, "rollout.num_return_sequences", cfg.rollout.num_return_sequences,
+                                       greedy=cfg.rollout.temperature == 0)
 
     # -- set-up ---------------------------------------------------------------------------------
     def prepare(self) -> None:
