@@ -452,12 +452,14 @@ def _loss_options(cfg: RollConfig, plugins) -> list[str]:
 
 
 def _pipeline_problems(cfg: RollConfig, plugins) -> list[str]:
-    """The pipeline's own checks (:meth:`roll_core.pipelines.Pipeline.config_problems`)."""
+    """The pipeline's own checks (:meth:`roll_core.pipelines.Pipeline.config_problems`; none for a
+    registered class that only has the ``cls(config, executor).run()`` shape of one)."""
     try:
         pipeline = plugins.pipelines.get(cfg.pipeline)
     except RegistryError:
         return []  # already reported as an unknown name
-    return pipeline.config_problems(cfg, plugins)
+    checks = getattr(pipeline, "config_problems", None)
+    return checks(cfg, plugins) if checks is not None else []
 
 
 def _options_fit(where: str, name: str, options: dict, registry, what: str) -> list[str]:
