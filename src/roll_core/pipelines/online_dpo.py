@@ -79,13 +79,6 @@ class OnlineDPOPipeline(RLVRPipeline):
         return problems + odd_micro_batch(cfg, "actor_train") + missing_reference(
             cfg, plugins, "a reference-free loss: simpo")
 
-    def build(self) -> None:
-        super().build()
-        cfg = self.config
-        self.preference_loss = PreferenceObjective.from_config(cfg.dpo, self.plugins)
-        self.preference_spec = UpdateSpec(max_grad_norm=cfg.algorithm.max_grad_norm,
-                                          micro_batch_size=cfg.roles.actor_train.micro_batch_size, metric_prefix="dpo")
-
     @classmethod
     def group_problems(cls, cfg, plugins) -> list[str]:
         """A pair is two different samples of one prompt (no advantage estimator is read)."""
@@ -96,6 +89,13 @@ class OnlineDPOPipeline(RLVRPipeline):
             return ["key 'rollout.temperature': 0 samples greedily, so every answer to a prompt is the same and "
                     "online_dpo finds no pair; sample with a temperature above 0"]
         return []
+
+    def build(self) -> None:
+        super().build()
+        cfg = self.config
+        self.preference_loss = PreferenceObjective.from_config(cfg.dpo, self.plugins)
+        self.preference_spec = UpdateSpec(max_grad_norm=cfg.algorithm.max_grad_norm,
+                                          micro_batch_size=cfg.roles.actor_train.micro_batch_size, metric_prefix="dpo")
 
     def _spawn_policy_copies(self, model_path: str) -> None:
         """The reference, from the policy RL begins with, where the loss reads one; no critic."""
