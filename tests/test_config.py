@@ -233,6 +233,25 @@ def test_resume_guard_compares_flattened_configs_outside_the_resumable_keys():
         check_resume(saved, changed, "ckpt")
 
 
+def test_resume_guard_takes_keys_added_since_the_checkpoint_at_their_defaults():
+    from roll_core.config.resume import check_resume, meaningful_changes
+
+    defaults = {"dpo": {"beta": 0.1, "loss_options": {}}, "roles": {"critic": {"lr": 1.0}}, "output_dir": "o"}
+    saved = {"output_dir": "o", "dpo": {"beta": 0.1}, "roles": {"critic": None}}  # written before loss_options
+    current = {"output_dir": "o", "dpo": {"beta": 0.1, "loss_options": {}}, "roles": {"critic": None}}
+    assert meaningful_changes(saved, current, defaults) == []
+    assert meaningful_changes(saved, current) == [("dpo.loss_options", None, {})]  # without the defaults
+    assert meaningful_changes(saved, {**current, "dpo": {"beta": 0.1, "loss_options": {"gamma": 1}}}, defaults) == [
+        ("dpo.loss_options.gamma", None, 1)]  # set to something else: a change
+    # a critic added now is a change, though its keys are missing from the saved config
+    with_critic = {**current, "roles": {"critic": {"lr": 1.0}}}
+    assert meaningful_changes(saved, with_critic, defaults) == [("roles.critic", None, None),
+                                                                ("roles.critic.lr", None, 1.0)]
+    full = load_config(None, []).model_dump(mode="json")
+    older = {**full, "dpo": {k: v for k, v in full["dpo"].items() if k != "loss_options"}}
+    check_resume(older, full, "ckpt")  # the schema's own defaults fill it
+
+
 def test_resume_guard_shortens_long_values_and_counts_the_rest():
     from roll_core.config.resume import check_resume
 

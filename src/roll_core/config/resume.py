@@ -10,7 +10,8 @@ Changes that keep the run's meaning resume as before (:data:`RESUMABLE`): more o
 the rest of ``trainer``, where and how workers run (executor, Ray, runtime, worker counts, devices,
 threads, strategies), trackers, the reward workers' failure policy, and the asynchronous
 scheduler's throughput knobs. Anything else is refused with the differing keys and the two ways
-forward.
+forward. A key the checkpoint's config lacks was added to roll since it was written; it counts as
+its default, so a run resumes under a newer roll unless the new key is set to something else.
 """
 
 from __future__ import annotations
@@ -42,9 +43,17 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def meaningful_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(key, saved value, current value)`` for every key that differs outside :data:`RESUMABLE`."""
+def meaningful_changes(saved: dict[str, Any], current: dict[str, Any],
+                       defaults: dict[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
+    """``(key, saved value, current value)`` for every key that differs outside :data:`RESUMABLE`.
+    With ``defaults`` (a whole default config), a key ``current`` has and ``saved`` lacks takes its default value,
+    unless ``saved`` holds a plain value above it (``roles.critic: None`` lacks ``roles.critic.lr``
+    because it had no critic, not because the key is new)."""
     old, new = flatten(saved), flatten(current)
+    for key, value in flatten(defaults or {}).items():
+        parts = key.split(".")
+        if key in new and key not in old and not any(".".join(parts[:i]) in old for i in range(1, len(parts))):
+            old[key] = value
     missing = object()
     changes = []
     for key in sorted(old.keys() | new.keys()):
@@ -59,7 +68,9 @@ def check_resume(saved: dict[str, Any] | None, current: dict[str, Any], checkpoi
     would change the run's meaning. Checkpoints written before configs were recorded pass."""
     if saved is None:
         return
-    changes = meaningful_changes(saved, current)
+    from roll_core.config.schema import RollConfig
+
+    changes = meaningful_changes(saved, current, RollConfig().model_dump(mode="json"))
     if not changes:
         return
     shown = "; ".join(f"{k}: {_short(a)} -> {_short(b)}" for k, a, b in changes[:8])
