@@ -55,6 +55,15 @@ def test_what_the_pipeline_cannot_train_is_a_config_error(overrides, message):
     assert message in str(err.value)
 
 
+def test_every_problem_of_a_reward_model_config_is_reported_at_once():
+    from roll_core.config import load_and_check
+    from roll_core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_and_check(None, ["pipeline=reward_model", "roles.eval_reward={}"])
+    assert "key 'roles.eval_reward'" in str(err.value) and "key 'roles.critic'" in str(err.value)
+
+
 def scores_of(model_dir, tokenizer, texts: list[str]) -> list[float]:
     """A sequence classifier's score of each text alone, as transformers reads it."""
     from transformers import AutoModelForSequenceClassification

@@ -39,10 +39,11 @@ class RewardModelPipeline(ActorLoop):
 
     @classmethod
     def config_problems(cls, cfg, plugins) -> list[str]:
+        problems = super().config_problems(cfg, plugins)
         if cfg.roles.critic is None:
-            return ["key 'roles.critic': pipeline reward_model trains roles.critic (the model with a score head), "
-                    "which is not configured: add roles.critic={} (or its strategy, lr, ...)"]
-        return super().config_problems(cfg, plugins) + odd_micro_batch(cfg, "critic")
+            return problems + ["key 'roles.critic': pipeline reward_model trains roles.critic (the model with a score "
+                               "head), which is not configured: add roles.critic={} (or its strategy, lr, ...)"]
+        return problems + odd_micro_batch(cfg, "critic")
 
     def prepare(self) -> None:
         cfg = self.config
