@@ -252,6 +252,54 @@ def test_resume_guard_takes_keys_added_since_the_checkpoint_at_their_defaults():
     check_resume(older, full, "ckpt")  # the schema's own defaults fill it
 
 
+def test_each_pipeline_resumes_whatever_the_sections_it_does_not_read_say(roll_plugins):
+    from roll_core.config.resume import check_resume, flatten
+    from roll_core.pipelines import Pipeline
+    from roll_core.pipelines.dpo import DPOPipeline
+    from roll_core.pipelines.online_dpo import OnlineDPOPipeline
+    from roll_core.pipelines.rlvr import RLVRPipeline
+
+    plugins = roll_plugins()
+    saved = load_config(None, []).model_dump(mode="json")
+    saved["dpo"]["average_log_probs"] = False  # as roll wrote it before the key's null default
+    current = load_config(None, ["dpo.beta=0.2", "distill.loss=reverse_kl"]).model_dump(mode="json")
+    check_resume(saved, current, "ckpt", lambda flat: RLVRPipeline.resume_view(flat, plugins))  # rlvr reads neither
+    for pipeline in (Pipeline, DPOPipeline, OnlineDPOPipeline):  # reads them all; reads dpo.beta
+        with pytest.raises(ConfigError, match="dpo.beta: 0.1 -> 0.2"):
+            check_resume(saved, current, "ckpt", lambda flat: pipeline.resume_view(flat, plugins))
+    view = RLVRPipeline.resume_view(flatten(current), plugins)
+    assert "warmup.steps" in view and "rollout.temperature" in view and not any(
+        key.startswith(("dpo.", "distill.", "agentic.", "reward_model.")) for key in view)
+
+    # every built-in pipeline: a change in a section it reads is refused, in one it does not resumes
+    one_change = {"warmup": "warmup.steps=7", "dpo": "dpo.beta=0.2", "reward_model": "reward_model.batch_size=3",
+                  "distill": "distill.temperature=2.0", "agentic": "agentic.env=other"}
+    reads = {"rlvr": {"warmup"}, "sft": {"warmup"}, "dpo": {"dpo"}, "online_dpo": {"warmup", "dpo"},
+             "reward_model": {"reward_model"}, "distill": {"distill"}, "agentic": {"warmup", "agentic"}}
+    assert set(reads) <= set(plugins.pipelines.names())
+    base = load_config(None, []).model_dump(mode="json")
+    for name, sections in reads.items():
+        pipeline = plugins.pipelines.get(name)
+        for section, override in one_change.items():
+            changed = load_config(None, [override]).model_dump(mode="json")
+            if section in sections:
+                with pytest.raises(ConfigError, match=override.split("=")[0]):
+                    check_resume(base, changed, "ckpt", lambda flat: pipeline.resume_view(flat, plugins))
+            else:
+                check_resume(base, changed, "ckpt", lambda flat: pipeline.resume_view(flat, plugins))
+
+    # dpo.average_log_probs: null is the loss's choice: sums for dpo_sigmoid, means for simpo
+    current = load_config(None, []).model_dump(mode="json")
+    for pipeline in (DPOPipeline, OnlineDPOPipeline):
+        check_resume(saved, current, "ckpt", lambda flat: pipeline.resume_view(flat, plugins))
+        simpo = {**saved, "dpo": {**saved["dpo"], "loss": "simpo"}}
+        with pytest.raises(ConfigError, match="dpo.average_log_probs: False -> True"):
+            check_resume(simpo, {**current, "dpo": {**current["dpo"], "loss": "simpo"}}, "ckpt",
+                         lambda flat: pipeline.resume_view(flat, plugins))
+    unknown = flatten({**current, "dpo": {**current["dpo"], "loss": "gone"}})
+    assert DPOPipeline.resume_view(unknown, plugins)["dpo.average_log_probs"] is None  # compared as saved
+
+
 def test_resume_guard_shortens_long_values_and_counts_the_rest():
     from roll_core.config.resume import check_resume
 

@@ -178,6 +178,18 @@ def test_a_checkpoint_of_another_config_is_refused_before_anything_is_written(co
     assert written.read_text() == before
 
 
+def test_a_resume_compares_only_the_sections_the_pipeline_reads(config):
+    class ReadsNoSection(Sum):
+        config_sections = frozenset()  # none of dpo, distill, warmup, ...
+
+    Sum(config()).run()
+    with pytest.raises(ConfigError, match="different config.*dpo.beta: 0.1 -> 0.5"):
+        Sum(config("trainer.max_steps=5", "dpo.beta=0.5")).run()  # a pipeline that does not say reads them all
+    EVENTS.clear()
+    ReadsNoSection(config("trainer.max_steps=5", "dpo.beta=0.5")).run()
+    assert "restore 4" in EVENTS and "step 5" in EVENTS and "begin" not in EVENTS
+
+
 def test_a_lost_worker_restarts_from_the_last_checkpoint_and_the_summary_counts_it(config, capsys):
     loop = Sum(config("trainer.save_every=2", "runtime.max_restarts=1"), lose=[3])
     killed = []

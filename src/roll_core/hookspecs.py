@@ -268,7 +268,8 @@ def roll_register_pipelines(register):
             :class:`roll_core.pipelines.Pipeline` subclass constructed as ``cls(config, executor)``.
             Its classmethod ``config_problems(cfg, plugins)`` lists what it cannot run in a config
             (``roll validate`` and ``roll run`` report it with the rest, before any worker starts);
-            ``reads_eval_reward`` and ``starts_reference`` say which optional roles it reads.
+            ``reads_eval_reward`` and ``starts_reference`` say which optional roles it reads,
+            ``config_sections`` which pipeline-only sections (a resume compares only those).
 
     Returns: nothing.
     """

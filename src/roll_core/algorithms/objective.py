@@ -106,6 +106,16 @@ def preference_reference_read(dpo, plugins=None) -> bool:
     return (plugins or get_plugins()).preference_losses.entry(dpo.loss).metadata.get("reads_reference", True)
 
 
+def preference_averages(loss: str, average_log_probs: bool | None, plugins=None) -> bool:
+    """Whether preference loss ``loss`` compares per-token mean log-probs: ``dpo.average_log_probs``
+    where set, else the loss's registration (``simpo``: ``average_log_probs=True``; sums otherwise)."""
+    from roll_core.plugins import get_plugins
+
+    if average_log_probs is not None:
+        return average_log_probs
+    return (plugins or get_plugins()).preference_losses.entry(loss).metadata.get("average_log_probs", False)
+
+
 def preference_reference_role(dpo, plugins=None) -> bool:
     """Whether ``dpo`` and ``online_dpo`` start ``roles.reference``: their loss reads reference
     log-probs (:func:`preference_reference_read`) and the data does not carry them
@@ -354,9 +364,7 @@ class PreferenceObjective:
         from roll_core.plugins import get_plugins
 
         plugins = plugins or get_plugins()
-        average = dpo.average_log_probs  # None: as the loss registered (simpo: average_log_probs=True)
-        if average is None:
-            average = plugins.preference_losses.entry(dpo.loss).metadata.get("average_log_probs", False)
+        average = preference_averages(dpo.loss, dpo.average_log_probs, plugins)
         return cls(plugins.preference_losses.get(dpo.loss), dpo.beta, dpo.label_smoothing, average,
                    tuple(sorted(dpo.loss_options.items())), preference_reference_read(dpo, plugins))
 

@@ -11,13 +11,15 @@ the rest of ``trainer``, where and how workers run (executor, Ray, runtime, work
 threads, strategies), trackers, the reward workers' failure policy, and the asynchronous
 scheduler's throughput knobs. Anything else is refused with the differing keys and the two ways
 forward. A key the checkpoint's config lacks was added to roll since it was written; it counts as
-its default, so a run resumes under a newer roll unless the new key is set to something else.
+its default, so a run resumes under a newer roll unless the new key is set to something else. Only
+what the run's pipeline reads is compared (``Pipeline.resume_view``): an rlvr run resumes whatever
+``dpo.*`` says, and a null that means "the loss's own choice" equals the choice it resolves to.
 """
 
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, Callable
 
 from roll_core.errors import ConfigError
 
@@ -43,17 +45,20 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def meaningful_changes(saved: dict[str, Any], current: dict[str, Any],
-                       defaults: dict[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
+def meaningful_changes(saved: dict[str, Any], current: dict[str, Any], defaults: dict[str, Any] | None = None,
+                       view: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> list[tuple[str, Any, Any]]:
     """``(key, saved value, current value)`` for every key that differs outside :data:`RESUMABLE`.
     With ``defaults`` (a whole default config), a key ``current`` has and ``saved`` lacks takes its default value,
     unless ``saved`` holds a plain value above it (``roles.critic: None`` lacks ``roles.critic.lr``
-    because it had no critic, not because the key is new)."""
+    because it had no critic, not because the key is new). ``view`` maps both flattened configs to
+    what decides the run (the pipeline's ``resume_view``: the sections it reads, nulls resolved)."""
     old, new = flatten(saved), flatten(current)
     for key, value in flatten(defaults or {}).items():
         parts = key.split(".")
         if key in new and key not in old and not any(".".join(parts[:i]) in old for i in range(1, len(parts))):
             old[key] = value
+    if view is not None:
+        old, new = view(old), view(new)
     missing = object()
     changes = []
     for key in sorted(old.keys() | new.keys()):
@@ -63,14 +68,16 @@ def meaningful_changes(saved: dict[str, Any], current: dict[str, Any],
     return changes
 
 
-def check_resume(saved: dict[str, Any] | None, current: dict[str, Any], checkpoint) -> None:
+def check_resume(saved: dict[str, Any] | None, current: dict[str, Any], checkpoint,
+                 view: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
     """Raise :class:`ConfigError` when resuming ``checkpoint`` (saved with ``saved``) under ``current``
-    would change the run's meaning. Checkpoints written before configs were recorded pass."""
+    would change the run's meaning (as ``view`` sees it; see :func:`meaningful_changes`).
+    Checkpoints written before configs were recorded pass."""
     if saved is None:
         return
     from roll_core.config.schema import RollConfig
 
-    changes = meaningful_changes(saved, current, RollConfig().model_dump(mode="json"))
+    changes = meaningful_changes(saved, current, RollConfig().model_dump(mode="json"), view)
     if not changes:
         return
     shown = "; ".join(f"{k}: {_short(a)} -> {_short(b)}" for k, a, b in changes[:8])

@@ -816,6 +816,11 @@ class RuntimeConfig(Strict):
         "its peak until it exits. No effect outside glibc")
 
 
+#: The sections of :class:`RollConfig` that only some pipelines read; each pipeline names its own in
+#: ``Pipeline.config_sections`` (a resume ignores changes to the others).
+PIPELINE_SECTIONS = frozenset({"warmup", "dpo", "reward_model", "distill", "agentic"})
+
+
 class RollConfig(Strict):
     """A run: every section below, checked before any worker starts (``roll validate``)."""
 

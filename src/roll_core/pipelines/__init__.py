@@ -13,6 +13,10 @@ class Pipeline(ABC):
     #: Whether the pipeline scores held-out generations with ``roles.eval_reward`` (rlvr does); a
     #: config that sets the role for a pipeline that does not is refused.
     reads_eval_reward = False
+    #: The pipeline-specific config sections (:data:`~roll_core.config.schema.PIPELINE_SECTIONS`)
+    #: the pipeline reads; None (a pipeline that does not say): all of them. A resume compares the
+    #: saved config with the new one only where the pipeline reads it (:meth:`resume_view`).
+    config_sections: frozenset[str] | None = None
 
     @classmethod
     def config_problems(cls, cfg, plugins) -> list[str]:
@@ -39,6 +43,18 @@ class Pipeline(ABC):
         only under some settings says so, so that an unread reference costs no workers, and the
         placement (whether the controller can run inside the one worker) agrees with the run."""
         return cfg.roles.reference is not None
+
+    @classmethod
+    def resume_view(cls, flat: dict[str, Any], plugins) -> dict[str, Any]:
+        """A config flattened to ``{"dpo.beta": 0.1, ...}`` (a checkpoint's, or the new run's), as far
+        as it decides what this pipeline's run is: the resume guard compares the two through it, so
+        a section the pipeline does not read (``dpo.*`` in an rlvr run) never refuses a resume. A
+        pipeline whose keys have a null meaning "as something else says" resolves them here (a run
+        saved with the resolved value then resumes under the null). ``plugins``: the registries."""
+        from roll_core.config.schema import PIPELINE_SECTIONS
+
+        unread = PIPELINE_SECTIONS - (PIPELINE_SECTIONS if cls.config_sections is None else cls.config_sections)
+        return {key: value for key, value in flat.items() if key.split(".", 1)[0] not in unread}
 
     def resume_hint(self) -> str:
         """Where a run stopped now would resume from (pipelines with checkpoints say more)."""

@@ -163,6 +163,7 @@ def env_slots(executor, group, env_cls, per_worker: int) -> list[RemoteEnv]:
 
 class AgenticPipeline(WarmStart, TrainingLoop):
     step_label = "agentic step"
+    config_sections = frozenset({"warmup", "agentic"})
 
     @classmethod
     def starts_reference(cls, cfg, plugins) -> bool:

@@ -40,6 +40,7 @@ def _padded_cat(parts: list[torch.Tensor], width: int) -> torch.Tensor:
 
 class DistillPipeline(ActorLoop):
     headline = ("eval/kl_to_teacher", "held-out KL(teacher || student)", "{:.4f}", "distillation steps")
+    config_sections = frozenset({"distill"})
 
     def prepare(self) -> None:
         cfg = self.config

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from roll_core.algorithms.objective import (PreferenceObjective, pair_tags, preference_reference_role,
-                                           sequence_log_probs)
+from roll_core.algorithms.objective import (PreferenceObjective, pair_tags, preference_averages,
+                                           preference_reference_role, sequence_log_probs)
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError, RegistryError
+from roll_core.pipelines import Pipeline
 from roll_core.pipelines.batches import demonstration_batch
 from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, log_probs, start_update
 from roll_core.pipelines.sources import load_rows
@@ -76,8 +77,14 @@ def missing_reference(cfg, plugins, no_reference_fix: str) -> list[str]:
             f"'{cfg.dpo.loss}' (add roles.reference={{}}, or {no_reference_fix})"] if needed else []
 
 
-class DPOPipeline(ActorLoop):
-    headline = ("eval/rewards/accuracy", "held-out preference accuracy", "{:.1%}", "DPO steps")
+class PreferenceTraining(Pipeline):
+    """What the pipelines that train ``actor_train`` with the preference loss ``dpo.loss`` share
+    (``dpo``, ``online_dpo``): a reference starts only where the loss reads one that the data lacks;
+    pairs need even micro-batches and, where the loss reads a reference, ``roles.reference`` or
+    another source (``no_reference_fix``); ``dpo.average_log_probs: null`` resumes as the choice it
+    resolves to (a run saved with ``false`` under ``dpo_sigmoid`` resumes under the null)."""
+
+    no_reference_fix = "set dpo.reference=precomputed"  # how else the pipeline runs without roles.reference
 
     @classmethod
     def starts_reference(cls, cfg, plugins) -> bool:
@@ -86,7 +93,22 @@ class DPOPipeline(ActorLoop):
     @classmethod
     def config_problems(cls, cfg, plugins) -> list[str]:
         return (super().config_problems(cfg, plugins) + odd_micro_batch(cfg, "actor_train")
-                + missing_reference(cfg, plugins, "set dpo.reference=precomputed"))
+                + missing_reference(cfg, plugins, cls.no_reference_fix))
+
+    @classmethod
+    def resume_view(cls, flat: dict, plugins) -> dict:
+        view = super().resume_view(flat, plugins)
+        if "dpo.loss" in view and view.get("dpo.average_log_probs", False) is None:
+            try:
+                view["dpo.average_log_probs"] = preference_averages(view["dpo.loss"], None, plugins)
+            except RegistryError:
+                pass  # a loss no longer registered: compared as saved (a change of dpo.loss shows anyway)
+        return view
+
+
+class DPOPipeline(PreferenceTraining, ActorLoop):
+    headline = ("eval/rewards/accuracy", "held-out preference accuracy", "{:.1%}", "DPO steps")
+    config_sections = frozenset({"dpo"})
 
     def prepare(self) -> None:
         cfg = self.config

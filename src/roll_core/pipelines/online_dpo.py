@@ -29,11 +29,10 @@ import time
 
 import torch
 
-from roll_core.algorithms.objective import (PreferenceObjective, pair_tags, preference_reference_role,
-                                           sequence_log_probs)
+from roll_core.algorithms.objective import PreferenceObjective, pair_tags, sequence_log_probs
 from roll_core.algorithms.preference import best_worst_pairs
 from roll_core.data import Batch
-from roll_core.pipelines.dpo import missing_reference, odd_micro_batch
+from roll_core.pipelines.dpo import PreferenceTraining
 from roll_core.pipelines.rlvr import RLVRPipeline
 from roll_core.pipelines.runtime import log_probs, start_update
 from roll_core.training import UpdateSpec
@@ -51,12 +50,10 @@ def pair_rows(batch: Batch, pairs: torch.Tensor) -> Batch:
 ALGORITHM_KEYS_READ = {"max_length_mask", "difficulty_mask", "dynamic_sampling", "max_grad_norm"}
 
 
-class OnlineDPOPipeline(RLVRPipeline):
+class OnlineDPOPipeline(PreferenceTraining, RLVRPipeline):
     step_label = "online DPO step"
-
-    @classmethod
-    def starts_reference(cls, cfg, plugins) -> bool:
-        return cfg.roles.reference is not None and preference_reference_role(cfg.dpo, plugins)
+    config_sections = frozenset({"warmup", "dpo"})
+    no_reference_fix = "a reference-free loss: simpo"
 
     @classmethod
     def config_problems(cls, cfg, plugins) -> list[str]:
@@ -76,8 +73,7 @@ class OnlineDPOPipeline(RLVRPipeline):
             problems.append(f"key 'algorithm.{unread[0]}': online_dpo's update is the preference loss (dpo.loss, "
                             f"with dpo.beta its pull toward the reference), one step per batch; rlvr's "
                             f"{', '.join('algorithm.' + k for k in unread)} does not apply")
-        return problems + odd_micro_batch(cfg, "actor_train") + missing_reference(
-            cfg, plugins, "a reference-free loss: simpo")
+        return problems
 
     @classmethod
     def group_problems(cls, cfg, plugins) -> list[str]:

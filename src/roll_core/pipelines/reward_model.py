@@ -36,6 +36,7 @@ EXPORT = "reward_model"  # the sequence classifier's directory in output_dir
 class RewardModelPipeline(ActorLoop):
     headline = ("eval/reward_model/rewards/accuracy", "held-out preference accuracy", "{:.1%}", "reward model steps")
     trained_role = "critic"
+    config_sections = frozenset({"reward_model"})
 
     @classmethod
     def config_problems(cls, cfg, plugins) -> list[str]:

@@ -42,6 +42,7 @@ from roll_core.training import UpdateSpec
 class RLVRPipeline(WarmStart, TrainingLoop):
     step_label = "RL step"
     reads_eval_reward = True
+    config_sections = frozenset({"warmup"})
 
     @classmethod
     def starts_reference(cls, cfg, plugins) -> bool:

@@ -340,7 +340,8 @@ class TrainingLoop(Pipeline):
             raise ConfigError("config error in the config: " + "; ".join(problems))
         latest = self.checkpoints.latest() if cfg.trainer.resume == "auto" else None
         if latest is not None:  # before anything is written or started
-            check_resume(self.checkpoints.load_state(latest).get("config"), cfg.model_dump(mode="json"), latest)
+            check_resume(self.checkpoints.load_state(latest).get("config"), cfg.model_dump(mode="json"), latest,
+                         lambda flat: self.resume_view(flat, self.plugins))
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.prepare()
         self.roles.place()

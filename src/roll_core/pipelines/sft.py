@@ -148,6 +148,7 @@ def heldout_loss(executor, actor: WorkerGroup, tokenizer, rows: list[dict]) -> f
 
 class SFTPipeline(ActorLoop):
     headline = ("eval/loss", "held-out loss", "{:.3f}", "supervised steps")
+    config_sections = frozenset({"warmup"})
 
     @property
     def max_steps(self) -> int:
