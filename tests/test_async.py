@@ -260,7 +260,9 @@ def test_an_engine_on_ray_keeps_the_invariants_while_updates_overlap_generation(
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["rollout.async_generation_ratio=1"], "needs rollout.scheduler: async"),
+    (["rollout.async_generation_ratio=1"], "key 'rollout.async_generation_ratio': .* needs rollout.scheduler: async"),
+    (["pipeline=agentic", "rollout.async_generation_ratio=1", "rollout.scheduler=async"],
+     "key 'rollout.async_generation_ratio': .* needs agentic.rollout: async"),  # agentic has no rollout scheduler
 ])
 def test_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -144,11 +144,18 @@ def test_roles_are_named_entries_with_a_kind_and_mistakes_name_the_key():
     assert message("roles.teacher.kind=infer", "roles.teacher.modle_path=x") == (
         "unknown key 'roles.teacher.modle_path'. Did you mean 'model_path'?")
     assert message("roles.reference.kind=train").startswith("key 'roles.reference.kind': Input should be 'infer'")
-    assert message("distill.teacher=actor_train") == "distill.teacher: roles.actor_train is a train role, not infer"
-    assert message("pipeline=distill", "roles.reference=null") == (
-        "distill.teacher: roles.reference is not configured; configured infer roles: actor_infer")
-    assert message("pipeline=agentic", "agentic.envs=[{env: frozen_lake, role: lake}]") == (
-        "agentic.envs[0].role: roles.lake is not configured; configured env roles: env")
+    def checked(*overrides: str) -> str:  # a pipeline's own checks (config_problems) run with the plugins'
+        with pytest.raises(ConfigError) as err:
+            load_and_check(None, list(overrides))
+        return str(err.value).removeprefix("config error in the default config: ")
+
+    assert checked("pipeline=distill", "distill.teacher=actor_train") == (
+        "key 'distill.teacher': roles.actor_train is a train role, not infer")
+    assert checked("pipeline=distill", "roles.reference=null") == (
+        "key 'distill.teacher': roles.reference is not configured; configured infer roles: actor_infer")
+    assert checked("pipeline=agentic", "agentic.envs=[{env: frozen_lake, role: lake}]") == (
+        "key 'agentic.envs[0].role': roles.lake is not configured; configured env roles: env")
+    load_and_check(None, ["distill.teacher=actor_train"])  # rlvr does not read distill.*
     assert message("agentic.env_workers=2") == "unknown key 'agentic.env_workers'. It moved to 'roles.env.num_workers'."
     assert message("data.path=x.jsonl") == (  # nothing close: the section's keys, in the schema's order
         "unknown key 'data.path'. The keys of 'data': dataset, options, train_file, eval_file, eval_size, "

@@ -184,6 +184,66 @@ def test_a_registered_pipeline_checks_its_own_config_where_the_built_in_ones_do(
         load_and_check(None, ["pipeline=pairs", "rollout.num_return_sequences=2", "roles.eval_reward={}"], plugins=p)
 
 
+def test_a_registered_pipeline_answers_for_its_environments_overlap_and_task(roll_plugins):
+    """What the loader, placement and run line used to know only of the built-in pipelines by name,
+    a third-party pipeline says for itself."""
+    from roll_core.config import load_and_check, load_config
+    from roll_core.errors import ConfigError
+    from roll_core.pipelines import Pipeline
+    from roll_core.config.schema import EnvSettings
+    from roll_core.launch import describe_run
+    from roll_core.runtime.placement import controller_blocker, generates_while_training
+
+    class Arena(Pipeline):
+        overlap_setting = "arena.live: true"
+
+        @classmethod
+        def environments(cls, cfg):
+            return [EnvSettings("arena", "no_such_env", "arena", {}, "env", 1, 1, 4, "")]
+
+        @classmethod
+        def generates_while_training(cls, cfg, plugins):
+            return "the arena plays on" if cfg.seed == 7 else None
+
+        @classmethod
+        def describe_task(cls, cfg):
+            return "matches in the arena"
+
+        def run(self):
+            return {}
+
+    p = roll_plugins(("t", hooks(roll_register_pipelines=lambda register: register("arena", Arena))))
+    with pytest.raises(ConfigError) as err:
+        load_and_check(None, ["pipeline=arena", "rollout.async_generation_ratio=1"], plugins=p)
+    assert "key 'arena.env': " in str(err.value) and "'no_such_env'" in str(err.value)  # its envs are checked
+    assert "needs arena.live: true (or set it to 0)" in str(err.value)
+    cfg = load_config(None, ["pipeline=arena", "seed=7", "executor=ray"])
+    assert generates_while_training(cfg) == "the arena plays on"
+    assert controller_blocker(cfg) == "the arena pipeline's environment workers run in processes of their own"
+    assert "pipeline arena, model tiny, matches in the arena, executor ray" in describe_run(cfg)
+    assert "pipeline rlvr, model tiny, data carry_addition, reward " in describe_run(load_config(None, []))
+    judged = describe_run(load_config(None, ["roles.eval_reward={name: math_verify}"]))
+    assert "reward exact_match, evaluated by math_verify, executor" in judged
+    assert Pipeline.generates_while_training(load_config(None, ["rollout.scheduler=nope"]), p) is None  # reported
+
+
+def test_a_registered_class_of_the_run_shape_only_answers_with_the_pipeline_defaults(roll_plugins):
+    from roll_core.config import load_config
+    from roll_core.pipelines import Pipeline, pipeline_class
+
+    class Bare:  # cls(config, executor).run(), nothing more
+        def __init__(self, config, executor):
+            pass
+
+        def run(self):
+            return {}
+
+    p = roll_plugins(("t", hooks(roll_register_pipelines=lambda register: register("bare", Bare))))
+    assert pipeline_class(load_config(None, ["pipeline=bare"]), p) is Pipeline
+    assert pipeline_class(load_config(None, ["pipeline=unknown"]), p) is Pipeline
+    assert pipeline_class(load_config(None, []), p).__name__ == "RLVRPipeline"
+
+
 def test_hook_implementations_may_take_no_arguments(roll_plugins):
     """Opt-in arguments: an implementation that accepts none of the hook's arguments still runs."""
     called = []

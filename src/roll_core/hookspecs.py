@@ -269,7 +269,9 @@ def roll_register_pipelines(register):
             Its classmethod ``config_problems(cfg, plugins)`` lists what it cannot run in a config
             (``roll validate`` and ``roll run`` report it with the rest, before any worker starts);
             ``reads_eval_reward`` and ``starts_reference`` say which optional roles it reads,
-            ``config_sections`` which pipeline-only sections (a resume compares only those).
+            ``config_sections`` which pipeline-only sections (a resume compares only those);
+            ``generates_while_training``, ``environments``, ``generating_roles`` and
+            ``describe_task`` answer the placement, the config checks and the run line.
 
     Returns: nothing.
     """

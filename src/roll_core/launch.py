@@ -89,15 +89,9 @@ def _run_checked(config, overrides: list[str], in_process: list[str]) -> dict[st
 
 def describe_run(config) -> str:
     """The line ``roll run`` starts with: what runs, on what, scored or played how, and where it writes."""
-    if config.pipeline == "agentic":
-        task = "environments " + ", ".join(f"{e.label} ({e.env})" for e in config.agentic.environments())
-    else:
-        rewards = [config.roles.reward.name] + [f"{domain}: {'+'.join(r.name for r in spec.rewards)}"
-                                                for domain, spec in config.roles.domain_rewards.items()]
-        source = config.data.train_file or ", ".join(config.data.domains) or config.data.dataset
-        judge = config.roles.eval_reward
-        scored = f", reward {'; '.join(rewards)}" + (f", evaluated by {judge.name}" if judge is not None else "")
-        task = f"data {source}" + (scored if config.pipeline == "rlvr" else "")
+    from roll_core.pipelines import pipeline_class
+
+    task = pipeline_class(config).describe_task(config)
     compiled = config.compiled_roles()
     # compiling takes tens of seconds in the first pass, which would otherwise look like a hang
     compiling = f", compiling {' and '.join(compiled)} in the first pass" if compiled else ""

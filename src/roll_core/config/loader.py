@@ -191,8 +191,10 @@ def registry_references(cfg: RollConfig) -> list[tuple[str, str, str]]:
 
 
 def _environments(cfg: RollConfig) -> list[EnvSettings]:
-    """Every environment an agentic run plays (none for other pipelines)."""
-    return cfg.agentic.environments() if cfg.pipeline == "agentic" else []
+    """Every environment the run plays (its pipeline's ``environments``: the agentic pipeline's)."""
+    from roll_core.pipelines import pipeline_class
+
+    return pipeline_class(cfg).environments(cfg)
 
 
 def _role_requirements(cfg: RollConfig, plugins) -> list[str]:
@@ -245,11 +247,10 @@ def _top_k_requirements(cfg: RollConfig, plugins) -> list[str]:
     role that generates from the rollout settings needs a ``generate`` that takes it."""
     if not cfg.rollout.top_k:
         return []
-    generating = ["actor_infer"]
-    if cfg.pipeline == "distill" and cfg.distill.responses == "teacher":
-        generating.append(cfg.distill.teacher)
+    from roll_core.pipelines import pipeline_class
+
     problems, roles = [], cfg.model_roles()
-    for name in generating:
+    for name in pipeline_class(cfg, plugins).generating_roles(cfg):
         role = roles.get(name)
         if not isinstance(role, InferRoleConfig):
             continue  # a missing or misplaced role is reported by its own check
@@ -452,14 +453,12 @@ def _loss_options(cfg: RollConfig, plugins) -> list[str]:
 
 
 def _pipeline_problems(cfg: RollConfig, plugins) -> list[str]:
-    """The pipeline's own checks (:meth:`roll_core.pipelines.Pipeline.config_problems`; none for a
-    registered class that only has the ``cls(config, executor).run()`` shape of one)."""
-    try:
-        pipeline = plugins.pipelines.get(cfg.pipeline)
-    except RegistryError:
-        return []  # already reported as an unknown name
-    checks = getattr(pipeline, "config_problems", None)
-    return checks(cfg, plugins) if checks is not None else []
+    """The pipeline's own checks (:meth:`roll_core.pipelines.Pipeline.config_problems`; a name that
+    is not registered, already reported, and a registered class that only has the
+    ``cls(config, executor).run()`` shape of one get :class:`Pipeline`'s)."""
+    from roll_core.pipelines import pipeline_class
+
+    return pipeline_class(cfg, plugins).config_problems(cfg, plugins)
 
 
 def _options_fit(where: str, name: str, options: dict, registry, what: str) -> list[str]:

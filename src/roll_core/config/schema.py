@@ -853,12 +853,6 @@ class RollConfig(Strict):
     @model_validator(mode="after")
     def _cross_checks(self):
         algo = self.algorithm
-        r = self.rollout
-        if self.pipeline == "agentic":
-            if r.async_generation_ratio > 0 and self.agentic.rollout == "sync":
-                raise ValueError("rollout.async_generation_ratio > 0 needs agentic.rollout: async")
-        elif r.async_generation_ratio > 0 and r.scheduler == "sync":
-            raise ValueError("rollout.async_generation_ratio > 0 needs rollout.scheduler: async")
         if self.data.domains and (self.data.train_file or self.data.eval_file):
             raise ValueError("data.domains replaces data.train_file / data.eval_file: give each domain its own files")
         if algo.opd_coef > 0 and self.roles.reference is None:
@@ -868,7 +862,6 @@ class RollConfig(Strict):
         repeated = sorted({t for t in self.trackers if self.trackers.count(t) > 1})
         if repeated:
             raise ValueError(f"trackers lists {', '.join(repeated)} more than once; each would log every step again")
-        self._check_named_roles()
         self._check_placement()
         if algo.ppo_mini_batch_size is not None:
             samples = self.rollout.prompts_per_step * self.rollout.num_return_sequences
@@ -889,17 +882,14 @@ class RollConfig(Strict):
             raise ValueError(f"roles.{name} is a {role.kind} role, not {kind}")
         return role
 
-    def _check_named_roles(self) -> None:
-        """Keys that name a role name one of the right kind."""
-        named = [(f"{e.key}.role", e.role, "env")
-                 for e in self.agentic.environments()] if self.pipeline == "agentic" else []
-        if self.pipeline == "distill" or self.distill.teacher != "reference":
-            named.append(("distill.teacher", self.distill.teacher, "infer"))
-        for key, name, kind in named:
-            try:
-                self.role(name, kind)
-            except ValueError as exc:
-                raise ValueError(f"{key}: {exc}") from None
+    def named_role_problems(self, key: str, name: str, kind: str) -> list[str]:
+        """What is wrong with key ``key`` naming role ``name`` of ``kind`` (nothing where it is
+        configured and of that kind): for a pipeline's ``config_problems``."""
+        try:
+            self.role(name, kind)
+        except ValueError as exc:
+            return [f"key '{key}': {exc}"]
+        return []
 
     def rl_threads(self, role: str) -> int:
         """Intra-op threads of a model role's workers during RL steps (``roles.<role>.torch_threads``)."""

@@ -28,10 +28,14 @@ class Pipeline(ABC):
         before any worker starts. ``plugins`` gives the registries (a registered loss's flags).
         Keep it cheap and side-effect free: no files, models or workers. A subclass extends its
         parent's list (``super().config_problems(cfg, plugins) + [...]``)."""
+        problems = []
         if cfg.roles.eval_reward is not None and not cls.reads_eval_reward:
-            return [f"key 'roles.eval_reward': pipeline {cfg.pipeline} evaluates without a reward, so the role "
-                    f"would never be read (set roles.eval_reward=null)"]
-        return []
+            problems.append(f"key 'roles.eval_reward': pipeline {cfg.pipeline} evaluates without a reward, so the "
+                            f"role would never be read (set roles.eval_reward=null)")
+        if cfg.rollout.async_generation_ratio > 0 and cls.generates_while_training(cfg, plugins) is None:
+            problems.append(f"key 'rollout.async_generation_ratio': > 0 bounds how far generation runs ahead of "
+                            f"training, which needs {cls.overlap_setting} (or set it to 0)")
+        return problems
 
     def __init__(self, config, executor):
         self.config, self.executor = config, executor
@@ -43,6 +47,42 @@ class Pipeline(ABC):
         only under some settings says so, so that an unread reference costs no workers, and the
         placement (whether the controller can run inside the one worker) agrees with the run."""
         return cfg.roles.reference is not None
+
+    #: The setting that makes the pipeline's rollout generate while the policy trains, as
+    #: :meth:`generates_while_training` reads it (named where ``rollout.async_generation_ratio`` needs it).
+    overlap_setting = "rollout.scheduler: async"
+
+    @classmethod
+    def generates_while_training(cls, cfg, plugins) -> str | None:
+        """Why actor_infer may generate while actor_train updates the policy (None: every rollout
+        waits for the update): by default the rollout scheduler's registration (``async``). The
+        placement reads it (no shared devices, no in-process weights, no hybrid engine), as does
+        the check that ``rollout.async_generation_ratio`` has something to bound."""
+        from roll_core.errors import RegistryError
+        from roll_core.rollout import overlaps_training
+
+        try:
+            overlaps = overlaps_training(cfg.rollout.scheduler, plugins)
+        except RegistryError:  # an unknown name is reported by the registry-name check
+            return None
+        return f"the '{cfg.rollout.scheduler}' scheduler generates while the policy trains" if overlaps else None
+
+    @classmethod
+    def environments(cls, cfg) -> list:
+        """The environments a run plays (``EnvSettings``; ``agentic``: ``agentic.envs``), whose
+        names and options the config checks cover and whose workers run in processes of their own."""
+        return []
+
+    @classmethod
+    def generating_roles(cls, cfg) -> list[str]:
+        """The roles that generate with the rollout's sampling settings (``distill`` adds its
+        teacher when the teacher writes the responses)."""
+        return ["actor_infer"]
+
+    @classmethod
+    def describe_task(cls, cfg) -> str:
+        """What the run trains on, for the line ``roll run`` starts with."""
+        return f"data {cfg.data.train_file or ', '.join(cfg.data.domains) or cfg.data.dataset}"
 
     @classmethod
     def resume_view(cls, flat: dict[str, Any], plugins) -> dict[str, Any]:
@@ -62,3 +102,18 @@ class Pipeline(ABC):
 
     @abstractmethod
     def run(self) -> dict[str, Any]: ...
+
+
+def pipeline_class(cfg, plugins=None) -> type[Pipeline]:
+    """The class-level answers of the run's pipeline (``config_problems``, ``starts_reference``,
+    ``environments``, ...): its registered class, or :class:`Pipeline`'s defaults for a name that
+    is not registered (reported by the registry-name check) and for a registered class that only
+    has the ``cls(config, executor).run()`` shape of one."""
+    from roll_core.errors import RegistryError
+    from roll_core.plugins import get_plugins
+
+    try:
+        cls = (plugins or get_plugins()).pipelines.get(cfg.pipeline)
+    except RegistryError:
+        return Pipeline
+    return cls if isinstance(cls, type) and issubclass(cls, Pipeline) else Pipeline

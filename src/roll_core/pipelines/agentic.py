@@ -164,6 +164,7 @@ def env_slots(executor, group, env_cls, per_worker: int) -> list[RemoteEnv]:
 class AgenticPipeline(WarmStart, TrainingLoop):
     step_label = "agentic step"
     config_sections = frozenset({"warmup", "agentic"})
+    overlap_setting = "agentic.rollout: async"
 
     @classmethod
     def starts_reference(cls, cfg, plugins) -> bool:
@@ -172,8 +173,22 @@ class AgenticPipeline(WarmStart, TrainingLoop):
     @classmethod
     def config_problems(cls, cfg, plugins) -> list[str]:
         # greedy sampling may still learn: an episode's environment can tell its samples apart
-        return super().config_problems(cfg, plugins) + group_baseline_problems(
-            cfg, plugins, "agentic.group_size", cfg.agentic.group_size, greedy=False)
+        roles = [p for e in cfg.agentic.environments() for p in cfg.named_role_problems(f"{e.key}.role", e.role, "env")]
+        return (super().config_problems(cfg, plugins) + roles
+                + group_baseline_problems(cfg, plugins, "agentic.group_size", cfg.agentic.group_size, greedy=False))
+
+    @classmethod
+    def generates_while_training(cls, cfg, plugins) -> str | None:
+        """``agentic.rollout: async`` plays episodes while the policy trains (no rollout scheduler)."""
+        return "agentic.rollout: async generates while the policy trains" if cfg.agentic.rollout == "async" else None
+
+    @classmethod
+    def environments(cls, cfg) -> list[EnvSettings]:
+        return cfg.agentic.environments()
+
+    @classmethod
+    def describe_task(cls, cfg) -> str:
+        return "environments " + ", ".join(f"{e.label} ({e.env})" for e in cfg.agentic.environments())
 
     def prepare(self) -> None:
         cfg, a = self.config, self.config.agentic

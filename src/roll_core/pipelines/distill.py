@@ -42,6 +42,16 @@ class DistillPipeline(ActorLoop):
     headline = ("eval/kl_to_teacher", "held-out KL(teacher || student)", "{:.4f}", "distillation steps")
     config_sections = frozenset({"distill"})
 
+    @classmethod
+    def config_problems(cls, cfg, plugins) -> list[str]:
+        return super().config_problems(cfg, plugins) + cfg.named_role_problems(
+            "distill.teacher", cfg.distill.teacher, "infer")
+
+    @classmethod
+    def generating_roles(cls, cfg) -> list[str]:
+        """The teacher too where it writes the responses (``distill.responses: teacher``)."""
+        return super().generating_roles(cfg) + ([cfg.distill.teacher] if cfg.distill.responses == "teacher" else [])
+
     def prepare(self) -> None:
         cfg = self.config
         self.model, self.tokenizer = self.policy()

@@ -53,6 +53,14 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         return super().config_problems(cfg, plugins) + cls.group_problems(cfg, plugins)
 
     @classmethod
+    def describe_task(cls, cfg) -> str:
+        rewards = [cfg.roles.reward.name] + [f"{domain}: {'+'.join(r.name for r in spec.rewards)}"
+                                             for domain, spec in cfg.roles.domain_rewards.items()]
+        judge = cfg.roles.eval_reward
+        return (f"{super().describe_task(cfg)}, reward {'; '.join(rewards)}"
+                + (f", evaluated by {judge.name}" if judge is not None else ""))
+
+    @classmethod
     def group_problems(cls, cfg, plugins) -> list[str]:
         """What each prompt's group of samples needs for the update to learn from it."""
         return group_baseline_problems(cfg, plugins, "rollout.num_return_sequences", cfg.rollout.num_return_sequences,

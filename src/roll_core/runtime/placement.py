@@ -29,16 +29,6 @@ def _overlap(a: list[int] | None, b: list[int] | None) -> list[int]:
     return sorted(set(a or ()) & set(b or ()))
 
 
-def _overlaps_training(cfg) -> bool:
-    from roll_core.plugins import get_plugins
-    from roll_core.rollout import overlaps_training
-
-    try:
-        return overlaps_training(cfg.rollout.scheduler, get_plugins())
-    except RegistryError:  # an unknown name is reported by the registry-name check
-        return False
-
-
 def check_mappings(cfg) -> None:
     """Config-time checks (no cluster needed). Raises ``ValueError`` (reported by pydantic with the key)."""
     roles = cfg.placed_roles()
@@ -79,10 +69,9 @@ def check_mappings(cfg) -> None:
             if reward is not None:
                 raise ValueError(f"roles.{reward}.device_mapping overlaps roles.{a if reward == b else b} on devices "
                                  f"{shared}: reward workers cannot be offloaded, give them their own devices")
-            if {a, b} == {"actor_train", "actor_infer"} and _overlaps_training(cfg):
-                raise ValueError(f"roles.actor_train and roles.actor_infer share devices {shared}, but the "
-                                 f"'{cfg.rollout.scheduler}' scheduler generates while the policy trains: give them "
-                                 f"disjoint device_mapping")
+            if {a, b} == {"actor_train", "actor_infer"} and (overlap := generates_while_training(cfg)):
+                raise ValueError(f"roles.actor_train and roles.actor_infer share devices {shared}, but {overlap}: "
+                                 f"give them disjoint device_mapping")
     if cfg.executor == "ray" and cfg.ray.hybrid_engine is True and (blocker := hybrid_engine_blocker(cfg)):
         raise ValueError(f"ray.hybrid_engine: true, but {blocker}; use auto (on wherever it can be) or false")
     if cfg.executor == "ray" and cfg.ray.colocate_controller is True and (blocker := controller_blocker(cfg)):
@@ -96,12 +85,13 @@ def check_mappings(cfg) -> None:
 
 def generates_while_training(cfg) -> str | None:
     """Why actor_infer may generate while actor_train updates the policy (None: every rollout waits
-    for the update): ``rollout.scheduler``, and for the agentic pipeline ``agentic.rollout``."""
-    if _overlaps_training(cfg):
-        return f"the '{cfg.rollout.scheduler}' scheduler generates while the policy trains"
-    if cfg.pipeline == "agentic" and cfg.agentic.rollout == "async":
-        return "agentic.rollout: async generates while the policy trains"
-    return None
+    for the update), as the run's pipeline says (``Pipeline.generates_while_training``: the rollout
+    scheduler; the agentic pipeline's ``agentic.rollout``)."""
+    from roll_core.pipelines import pipeline_class
+    from roll_core.plugins import get_plugins
+
+    plugins = get_plugins()
+    return pipeline_class(cfg, plugins).generates_while_training(cfg, plugins)
 
 
 def hybrid_engine_blocker(cfg) -> str | None:
@@ -142,12 +132,14 @@ def controller_blocker(cfg) -> str | None:
     process: actor_train alone (one CPU worker), actor_infer inside it (the hybrid engine, its
     weights handed over in memory), the rewards scored in the controller (``placement``), and no
     reference, critic or environment workers of their own."""
+    from roll_core.pipelines import pipeline_class
     from roll_core.pipelines.runtime import scores_in_driver
     from roll_core.plugins import get_plugins
 
-    roles = cfg.roles
-    if cfg.pipeline == "agentic":
-        return "the agentic pipeline's environment workers run in processes of their own"
+    roles, plugins = cfg.roles, get_plugins()
+    pipeline = pipeline_class(cfg, plugins)
+    if pipeline.environments(cfg):
+        return f"the {cfg.pipeline} pipeline's environment workers run in processes of their own"
     train = roles.actor_train
     if train.device_mapping is not None or train.num_workers != 1:
         return "it needs one CPU worker of actor_train (no device_mapping, num_workers 1)"
@@ -161,8 +153,7 @@ def controller_blocker(cfg) -> str | None:
         return "roles.critic runs on workers of its own"
     if own := roles.own():
         return f"roles.{next(iter(own))} runs on workers of its own"
-    plugins = get_plugins()
-    if roles.reference is not None and not cfg.reference_on_actor() and _reference_started(cfg, plugins):
+    if roles.reference is not None and not cfg.reference_on_actor() and pipeline.starts_reference(cfg, plugins):
         return "roles.reference runs on workers of its own"
     for key, (spec, entries) in roles.reward_roles().items():
         try:
@@ -171,16 +162,6 @@ def controller_blocker(cfg) -> str | None:
         except RegistryError:  # an unknown name is reported by the registry-name check
             return f"{key} names a reward that is not registered"
     return None
-
-
-def _reference_started(cfg, plugins) -> bool:
-    """Whether the run's pipeline starts its configured reference role (its ``starts_reference``;
-    a registered class that is not a :class:`Pipeline` subclass may not say: then it does)."""
-    try:
-        says = getattr(plugins.pipelines.get(cfg.pipeline), "starts_reference", None)
-    except RegistryError:  # an unknown name is reported by the registry-name check
-        return True
-    return says(cfg, plugins) if says is not None else True
 
 
 def controller_in_worker(cfg) -> bool:
