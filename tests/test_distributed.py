@@ -16,8 +16,8 @@ from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_config
 from roll_core.strategies.hf import HFTrainStrategy
 from roll_core.training import UpdateSpec, update
-from roll_core.testing import (assert_run_survives_a_killed_worker, data_parallel_update, run_with_a_killed_worker,
-                                training_batch)
+from roll_core.testing import (assert_run_survives_a_killed_worker, data_parallel_update, full_weights,
+                                run_with_a_killed_worker, training_batch)
 
 pytestmark = pytest.mark.ray
 
@@ -26,23 +26,27 @@ DP = ["executor=ray", "rollout.prompts_per_step=2", "rollout.num_return_sequence
       "roles.actor_train.micro_batch_size=1"]
 
 
-@pytest.mark.parametrize("strategy", ["hf", "fsdp2", "fsdp2 compiled", "fsdp2 bf16"])
+@pytest.mark.parametrize("strategy", ["hf", "fsdp2", "fsdp2 compiled", "fsdp2 bf16", "fsdp2 lora"])
 def test_two_data_parallel_workers_match_one_worker_on_the_whole_batch(tiny_model_path, strategy):
     """``fsdp2 compiled``: FSDP2's gathers run around decoder layers compiled by ``compile: true``.
     ``fsdp2 bf16``: its forward passes under bf16 autocast, against one ``hf`` worker in bf16 (the
-    metrics, to 1e-4, tell bf16's numbers from fp32's)."""
+    metrics, to 1e-4, tell bf16's numbers from fp32's). ``fsdp2 lora``: LoRA adapters sharded beside
+    the frozen base, against one ``hf`` worker's adapters (what a sync sends)."""
     name, _, variant = strategy.partition(" ")
     compiled, precision = variant == "compiled", ("bf16" if variant == "bf16" else "fp32")
     both = DP + [f"roles.actor_train.strategy_options.precision={precision}"]
+    if variant == "lora":
+        pytest.importorskip("peft")
+        both.append("roles.actor_train.lora={rank: 8, alpha: 16}")
     cfg = load_config(None, both + [f"roles.actor_train.strategy={name}", "roles.actor_train.num_workers=2",
                                     f"roles.actor_train.compile={compiled}"])
     one_cfg = load_config(None, both)
     single = HFTrainStrategy(str(tiny_model_path), one_cfg.roles.actor_train, seed=0)
     batch = training_batch(single.model.config.vocab_size)
-    before = {n: p.detach().clone() for n, p in single.model.named_parameters()}
+    before = {n: t.clone() for n, t in full_weights(single).items()}  # what a sync sends: LoRA's adapters alone
     expected_metrics = update(single, batch, ActorObjective.from_config(one_cfg.algorithm, one_cfg.rollout),
                               UpdateSpec.from_config(one_cfg.algorithm, one_cfg.roles.actor_train))  # 2 steps
-    expected = {n: p.detach() for n, p in single.model.named_parameters()}
+    expected = full_weights(single)
 
     metrics, ranks, log_probs = data_parallel_update(str(tiny_model_path), cfg, batch, world=2)
     params, replica = ranks  # rank 0 sends every weight (full tensors), the replica nothing

@@ -1,14 +1,20 @@
 """The ``fsdp2`` training strategy in this process, as one worker runs it (a process group of one):
 every decoder layer is an FSDP unit of its own, and a checkpoint of the sharded model and optimizer
-resumes the policy bit for bit and exports a plain safetensors model.
+resumes the policy bit for bit and exports a plain safetensors model. Under LoRA it trains the
+adapters as ``hf`` does, and its checkpoints, exports and folds give the policy's log-probs, on one
+rank here and on two plain gloo processes (where every adapter and weight is split in two shards).
 
 ``test_distributed.py`` checks two ranks against one ``hf`` worker and a killed worker's restart on
 Ray, in minutes; this takes seconds, so hand mutants of ``strategies/fsdp2.py`` run against it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from conftest import resume_hf_style_checkpoint
 
@@ -34,3 +40,135 @@ def test_a_sharded_checkpoint_resumes_exactly(tiny_model_path, tmp_path, process
     layers = decoder_layers(saved.model)
     assert len(layers) == saved.model.config.num_hidden_layers
     assert all(isinstance(m, FSDPModule) for m in layers + [saved.model])
+
+
+LORA = ["executor=local", "roles.actor_train.strategy=fsdp2", "roles.actor_train.lora={rank: 8, alpha: 16}",
+        "algorithm.kl_loss_coef=0.1", "algorithm.ppo_mini_batch_size=4", "roles.actor_train.micro_batch_size=2"]
+
+
+def test_lora_under_fsdp2_trains_the_adapters_as_hf_does(tiny_model_path, process_group):
+    pytest.importorskip("peft")
+    from roll_core.strategies.fsdp2 import FSDP2TrainStrategy
+    from roll_core.strategies.hf import HFTrainStrategy
+    from roll_core.testing import assert_trainer_matches_hf, hf_role
+
+    cfg = load_config(None, LORA)
+    sharded = FSDP2TrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_model_path), hf_role(cfg.roles.actor_train), seed=0)
+    assert_trainer_matches_hf(sharded, reference, cfg, log_prob_atol=1e-6, weight_atol=1e-6)  # the adapters sent
+    trainable = {n for n, p in sharded.model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)
+
+
+def test_lora_under_fsdp2_checkpoints_exports_and_folds_the_policy(tiny_model_path, tmp_path, process_group):
+    pytest.importorskip("peft")
+    from peft import PeftModel
+
+    from roll_core.algorithms.objective import ActorObjective
+    from roll_core.strategies.fsdp2 import FSDP2TrainStrategy
+    from roll_core.strategies.models import load_causal_lm
+    from roll_core.testing import full_weights, training_batch
+    from roll_core.training import UpdateSpec, update
+
+    cfg = load_config(None, LORA + ["roles.actor_train.lora.save=merged"])
+    loss_fn = ActorObjective.from_config(cfg.algorithm, cfg.rollout)
+    spec = UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train)
+    trainer = FSDP2TrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    batch = training_batch(trainer.model.config.vocab_size)
+    update(trainer, batch, loss_fn, spec)
+    policy = trainer.compute_log_probs(batch, 1.0)
+    trainer.save_checkpoint(str(tmp_path / "ckpt"))
+
+    def log_probs(model):  # a plain model, or peft's, computing as the trainer does
+        scratch = FSDP2TrainStrategy.__new__(FSDP2TrainStrategy)
+        scratch.__dict__.update(trainer.__dict__, model=model.eval())
+        return scratch.compute_log_probs(batch, 1.0)
+
+    plain = load_causal_lm(str(tmp_path / "ckpt" / "model"))
+    assert not any(".lora_" in n for n, _ in plain.named_parameters())
+    torch.testing.assert_close(log_probs(plain), policy, atol=1e-5, rtol=0)  # the merged save
+    adapter = PeftModel.from_pretrained(load_causal_lm(str(tiny_model_path)), str(tmp_path / "ckpt" / "adapter"))
+    torch.testing.assert_close(log_probs(adapter), policy, atol=1e-6, rtol=0)  # peft loads the adapter
+    assert json.loads((tmp_path / "ckpt" / "adapter" / "adapter_config.json").read_text())["inference_mode"]
+
+    update(trainer, batch, loss_fn, spec)
+    resumed = FSDP2TrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=1)  # other fresh adapters
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    update(resumed, batch, loss_fn, spec)
+    expected = full_weights(trainer)
+    for name, value in full_weights(resumed).items():  # adapters and Adam moments resumed bit for bit
+        torch.testing.assert_close(value, expected[name], atol=0, rtol=0, msg=name)
+
+    policy = trainer.compute_log_probs(batch, 1.0)
+    trainer.export_model(str(tmp_path / "warm"))
+    torch.testing.assert_close(log_probs(load_causal_lm(str(tmp_path / "warm"))), policy, atol=1e-5, rtol=0)
+    trainer.fold_adapters(str(tmp_path / "warm"))
+    torch.testing.assert_close(trainer.compute_log_probs(batch, 1.0), policy, atol=1e-5, rtol=0)
+    torch.testing.assert_close(trainer.base_log_probs(batch, 1.0), policy, atol=1e-5, rtol=0)  # the new base
+    weights = full_weights(trainer)
+    assert all(float(t.abs().max()) == 0 for n, t in weights.items() if n.endswith(".lora_B"))
+    assert all(float(t.abs().max()) > 0 for n, t in weights.items() if n.endswith(".lora_A"))  # fresh, drawn
+
+
+def _lora_on_two_ranks(rank: int, port: int, model_path: str, out_dir: str) -> None:
+    """Rank ``rank`` of 2: update, checkpoint, update; a strategy of another seed resumes and updates;
+    then export and fold. What each step gave is saved for the test."""
+    from roll_core.algorithms.objective import ActorObjective
+    from roll_core.runtime import distributed
+    from roll_core.strategies.fsdp2 import FSDP2TrainStrategy
+    from roll_core.testing import full_weights, training_batch
+    from roll_core.training import UpdateSpec, update
+
+    torch.set_num_threads(1)
+    distributed.init_data_parallel(("127.0.0.1", port), rank, 2, timeout_s=120)
+    cfg = load_config(None, LORA + ["roles.actor_train.num_workers=2", "executor=ray"])
+    loss_fn = ActorObjective.from_config(cfg.algorithm, cfg.rollout)
+    spec = UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train)
+    trainer = FSDP2TrainStrategy(model_path, cfg.roles.actor_train, seed=0)
+    batch = training_batch(trainer.model.config.vocab_size)
+    update(trainer, batch, loss_fn, spec)
+    trainer.save_checkpoint(f"{out_dir}/ckpt")
+    update(trainer, batch, loss_fn, spec)
+    got = {"expected": full_weights(trainer)}  # every rank gathers; rank 0 keeps what it sends
+    resumed = FSDP2TrainStrategy(model_path, cfg.roles.actor_train, seed=1)
+    resumed.load_checkpoint(f"{out_dir}/ckpt")
+    update(resumed, batch, loss_fn, spec)
+    got["resumed"] = full_weights(resumed)
+    got["policy"] = trainer.compute_log_probs(batch, 1.0)
+    trainer.export_model(f"{out_dir}/warm")
+    trainer.fold_adapters(f"{out_dir}/warm")
+    got["folded"] = trainer.compute_log_probs(batch, 1.0)
+    got["base"] = trainer.base_log_probs(batch, 1.0)
+    got["fresh"] = full_weights(trainer)
+    update(trainer, batch, loss_fn, spec)
+    trainer.save_checkpoint(f"{out_dir}/after_fold")  # its adapter names the folded base
+    on_tiny = FSDP2TrainStrategy(model_path, cfg.roles.actor_train, seed=1)
+    on_tiny.load_checkpoint(f"{out_dir}/after_fold")  # loads the folded base under the adapters
+    got["after_fold"], got["after_fold_resumed"] = (s.compute_log_probs(batch, 1.0) for s in (trainer, on_tiny))
+    got["shard"] = next(p for n, p in trainer.model.named_parameters() if ".lora_A." in n).to_local().shape
+    torch.save(got, f"{out_dir}/{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_lora_under_two_fsdp2_ranks_resumes_exports_and_folds(tiny_model_path, tmp_path):
+    pytest.importorskip("peft")
+    from roll_core.runtime.distributed import node_address
+    from roll_core.strategies.models import load_causal_lm
+
+    mp.spawn(_lora_on_two_ranks, args=(node_address()[1], str(tiny_model_path), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in (0, 1)]
+    assert ranks[0]["shard"] == (4, 128)  # rank 8 split over two ranks: every adapter is sharded
+    assert not (tmp_path / "ckpt" / "model").exists()  # save: adapter (the default) writes no full model
+    assert ranks[1]["expected"] == {} and ranks[0]["expected"]  # rank 0 sends for both
+    for name, value in ranks[0]["expected"].items():  # adapters and Adam moments resumed bit for bit
+        torch.testing.assert_close(ranks[0]["resumed"][name], value, atol=0, rtol=0, msg=name)
+    for got in ranks:
+        torch.testing.assert_close(got["folded"], got["policy"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(got["base"], got["policy"], atol=1e-5, rtol=0)  # the fold is the new base
+        torch.testing.assert_close(got["after_fold_resumed"], got["after_fold"], atol=1e-6, rtol=0)
+    exported = load_causal_lm(str(tmp_path / "warm"))
+    assert not any(".lora_" in n for n, _ in exported.named_parameters())
+    fresh = ranks[0]["fresh"]
+    assert all(float(t.abs().max()) == 0 for n, t in fresh.items() if n.endswith(".lora_B"))
+    drawn = [t for n, t in fresh.items() if n.endswith(".lora_A")]
+    assert drawn and all(not torch.equal(t[:4], t[4:]) for t in drawn)  # drawn whole, not one shard's draw twice

@@ -163,6 +163,9 @@ def test_a_saved_adapter_loads_with_peft_and_gives_the_same_log_probs(tiny_model
     config = json.loads((tmp_path / "ckpt" / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 16 and config["lora_dropout"] == 0.1
     assert config["bias"] == "none" and config["base_model_name_or_path"] == str(tiny_model_path)
+    with safe_open(str(tmp_path / "ckpt" / "adapter" / "adapter_model.safetensors"), framework="pt") as f:
+        saved = list(f.keys())  # peft's names (the adapter's own name left out), the adapters alone
+    assert saved and all(".lora_A.weight" in k or ".lora_B.weight" in k for k in saved), saved[:3]
     base = AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32)
     loaded = PeftModel.from_pretrained(base, str(tmp_path / "ckpt" / "adapter")).eval()
     torch.testing.assert_close(_log_probs_of(loaded, batch), trainer.compute_log_probs(batch, 1.0), atol=1e-6, rtol=0)
@@ -193,7 +196,6 @@ def test_a_checkpoint_resumes_exactly(tiny_model_path, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["roles.actor_train.strategy=fsdp2"], "train strategy 'fsdp2' does not train LoRA adapters; strategies that do: hf"),
     (["roles.reference.device_mapping=[0]", "roles.actor_train.device_mapping=[1]", "roles.actor_infer.device_mapping=[2]"],
      "drop its device_mapping"),
     (["roles.actor_train.lora.rnk=4"], "unknown key 'roles.actor_train.lora.rnk'. Did you mean 'rank'?"),
@@ -201,6 +203,13 @@ def test_a_checkpoint_resumes_exactly(tiny_model_path, tmp_path):
 def test_bad_settings_are_refused_before_any_worker_starts(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("[", "\\[").replace("?", "\\?").replace(".", "\\.")):
         load_and_check(None, ["roles.actor_train.lora={rank: 4}", *overrides])
+
+
+def test_a_strategy_registered_without_lora_is_refused(plain_train_strategy):
+    with pytest.raises(ConfigError, match="train strategy 'plain' does not train LoRA adapters; strategies that do: "
+                                          "fsdp2, hf"):
+        load_and_check(None, ["roles.actor_train.lora={rank: 4}", "roles.actor_train.strategy=plain"],
+                       plugins=plain_train_strategy)
 
 
 def test_missing_peft_is_named_with_the_install_command(monkeypatch):
@@ -262,6 +271,8 @@ def test_folding_keeps_the_policy_and_makes_it_the_base(tiny_model_path, tmp_pat
     torch.testing.assert_close(trainer.base_log_probs(batch, 1.0), policy, atol=1e-5, rtol=0)
     assert all(float(t.abs().max()) == 0 for n, t in full_weights(trainer).items() if n.endswith(".lora_B"))
     drawn = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if ".lora_A." in n}
+    for a in drawn.values():  # as nn.Linear initializes (peft's fresh A): uniform within 1 / sqrt(fan_in)
+        assert 0.9 / a.shape[1] ** 0.5 < float(a.abs().max()) <= 1 / a.shape[1] ** 0.5
     trainer.fold_adapters(str(tmp_path / "warm"))  # folds nothing (B = 0) and draws A from the seed again
     assert drawn and all(torch.equal(p, drawn[n]) for n, p in trainer.model.named_parameters() if ".lora_A." in n)
 

@@ -19,6 +19,6 @@ def roll_register_strategies(register):
     register("hf", "roll_core.strategies.hf:HFCriticStrategy", kind="critic", packed_sequences=True,
              compiles=True, options=_OPTIONS,
              description="transformers token-classification head (one value per token), AdamW")
-    register("fsdp2", "roll_core.strategies.fsdp2:FSDP2TrainStrategy", kind="train", packed_sequences=True,
+    register("fsdp2", "roll_core.strategies.fsdp2:FSDP2TrainStrategy", kind="train", lora=True, packed_sequences=True,
              compiles=True, options=_OPTIONS,
              description="transformers + torch FSDP2 (fully_shard) over the role's workers, AdamW")

@@ -9,6 +9,10 @@ The loss arithmetic is the ``hf`` strategy's: every rank scales its share by glo
 so FSDP2's reduce-scatter must *sum* gradients (divide factor 1), not average them. Full weights
 (for weight sync and Hugging Face checkpoints) are gathered with collectives on every rank.
 
+LoRA (``roles.actor_train.lora``) works as under ``hf``: peft wraps the model before it is sharded,
+so the adapters are FSDP parameters too (trainable beside the frozen base in the same units), and
+what reads or writes a whole adapter or weight gathers or shards it (:mod:`roll_core.strategies.lora`).
+
 Use it: ``roles.actor_train.strategy=fsdp2 roles.actor_train.num_workers=2``.
 """
 
@@ -21,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from roll_core.runtime.distributed import ensure_process_group, rank_world
+from roll_core.strategies import lora
 from roll_core.strategies.hf import HFTrainStrategy
 from roll_core.strategies.models import load_causal_lm
 
@@ -55,18 +60,40 @@ class FSDP2TrainStrategy(HFTrainStrategy):
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.lora is not None:  # the merged model, its weights gathered
+            yield from lora.merged_parameters(self.model)
+            return
         for name, param in self.model.named_parameters():
             yield name, param.detach().full_tensor().cpu()  # a DTensor: a collective, every rank takes part
+
+    def _plain_model_state(self) -> dict[str, Any]:
+        """The policy as a plain Hugging Face model's state dict (under LoRA, the adapters merged),
+        gathered on every rank."""
+        return dict(lora.merged_parameters(self.model)) if self.lora is not None else self._full_state_dict()
+
+    def _plain_model(self) -> Any:
+        return self.model.get_base_model() if self.lora is not None else self.model
+
+    def export_model(self, directory: str) -> None:
+        state = self._plain_model_state()  # every rank gathers; rank 0 writes
+        if rank_world()[0] == 0:
+            self._plain_model().save_pretrained(directory, state_dict=state, safe_serialization=True)
+        dist.barrier()
 
     def save_checkpoint(self, path: str) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        model_state = self._full_state_dict()
+        adapter = lora.adapter_state(self.model) if self.lora is not None else None
+        writes_model = self.lora is None or self.lora.save == "merged"
+        model_state = self._plain_model_state() if writes_model else None
         optim_state = get_optimizer_state_dict(self.model, self.optimizers["default"],
                                                options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank_world()[0] == 0:
             root = Path(path)
-            self.model.save_pretrained(root / "model", state_dict=model_state, safe_serialization=True)
+            if adapter is not None:
+                lora.save_adapter(self.model, root / "adapter", adapter)
+            if model_state is not None:
+                self._plain_model().save_pretrained(root / "model", state_dict=model_state, safe_serialization=True)
             torch.save({"optimizer": optim_state, "generator": self.generator.get_state()}, root / "train_state.pt")
         dist.barrier()
 
@@ -76,7 +103,10 @@ class FSDP2TrainStrategy(HFTrainStrategy):
 
         root = Path(path)
         full = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, load_causal_lm(str(root / "model")).state_dict(), options=full)
+        if self.lora is not None:
+            lora.load_adapter(self.model, root / "adapter")
+        else:
+            set_model_state_dict(self.model, load_causal_lm(str(root / "model")).state_dict(), options=full)
         state = torch.load(root / "train_state.pt", weights_only=False)
         set_optimizer_state_dict(self.model, self.optimizers["default"], optim_state_dict=state["optimizer"], options=full)
         self.generator.set_state(state["generator"])

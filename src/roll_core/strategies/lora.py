@@ -16,12 +16,17 @@ with ``peft``: the base weights ``W`` freeze and each targeted linear layer comp
   workers instead of loading a second copy.
 * **Checkpoints.** ``adapter/`` is peft's own format (``PeftModel.from_pretrained(base, path)`` loads
   it); with ``save: merged`` a plain ``model/`` with the adapters folded in is written too.
+* **Sharded trainers.** Under ``fsdp2`` every parameter, the adapters' too, is a DTensor holding this
+  rank's shard: what reads a whole value gathers it (:func:`_whole`, a collective every rank joins)
+  and what writes one keeps this rank's shard of it (:func:`_shard_like`), so the functions here
+  serve ``hf`` and ``fsdp2`` alike.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
@@ -78,6 +83,22 @@ def _seeded(model: Any, seed: int):
         yield
 
 
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole value of a parameter: a DTensor (a sharded trainer's) is gathered from every rank."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _shard_like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``value`` (a whole tensor, the same on every rank) laid out as ``param`` is: its shard of it
+    where ``param`` is a DTensor, ``value`` itself otherwise."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    value = value.to(param.dtype)
+    return distribute_tensor(value, param.device_mesh, param.placements) if isinstance(param, DTensor) else value
+
+
 def _lora_layers(model: Any) -> Iterator[tuple[str, Any]]:
     """``(Hugging Face module name, peft LoRA layer)`` of every adapted layer."""
     from peft.tuners.lora import LoraLayer
@@ -90,8 +111,8 @@ def _lora_layers(model: Any) -> Iterator[tuple[str, Any]]:
 def _factors(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """``(A [r, in], s B [out, r])`` of a layer's active adapter, detached, in float32."""
     (adapter,) = layer.active_adapters
-    a = layer.lora_A[adapter].weight.detach().float()
-    b = layer.lora_B[adapter].weight.detach().float() * layer.scaling[adapter]
+    a = _whole(layer.lora_A[adapter].weight.detach()).float()
+    b = _whole(layer.lora_B[adapter].weight.detach()).float() * layer.scaling[adapter]
     return a, b
 
 
@@ -115,9 +136,9 @@ def merged_parameters(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             name = name.replace(".base_layer.", ".")
             if name.endswith(".weight"):
                 a, b = _factors(layers[module])
-                yield name, (param.detach().float() + b @ a).cpu()
+                yield name, (_whole(param.detach()).float() + b @ a).cpu()
                 continue
-        yield name, param.detach().cpu()
+        yield name, _whole(param.detach()).cpu()
 
 
 def fold(model: Any, base_path: str, seed: int) -> None:
@@ -130,8 +151,15 @@ def fold(model: Any, base_path: str, seed: int) -> None:
         for _, layer in _lora_layers(model):
             a, b = _factors(layer)
             weight = layer.get_base_layer().weight
-            weight.add_((b @ a).to(weight.dtype))
-            layer.reset_lora_parameters(layer.active_adapters[0], init_lora_weights=True)
+            weight.add_(_shard_like(weight, b @ a))
+            (adapter,) = layer.active_adapters
+            fresh_a, fresh_b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
+            # peft's fresh adapter (init_lora_weights=True): A as nn.Linear's default init, B zero;
+            # drawn whole, as wrap drew it, so a sharded trainer's shards are the same draw's
+            drawn = torch.empty(fresh_a.shape, dtype=fresh_a.dtype, device=fresh_a.device)
+            torch.nn.init.kaiming_uniform_(drawn, a=math.sqrt(5))
+            fresh_a.copy_(_shard_like(fresh_a, drawn))
+            fresh_b.zero_()
     for config in model.peft_config.values():
         config.base_model_name_or_path = base_path
 
@@ -145,7 +173,7 @@ def load_base(model: Any, base_path: str) -> None:
     with torch.no_grad():
         for name, param in model.get_base_model().named_parameters():
             if ".lora_" not in name:
-                param.copy_(plain[name.replace(".base_layer.", ".")])
+                param.copy_(_shard_like(param, plain[name.replace(".base_layer.", ".")]))
 
 
 def base_path(model: Any) -> str:
@@ -161,15 +189,38 @@ def adapters_disabled(model: Any):
         yield
 
 
-def save_adapter(model: Any, directory: Path) -> None:
-    """peft's format: ``adapter_config.json`` and ``adapter_model.safetensors``."""
-    model.save_pretrained(directory, safe_serialization=True)
+def _adapter_parameters(model: Any) -> dict[str, torch.Tensor]:
+    """The adapters' parameters under the names peft saves them with (the adapter's name left out:
+    ``...q_proj.lora_A.default.weight`` is saved as ``...q_proj.lora_A.weight``)."""
+    (adapter,) = model.peft_config
+    return {name.replace(f".{adapter}.", "."): param for name, param in model.named_parameters() if ".lora_" in name}
+
+
+def adapter_state(model: Any) -> dict[str, torch.Tensor]:
+    """The adapters' whole weights on CPU, under peft's saved names (every rank of a sharded trainer
+    calls it: it gathers)."""
+    return {name: _whole(param.detach()).cpu() for name, param in _adapter_parameters(model).items()}
+
+
+def save_adapter(model: Any, directory: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """peft's format: ``adapter_config.json`` and ``adapter_model.safetensors``. ``state``: the
+    weights as :func:`adapter_state` gathered them (a sharded trainer's rank 0 writes them)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (config,) = model.peft_config.values()
+    trainable, config.inference_mode = config.inference_mode, True  # as peft saves it: loads for inference
+    try:
+        config.save_pretrained(str(directory))
+    finally:
+        config.inference_mode = trainable
+    save_file(adapter_state(model) if state is None else state, str(directory / "adapter_model.safetensors"),
+              metadata={"format": "pt"})
 
 
 def load_adapter(model: Any, directory: Path) -> None:
     """The adapter weights of ``save_adapter``'s directory into ``model`` (same configuration), and
     the base they were trained on when that is not the model's (a folded warm-up's)."""
-    from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
     saved_base = json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"]
@@ -178,10 +229,13 @@ def load_adapter(model: Any, directory: Path) -> None:
         for config in model.peft_config.values():
             config.base_model_name_or_path = saved_base
 
-    result: Any = set_peft_model_state_dict(model, load_file(directory / "adapter_model.safetensors"))
-    unexpected = list(getattr(result, "unexpected_keys", None) or [])
+    saved, params = load_file(directory / "adapter_model.safetensors"), _adapter_parameters(model)
+    unexpected = sorted(saved.keys() - params.keys())
     if unexpected:
         raise ValueError(f"{directory}: adapter weights this model does not have: {unexpected[:5]}")
+    with torch.no_grad():
+        for name, value in saved.items():
+            params[name].copy_(_shard_like(params[name], value))
 
 
 def is_adapter(name: str) -> bool:
