@@ -3,10 +3,13 @@
 What must hold: on the tiny model and a fixed batch, every ZeRO stage gives the ``hf`` strategy's
 log-probs (fp32, within 1e-4) and, after one core update, its weights; two data-parallel ranks give
 what one worker gives on the whole batch; a checkpoint resumes exactly; the options are checked by
-``roll validate`` before any worker starts.
+``roll validate`` before any worker starts. Under LoRA (stages 1-2) the adapters train, fold and
+resume as under ``hf``.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -28,6 +31,7 @@ from roll_deepspeed.strategy import DeepSpeedCriticStrategy, DeepSpeedTrainStrat
 # all take part. A KL and an entropy term put every part of the actor loss into the gradients.
 UPDATE = ["algorithm.ppo_epochs=2", "algorithm.ppo_mini_batch_size=4", "algorithm.kl_loss_coef=0.1",
           "algorithm.entropy_coef=0.01", "algorithm.max_grad_norm=0.5", "roles.actor_train.micro_batch_size=2"]
+LORA = ["roles.actor_train.lora={rank: 8, alpha: 16}"]
 
 
 def config(*options: str):
@@ -126,9 +130,10 @@ def test_the_critic_computes_what_hf_computes(tiny_model_path):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("stage", [2, 3])
-def test_two_data_parallel_ranks_match_one_worker_on_the_whole_batch(tiny_model_path, stage):
-    overrides = UPDATE + ["executor=ray", "roles.actor_train.micro_batch_size=1"]
+@pytest.mark.parametrize("stage, adapters", [(2, False), (3, False), (2, True)], ids=["zero2", "zero3", "zero2-lora"])
+def test_two_data_parallel_ranks_match_one_worker_on_the_whole_batch(tiny_model_path, stage, adapters):
+    """``zero2-lora``: what a sync sends is the adapters, against one ``hf`` worker's."""
+    overrides = UPDATE + ["executor=ray", "roles.actor_train.micro_batch_size=1"] + (LORA if adapters else [])
     one = load_config(None, overrides)
     reference = HFTrainStrategy(str(tiny_model_path), hf_role(one.roles.actor_train), seed=0)
     batch = training_batch(reference.model.config.vocab_size)
@@ -155,6 +160,63 @@ def test_a_killed_worker_restarts_the_run_from_a_deepspeed_checkpoint(tmp_path):
                                         "roles.actor_train.strategy_options={zero_stage: 3}")
 
 
+@pytest.mark.parametrize("stage", [1, 2])
+def test_lora_trains_the_adapters_as_hf_does(tiny_model_path, tmp_path, stage):
+    pytest.importorskip("peft")
+    cfg = load_config(None, UPDATE + LORA + [f"roles.actor_train.strategy_options={{zero_stage: {stage}}}"])
+    trainer = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_model_path), hf_role(cfg.roles.actor_train), seed=0)
+    assert_trainer_matches_hf(trainer, reference, cfg, weight_atol=1e-6)  # the adapters a sync sends
+    trainable = {n for n, p in trainer.module.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)
+    trainer.save_checkpoint(str(tmp_path / "ckpt"))
+    assert (tmp_path / "ckpt" / "adapter").is_dir() and not (tmp_path / "ckpt" / "model").exists()  # save: adapter
+
+
+def test_lora_checkpoints_folds_and_trains_on_as_hf_does(tiny_model_path, tmp_path):
+    """After a fold (the warm-up's adapters into the base) the next step trains the fresh adapters,
+    not the old ones the engine's master copies held; a checkpoint then resumes on the folded base."""
+    pytest.importorskip("peft")
+    from roll_core.strategies.models import load_causal_lm
+
+    cfg = load_config(None, UPDATE + LORA + ["roles.actor_train.lora.save=merged",
+                                             "roles.actor_train.strategy_options={zero_stage: 2}"])
+    loss_fn = ActorObjective.from_config(cfg.algorithm, cfg.rollout)
+    spec = UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train)
+    trainer = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_model_path), hf_role(cfg.roles.actor_train), seed=0)
+    batch = training_batch(reference.model.config.vocab_size)
+    for strategy in (trainer, reference):
+        update(strategy, batch, loss_fn, spec)
+        strategy.export_model(str(tmp_path / f"warm-{type(strategy).__name__}"))
+        strategy.fold_adapters(str(tmp_path / f"warm-{type(strategy).__name__}"))
+        update(strategy, batch, loss_fn, spec)
+    got, expected = full_weights(trainer), full_weights(reference)
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, atol=1e-6, rtol=1e-4, msg=name)
+    policy = trainer.compute_log_probs(batch, 1.0)
+
+    trainer.save_checkpoint(str(tmp_path / "ckpt"))
+    assert (tmp_path / "ckpt" / "adapter" / "adapter_model.safetensors").is_file()
+    merged = load_causal_lm(str(tmp_path / "ckpt" / "model"))
+    assert not any(".lora_" in n for n, _ in merged.named_parameters())
+    plain = load_config(None, UPDATE)  # the merged model/ is a plain checkpoint of the policy
+    torch.testing.assert_close(HFTrainStrategy(str(tmp_path / "ckpt" / "model"), plain.roles.actor_train, seed=0)
+                               .compute_log_probs(batch, 1.0), policy, atol=1e-5, rtol=0)
+    resumed = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=1)
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    torch.testing.assert_close(resumed.compute_log_probs(batch, 1.0), policy, atol=1e-6, rtol=0)
+    torch.testing.assert_close(resumed.base_log_probs(batch, 1.0), trainer.base_log_probs(batch, 1.0),
+                               atol=1e-6, rtol=0)  # the folded base, not the tiny model
+    resumed.save_checkpoint(str(tmp_path / "again"))  # and its adapter names that base, as the engines rebase on it
+    assert json.loads((tmp_path / "again" / "adapter" / "adapter_config.json").read_text())[
+        "base_model_name_or_path"] == str(tmp_path / "warm-DeepSpeedTrainStrategy")
+    update(resumed, batch, loss_fn, spec)
+    update(trainer, batch, loss_fn, spec)
+    for name, value in full_weights(trainer).items():
+        torch.testing.assert_close(full_weights(resumed)[name], value, atol=0, rtol=0, msg=name)
+
+
 @pytest.mark.parametrize("options, message", [
     ("{zero_stag: 3}", "unknown option 'zero_stag'. Did you mean 'zero_stage'?"),
     ("{zero_stage: 4}", "roles.actor_train.strategy_options.zero_stage"),
@@ -162,11 +224,16 @@ def test_a_killed_worker_restarts_the_run_from_a_deepspeed_checkpoint(tmp_path):
     ("{zero_config: {overlap_com: true}}", "unknown DeepSpeed zero_optimization argument 'overlap_com'. "
                                            "Did you mean 'overlap_comm'?"),
     ("{zero_config: {stage: 3}}", "set strategy_options.zero_stage, not zero_config.stage"),
+    ("{zero_stage: 3}", "zero_stage 3 partitions the weights that LoRA's adapters merge onto; use zero_stage 1 or 2"),
 ])
 def test_options_are_checked_before_any_worker_starts(options, message):
+    lora = ["roles.actor_train.lora={rank: 4}"] if "LoRA" in message else []
     with pytest.raises(ConfigError) as err:
-        load_and_check(None, ["roles.actor_train.strategy=deepspeed", f"roles.actor_train.strategy_options={options}"])
+        load_and_check(None, ["roles.actor_train.strategy=deepspeed", f"roles.actor_train.strategy_options={options}",
+                              *lora])
     assert message in str(err.value)
+    load_and_check(None, ["roles.actor_train.strategy=deepspeed", "roles.actor_train.strategy_options={zero_stage: 2}",
+                          *lora])
 
 
 def test_valid_options_reach_the_strategy_validated():

@@ -284,11 +284,17 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
     def prepare_model(self) -> None:
         """Hook for subclasses that wrap or shard the model before the optimizer is built."""
 
+    @property
+    def peft_model(self) -> Any:
+        """Under LoRA, the peft model: ``self.model``, or the one an engine wraps (a subclass whose
+        ``self.model`` became an engine keeps the Hugging Face model as ``self.module``: DeepSpeed)."""
+        return getattr(self, "module", self.model)
+
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, full tensor on CPU)`` of every parameter (under LoRA, of the merged model);
         sharded subclasses gather here."""
         if self.lora is not None:
-            yield from lora.merged_parameters(self.model)
+            yield from lora.merged_parameters(self.peft_model)
             return
         for name, param in self.model.named_parameters():
             yield name, param.detach().cpu()
@@ -303,20 +309,20 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
     def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         # On every rank (sharded subclasses gather here); replicas are identical: rank 0 sends for all.
         # Under LoRA the adapters alone travel; the inference side merges them (lora.AdapterMerger).
-        tensors = lora.adapter_tensors(self.model) if self.lora is not None else self.full_parameters()
+        tensors = lora.adapter_tensors(self.peft_model) if self.lora is not None else self.full_parameters()
         yield from bucketed(tensors, bucket_bytes, keep=rank_world()[0] == 0)
 
     def base_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
         """Log-probs under the base model, the adapters disabled (a LoRA run's reference)."""
         if self.lora is None:
             raise RuntimeError("base_log_probs needs roles.actor_train.lora")
-        with lora.adapters_disabled(self.model):
+        with lora.adapters_disabled(self.peft_model):
             return self.compute_log_probs(batch, temperature, distribution)
 
     def fold_adapters(self, base_path: str) -> None:
         """LoRA: the adapters become part of the base (``base_path`` holds it as a plain model) and
         fresh ones start; the policy is unchanged (:func:`roll_core.strategies.lora.fold`)."""
-        lora.fold(self.model, base_path, self.seed)
+        lora.fold(self.peft_model, base_path, self.seed)
 
     def export_model(self, directory: str) -> None:
         """The policy as a plain Hugging Face model directory (under LoRA, the adapters merged)."""
@@ -325,8 +331,8 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
         if self.lora is None:
             self.model.save_pretrained(directory, safe_serialization=True)
             return
-        self.model.get_base_model().save_pretrained(directory, state_dict=dict(lora.merged_parameters(self.model)),
-                                                    safe_serialization=True)
+        merged = dict(lora.merged_parameters(self.peft_model))
+        self.peft_model.get_base_model().save_pretrained(directory, state_dict=merged, safe_serialization=True)
 
     def save_checkpoint(self, path: str) -> None:
         if rank_world()[0] != 0:  # replicas are identical: rank 0 writes for all

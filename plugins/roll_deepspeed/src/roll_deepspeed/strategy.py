@@ -19,6 +19,12 @@ update needs maps onto the engine:
 * Checkpoints: DeepSpeed's own (every rank's optimizer partition, so a resumed run continues
   exactly) next to the Hugging Face model directory the pipeline exports.
 * Colocation: ``engine.offload_states()`` / ``reload_states()`` on a GPU; nothing to free on CPU.
+* LoRA (``roles.actor_train.lora``, ZeRO stages 1-2): peft wraps the model before the engine does,
+  so ZeRO partitions the adapters' optimizer state alone; syncs, exports and the warm-up's fold run
+  on the wrapped model (``self.module``), as under ``hf``. A fold writes fresh adapters into the
+  model, so the engine's fp32 master copies are refreshed from it; checkpoints hold ``adapter/``
+  (peft's format) beside the engine's own. Stage 3 partitions the weights themselves, which the
+  adapters' merge reads whole: ``roll validate`` refuses it.
 
 Use it: ``roles.actor_train.strategy=deepspeed roles.actor_train.num_workers=2
 roles.actor_train.strategy_options.zero_stage=3``.
@@ -34,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from roll_core.runtime.distributed import default_backend, ensure_process_group, rank_world
+from roll_core.strategies import lora
 from roll_core.strategies.engines import check_engine_version, import_engine
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_deepspeed import SUPPORTED_DEEPSPEED
@@ -120,7 +127,11 @@ class _ZeROEngine:
 
     # -- weights ------------------------------------------------------------------------------
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, full tensor on CPU)`` of every parameter, on every rank (stage 3 gathers)."""
+        """``(name, full tensor on CPU)`` of every parameter, on every rank (stage 3 gathers); under
+        LoRA (stages 1-2), of the merged model."""
+        if getattr(self, "lora", None) is not None:
+            yield from lora.merged_parameters(self.module)
+            return
         if self.options.zero_stage < 3:
             for name, param in self.module.named_parameters():
                 yield name, param.detach().cpu()
@@ -140,15 +151,27 @@ class _ZeROEngine:
             self.engine.reload_states()
 
     # -- checkpoints --------------------------------------------------------------------------
+    def fold_adapters(self, base_path: str) -> None:
+        """LoRA: as ``hf`` folds, then the engine's fp32 master copies of the adapters take the fresh
+        ones (the optimizer's next step would otherwise write the old adapters back)."""
+        super().fold_adapters(base_path)  # type: ignore[misc]  # the hf train strategy's
+        self.engine.optimizer.refresh_fp32_params()
+
     def save_checkpoint(self, path: str) -> None:
-        """``model/`` (Hugging Face, written by rank 0), ``deepspeed/`` (the engine's checkpoint:
-        module, every rank's optimizer partition) and ``rng_rank<r>.pt`` per rank."""
+        """``model/`` (Hugging Face, written by rank 0; under LoRA ``adapter/``, and ``model/`` merged
+        with ``save: merged``), ``deepspeed/`` (the engine's checkpoint: module, every rank's optimizer
+        partition) and ``rng_rank<r>.pt`` per rank."""
         root = Path(path)
         rank = rank_world()[0]
-        weights = {name: tensor for name, tensor in self.full_parameters()}  # every rank takes part
-        if rank == 0:
-            self.module.save_pretrained(root / "model", state_dict=weights, safe_serialization=True)
-        del weights
+        adapted = getattr(self, "lora", None)
+        if adapted is not None and rank == 0:
+            lora.save_adapter(self.module, root / "adapter")
+        if adapted is None or adapted.save == "merged":
+            weights = {name: tensor for name, tensor in self.full_parameters()}  # every rank takes part
+            if rank == 0:
+                plain = self.module.get_base_model() if adapted is not None else self.module
+                plain.save_pretrained(root / "model", state_dict=weights, safe_serialization=True)
+            del weights
         self.engine.save_checkpoint(str(root / "deepspeed"), tag="state", save_latest=False)
         torch.save({"generator": self.generator.get_state() if hasattr(self, "generator") else None,
                     "phase": self._phase}, root / f"rng_rank{rank}.pt")
@@ -156,6 +179,10 @@ class _ZeROEngine:
 
     def load_checkpoint(self, path: str) -> None:
         root = Path(path)
+        if getattr(self, "lora", None) is not None:
+            # the base the adapters were trained on (a folded warm-up's) and its name; the engine's
+            # checkpoint then restores every weight and the optimizer exactly
+            lora.load_adapter(self.module, root / "adapter")
         loaded, _ = self.engine.load_checkpoint(str(root / "deepspeed"), tag="state", load_optimizer_states=True,
                                                 load_lr_scheduler_states=False)
         if loaded is None:
