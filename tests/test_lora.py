@@ -345,6 +345,7 @@ def test_a_lora_warm_up_folds_into_the_base_the_reference_and_the_engines_use(tm
     first = next(r for r in rows if r["step"] == 1)
     assert first["train/kl"] == pytest.approx(0, abs=1e-6)  # without the fold: KL to the untrained base
     warm = load_causal_lm(str(tmp_path / "run" / "warm-model"))
+    assert not (tmp_path / "run" / "warm-model-tmp").exists()  # the export's scratch directory is gone
     (engine,) = pipeline.infer.handles
     assert engine.merger.model_path == str(tmp_path / "run" / "warm-model")
     trainer = pipeline.actor.handles[0].strategy

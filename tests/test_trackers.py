@@ -300,3 +300,16 @@ def test_every_built_in_pipeline_s_steps_show_on_stdout(pipeline, metrics, shown
 
     StdoutTracker(tmp_path).log({**metrics, "time/iteration_s": 0.1}, 1)
     assert capsys.readouterr().out.strip() == f"[step 1] {shown}"
+
+
+def test_json_lines_are_written_whole_and_keep_values_json_cannot_hold_as_text(tmp_path):
+    import json
+    from pathlib import Path
+
+    from roll_core.files import write_json_lines
+
+    target = tmp_path / "rows.jsonl"
+    target.write_text('{"old": 1}\n')
+    write_json_lines(target, [{"path": Path("/x/y"), "n": 1}, {"n": 2}])
+    assert [json.loads(line) for line in target.read_text().splitlines()] == [{"path": "/x/y", "n": 1}, {"n": 2}]
+    assert [p.name for p in tmp_path.iterdir()] == ["rows.jsonl"]  # no temporary file left beside it

@@ -30,6 +30,7 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.errors import RollError
+from roll_core.files import write_json_lines
 
 
 def dump_path(run_dir: Path, step: int, suffix: str) -> Path:
@@ -85,13 +86,6 @@ def readable_rows(batch: Batch, tokenizer) -> list[dict]:
         row["response_tokens"] = len(tokens)
         rows.append(row)
     return rows
-
-
-def write_json_lines(path: Path, rows: list[dict]) -> None:
-    """``rows`` as JSON lines at ``path``, whole or not at all (a temporary name, then a rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
-    tmp.replace(path)
 
 
 def write_dump(run_dir: Path, step: int, batch: Batch, tokenizer) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 import zlib
 from abc import abstractmethod
@@ -444,14 +443,6 @@ def save_tokenizer_beside(tokenizer, checkpoint: Path) -> None:
     for saved in ("model", "adapter"):
         if (checkpoint / saved).is_dir():
             tokenizer.save_pretrained(checkpoint / saved)
-
-
-def replace_dir(src: Path, dst: Path) -> None:
-    """Move directory ``src`` to ``dst`` (replacing it) and remove ``src``'s now empty parent."""
-    if dst.exists():
-        shutil.rmtree(dst)
-    src.rename(dst)
-    shutil.rmtree(src.parent, ignore_errors=True)
 
 
 def warn_if_oversubscribed(cfg) -> None:

@@ -15,15 +15,16 @@ pipelines that train actor_train alone). Run it alone::
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 from roll_core.algorithms.objective import SupervisedObjective
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
+from roll_core.files import replace_dir
 from roll_core.pipelines.batches import demonstration_batch, packed_demonstration_batch
-from roll_core.pipelines.runtime import (SEED_OFFSETS, ActorLoop, log_probs,
-                                         replace_dir, start_update)
+from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, log_probs, start_update
 from roll_core.pipelines.sources import load_rows
 from roll_core.runtime.executor import WorkerGroup
 from roll_core.trackers import progress_bar
@@ -73,6 +74,7 @@ class SupervisedTrainer:
         else:
             self.executor.get(self.actor.call("save_checkpoint", str(tmp)))
         replace_dir(tmp / "model", directory)
+        shutil.rmtree(tmp, ignore_errors=True)
         self.tokenizer.save_pretrained(directory)
 
     def run(self, steps: int) -> dict[str, float]:

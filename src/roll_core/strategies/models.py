@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import torch
 
 from roll_core.data import Batch
+from roll_core.files import replace_dir
 
 
 def default_device() -> torch.device:
@@ -68,8 +69,7 @@ def export_sequence_classifier(value_model: Path, out: Path, tokenizer) -> None:
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial, safe_serialization=True)
     tokenizer.save_pretrained(partial)
-    shutil.rmtree(out, ignore_errors=True)
-    partial.rename(out)
+    replace_dir(partial, out)
 
 
 @contextlib.contextmanager

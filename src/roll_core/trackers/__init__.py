@@ -20,6 +20,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from roll_core.files import write_json_lines
+
 
 class Tracker(ABC):
     """Constructed as ``cls(run_dir, config)``; ``run_dir`` exists."""
@@ -139,10 +141,7 @@ class JsonlTracker(Tracker):
 
     def rewind(self, step):
         self._file.close()
-        kept = [row for row in read_metrics(self.path) if row["step"] <= step]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
-        tmp.replace(self.path)  # atomic: a crash here leaves the old file or the new one
+        write_json_lines(self.path, [row for row in read_metrics(self.path) if row["step"] <= step])
         self._file = open(self.path, "a")
 
     def log(self, metrics, step):
