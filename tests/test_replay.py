@@ -103,6 +103,34 @@ def test_replay_reproduces_the_recorded_loss_and_gradient_norm(dumped_run, capsy
     assert "from the checkpoint at step 2" in out and "largest gap:" in out
 
 
+def test_a_lora_run_replays_its_adapters_on_the_base_they_were_trained_on(tmp_path, monkeypatch):
+    """The warm-up folds into warm-model/, so the checkpoint's adapter names that base, not the tiny model."""
+    pytest.importorskip("peft")
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as above
+    from roll_core.config import load_config
+    from roll_core.pipelines.rlvr import RLVRPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    run = tmp_path / "run"
+    cfg = load_config(None, [f"output_dir={run}", "executor=local", "warmup.steps=20", "rollout.prompts_per_step=4",
+                             "rollout.num_return_sequences=4", "trainer.max_steps=2", "trainer.eval_every=0",
+                             "trainer.save_every=2", "data.eval_size=8", "trackers=[jsonl]",
+                             "trainer.dump_rollouts_every=1", "algorithm.entropy_coef=0.01",
+                             "roles.actor_train.lora={rank: 4}", "roles.actor_train.lr=0.01"])
+    RLVRPipeline(cfg, LocalExecutor()).run()
+    adapter = json.loads((run / "checkpoints" / "step_000000" / "actor_train" / "adapter" / "adapter_config.json")
+                         .read_text())
+    assert adapter["base_model_name_or_path"] == str(run / "warm-model")
+    replayed = replay(run, (1, 2), progress=lambda _: None)
+    assert [r.step for r in replayed] == [1, 2]
+    for r in replayed:
+        assert r.replayed["train/grad_norm"] > 0
+        assert r.gap("pg_loss") < 1e-5 and r.gap("grad_norm") < 1e-5, (r.recorded, r.replayed)
+    (run / "warm-model" / "config.json").unlink()
+    with pytest.raises(RollError, match=r"was trained on .*warm-model, which is not there"):
+        replay(run, (1, 2), progress=lambda _: None)
+
+
 def test_replay_fails_on_a_batch_that_is_not_the_one_trained_on(dumped_run, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as above
     import shutil

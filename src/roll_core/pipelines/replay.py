@@ -11,8 +11,9 @@ step between the checkpoint and the last step asked for must have been dumped. R
     roll run trainer.dump_rollouts_every=1 trainer.save_every=10
     roll replay runs/quickstart --steps 11-13
 
-LoRA runs and the critic are not replayed (the policy's full weights only), nor other pipelines'
-updates (``online_dpo`` dumps its pairs for ``roll show-rollouts``).
+A LoRA run replays its adapters on the base the checkpoint's adapter names (the run's model, or
+the warm-up folded into ``warm-model/``). The critic is not replayed, nor other pipelines' updates
+(``online_dpo`` dumps its pairs for ``roll show-rollouts``).
 """
 
 from __future__ import annotations
@@ -94,15 +95,13 @@ def replay(run_dir: Path, steps: tuple[int, int] | None = None, progress=print) 
     if cfg.pipeline != "rlvr":
         raise RollError(f"roll replay replays rlvr's policy updates; {run_dir} ran pipeline {cfg.pipeline} (its dumps "
                         f"are for roll show-rollouts)")
-    if cfg.roles.actor_train.lora is not None:
-        raise RollError("roll replay does not replay LoRA runs yet (it restores the policy's full weights)")
     (start, checkpoint), wanted = plan(run_dir, steps)
     metrics_file = run_dir / "metrics.jsonl"  # none without the jsonl tracker: nothing to compare with
     recorded = {row["step"]: row for row in (read_metrics(metrics_file) if metrics_file.is_file() else [])}
     progress(f"replaying steps {step_ranges(wanted)} of {run_dir} from the checkpoint at step {start}")
     plugins = get_plugins()
     role = cfg.roles.actor_train
-    worker = TrainWorker("actor_train", str(checkpoint / "actor_train" / "model"), role, cfg, cfg.seed)
+    worker = TrainWorker("actor_train", _start_model(checkpoint / "actor_train", role), role, cfg, cfg.seed)
     worker.setup()
     worker.load_checkpoint(str(checkpoint / "actor_train"))
     loss_fn = ActorObjective.from_config(cfg.algorithm, cfg.rollout, plugins)
@@ -112,6 +111,18 @@ def replay(run_dir: Path, steps: tuple[int, int] | None = None, progress=print) 
         metrics = worker.update(load_dump(run_dir, step), loss_fn, spec)
         out.append(ReplayedStep(step, recorded.get(step, {}), metrics))
     return out
+
+
+def _start_model(saved: Path, role) -> str:
+    """The model the trainer starts from before its checkpoint loads: the saved policy, or under
+    LoRA the base its adapter names (the checkpoint holds the adapters and their optimizer)."""
+    if role.lora is None:
+        return str(saved / "model")
+    base = json.loads((saved / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    if not (Path(base) / "config.json").is_file():
+        raise RollError(f"{saved / 'adapter'} was trained on {base}, which is not there (a relative path is "
+                        f"taken from where roll run ran: run roll replay from there)")
+    return base
 
 
 def largest_gap(replayed: list[ReplayedStep]) -> float | None:
