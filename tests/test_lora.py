@@ -25,6 +25,7 @@ from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_and_check, load_config
 from roll_core.errors import ConfigError
 from roll_core.strategies.hf import HFInferStrategy, HFTrainStrategy
+from roll_core.strategies import lora
 from roll_core.strategies.lora import AdapterMerger
 from roll_core.strategies.models import full_sequence, load_causal_lm
 from roll_core.strategies.sequences import position_ids_from_mask
@@ -242,11 +243,24 @@ def test_a_strategy_without_peft_names_the_install_command(monkeypatch):
         lora._peft()
 
 
-def test_unknown_target_modules_list_the_models_linear_layers(tiny_model_path):
-    cfg = load_config(None, ["roles.actor_train.lora={target_modules: [q_proj, qkv]}"])
-    with pytest.raises(ConfigError, match=r"\['qkv'\] are not linear layers of .*; its linear layers are "
-                                          r"\['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj'\]"):
+def test_unknown_target_modules_list_the_models_linear_layers(tiny_model_path, tmp_path):
+    layers = r"; its linear layers are \['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj'\]"
+    unknown = ["roles.actor_train.lora={target_modules: [q_proj, qkv]}"]
+    cfg = load_config(None, unknown)
+    with pytest.raises(ConfigError, match=r"\['qkv'\] are not linear layers of .*" + layers):
         HFTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    # and before any worker starts, on the model's architecture alone: the embedded one, or a directory's
+    for model in ("tiny", str(tiny_model_path)):
+        with pytest.raises(ConfigError, match=r"key 'roles.actor_train.lora.target_modules': \['qkv'\] are not "
+                                              r"linear layers of " + model + layers):
+            load_and_check(None, unknown + [f"model.path={model}"])
+        load_and_check(None, ["roles.actor_train.lora={target_modules: [q_proj, down_proj]}", f"model.path={model}"])
+    from transformers import OPTConfig  # another architecture: its own layer names are read, not the tiny model's
+
+    OPTConfig(hidden_size=16, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64).save_pretrained(
+        tmp_path / "opt")
+    assert lora.architecture_linear_names(str(tmp_path / "opt")) == ["fc1", "fc2", "k_proj", "out_proj", "q_proj",
+                                                                     "v_proj"]
 
 
 def test_a_reference_on_the_actor_places_no_workers_of_its_own():

@@ -336,6 +336,12 @@ def _lora_requirements(cfg: RollConfig, plugins) -> list[str]:
     if importlib.util.find_spec("peft") is None:
         problems.append("key 'roles.actor_train.lora': needs peft, which is not installed: "
                         "pip install 'roll-core[lora]'")
+    targets, path = cfg.roles.actor_train.lora.target_modules, cfg.model.path
+    if targets != "all-linear" and (path == "tiny" or (Path(path) / "config.json").is_file()):
+        from roll_core.strategies import lora  # a named layer the model lacks: now, not in a worker
+
+        if problem := lora.unknown_targets(targets, lora.architecture_linear_names(path, cfg.model.tiny), path):
+            problems.append(f"key 'roles.actor_train.lora.target_modules': {problem}")
     return problems
 
 

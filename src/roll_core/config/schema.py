@@ -523,7 +523,7 @@ class LoraConfig(Strict):
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input (training only)")
     target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear", description="names (suffixes) of the linear layers that get adapters, or every linear "
-        "layer but the output head")
+        "layer but the output head; roll validate checks the names against model.path's architecture")
     save: Literal["adapter", "merged"] = Field(
         "adapter", description="what a checkpoint's model holds: the adapter alone (adapter/, loadable with "
         "peft onto the base model), or the adapter plus the merged weights as a plain model (model/)")

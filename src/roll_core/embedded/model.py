@@ -51,23 +51,13 @@ def build_char_tokenizer():
     )
 
 
-def build_tiny_model(path: str | Path, config: TinyModelConfig | None = None) -> Path:
-    """Create (or reuse) the tiny model at ``path`` and return the directory.
-
-    The directory is written atomically: a crash half-way never leaves a directory that looks
-    complete. An existing complete directory is reused, so every role and every resume loads
-    the very same initial weights.
-    """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_architecture(config: TinyModelConfig | None = None, tokenizer=None):
+    """The tiny model's ``LlamaConfig`` (its shape, no weights) for ``model.tiny``'s settings."""
+    from transformers import LlamaConfig
 
     config = config or TinyModelConfig()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
-        return path
-    tokenizer = build_char_tokenizer()
-    model_cfg = LlamaConfig(
+    tokenizer = tokenizer or build_char_tokenizer()
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -81,6 +71,25 @@ def build_tiny_model(path: str | Path, config: TinyModelConfig | None = None) ->
         tie_word_embeddings=True,
         attention_dropout=0.0,
     )
+
+
+def build_tiny_model(path: str | Path, config: TinyModelConfig | None = None) -> Path:
+    """Create (or reuse) the tiny model at ``path`` and return the directory.
+
+    The directory is written atomically: a crash half-way never leaves a directory that looks
+    complete. An existing complete directory is reused, so every role and every resume loads
+    the very same initial weights.
+    """
+    import torch
+    from transformers import LlamaForCausalLM
+
+    config = config or TinyModelConfig()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+        return path
+    tokenizer = build_char_tokenizer()
+    model_cfg = tiny_architecture(config, tokenizer)
     # A private generator keeps model init independent of whatever else used the global RNG.
     fork_devices: list = []
     with torch.random.fork_rng(devices=fork_devices):

@@ -53,6 +53,25 @@ def linear_module_names(model: Any) -> list[str]:
                    if isinstance(m, torch.nn.Linear) and name != "lm_head"})
 
 
+def unknown_targets(targets: list[str], known: list[str], model_path: str) -> str | None:
+    """What is wrong with ``target_modules`` naming layers the model lacks (``known``: its linear
+    layers); None when every one is there."""
+    missing = [t for t in targets if t not in known]
+    return f"{missing} are not linear layers of {model_path}; its linear layers are {known}" if missing else None
+
+
+def architecture_linear_names(model_path: str, tiny=None) -> list[str]:
+    """:func:`linear_module_names` of the model at ``model_path`` (``tiny``: the embedded model of
+    those settings), built on the meta device: its layers without weights, for ``roll validate``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from roll_core.embedded.model import tiny_architecture
+
+    config = tiny_architecture(tiny) if model_path == "tiny" else AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        return linear_module_names(AutoModelForCausalLM.from_config(config))
+
+
 def wrap(model: Any, settings, model_path: str, seed: int) -> Any:
     """``model`` as a ``peft`` model with fresh adapters (``B = 0``: at first it computes what the base
     model computes; ``A`` random, drawn from a generator seeded with ``seed`` so that a seed gives the
@@ -60,12 +79,8 @@ def wrap(model: Any, settings, model_path: str, seed: int) -> Any:
     are reported with the model's linear layers."""
     peft = _peft()
     targets = settings.target_modules
-    if targets != "all-linear":
-        known = linear_module_names(model)
-        missing = [t for t in targets if t not in known]
-        if missing:
-            raise ConfigError(f"roles.actor_train.lora.target_modules: {missing} are not linear layers of "
-                              f"{model_path}; its linear layers are {known}")
+    if targets != "all-linear" and (problem := unknown_targets(targets, linear_module_names(model), model_path)):
+        raise ConfigError(f"roles.actor_train.lora.target_modules: {problem}")
     config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                              target_modules=targets, bias="none", base_model_name_or_path=model_path)
     with warnings.catch_warnings(), _seeded(model, seed):
