@@ -8,7 +8,11 @@ from typing import Any
 
 class Pipeline(ABC):
     """Constructed as ``cls(config, executor)``; ``run()`` returns a summary dict. ``phase`` says
-    what it is doing now (``roll run`` names it when interrupted)."""
+    what it is doing now (``roll run`` names it when interrupted).
+
+    The class attributes and classmethods answer, before any instance or worker exists, what the
+    config checks, the placement, the resume guard and the run line need to know of the pipeline;
+    the defaults are rlvr-like, and a pipeline overrides where it differs."""
 
     #: Whether the pipeline scores held-out generations with ``roles.eval_reward`` (rlvr does); a
     #: config that sets the role for a pipeline that does not is refused.
@@ -17,6 +21,9 @@ class Pipeline(ABC):
     #: the pipeline reads; None (a pipeline that does not say): all of them. A resume compares the
     #: saved config with the new one only where the pipeline reads it (:meth:`resume_view`).
     config_sections: frozenset[str] | None = None
+    #: The setting that makes the pipeline's rollout generate while the policy trains, as
+    #: :meth:`generates_while_training` reads it (named where ``rollout.async_generation_ratio`` needs it).
+    overlap_setting = "rollout.scheduler: async"
 
     @classmethod
     def config_problems(cls, cfg, plugins) -> list[str]:
@@ -47,10 +54,6 @@ class Pipeline(ABC):
         only under some settings says so, so that an unread reference costs no workers, and the
         placement (whether the controller can run inside the one worker) agrees with the run."""
         return cfg.roles.reference is not None
-
-    #: The setting that makes the pipeline's rollout generate while the policy trains, as
-    #: :meth:`generates_while_training` reads it (named where ``rollout.async_generation_ratio`` needs it).
-    overlap_setting = "rollout.scheduler: async"
 
     @classmethod
     def generates_while_training(cls, cfg, plugins) -> str | None:

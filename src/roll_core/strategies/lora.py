@@ -170,7 +170,7 @@ def fold(model: Any, base_path: str, seed: int) -> None:
             (adapter,) = layer.active_adapters
             fresh_a, fresh_b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
             # peft's fresh adapter (init_lora_weights=True): A as nn.Linear's default init, B zero;
-            # drawn whole, as wrap drew it, so a sharded trainer's shards are the same draw's
+            # drawn whole, so a sharded trainer's shards are one draw's (as on one process)
             drawn = torch.empty(fresh_a.shape, dtype=fresh_a.dtype, device=fresh_a.device)
             torch.nn.init.kaiming_uniform_(drawn, a=math.sqrt(5))
             fresh_a.copy_(_shard_like(fresh_a, drawn))
