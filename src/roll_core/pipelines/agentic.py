@@ -50,7 +50,6 @@ from roll_core.pipelines.runtime import (SEED_OFFSETS, TrainingLoop, log_probs, 
 from roll_core.pipelines.sft import WarmStart
 from roll_core.runtime import weight_sync
 from roll_core.runtime.executor import LocalExecutor
-from roll_core.runtime.placement import colocated
 from roll_core.training import UpdateSpec
 
 TRAINING_SEEDS = 1_000_000  # training seeds start here; validation uses 0, 1, ...
@@ -188,14 +187,11 @@ class AgenticPipeline(WarmStart, TrainingLoop):
 
     @classmethod
     def describe_task(cls, cfg) -> str:
-        return "environments " + ", ".join(f"{e.label} ({e.env})" for e in cfg.agentic.environments())
+        return "environments " + ", ".join(f"{e.label} ({e.env})" for e in cls.environments(cfg))
 
     def prepare(self) -> None:
-        cfg, a = self.config, self.config.agentic
+        a = self.config.agentic
         self.model, self.tokenizer = self.policy()
-        if a.rollout == "async" and "actor_train" in colocated(cfg).get("actor_infer", set()):
-            raise ConfigError("agentic.rollout: async generates while actor_train trains, so actor_infer needs "
-                              "devices of its own; it shares them with actor_train here (roles.*.devices)")
         self.lanes = [self._lane(spec) for spec in a.environments()]
         self.before: dict[str, float] = {}
         self.loops: EnvLoops | None = None

@@ -60,8 +60,8 @@ class FSDP2TrainStrategy(HFTrainStrategy):
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        if self.lora is not None:  # the merged model, its weights gathered
-            yield from lora.merged_parameters(self.model)
+        if self.lora is not None:  # hf's merge, which gathers each weight and adapter it reads
+            yield from super().full_parameters()
             return
         for name, param in self.model.named_parameters():
             yield name, param.detach().full_tensor().cpu()  # a DTensor: a collective, every rank takes part
@@ -69,7 +69,7 @@ class FSDP2TrainStrategy(HFTrainStrategy):
     def _plain_model_state(self) -> dict[str, Any]:
         """The policy as a plain Hugging Face model's state dict (under LoRA, the adapters merged),
         gathered on every rank."""
-        return dict(lora.merged_parameters(self.model)) if self.lora is not None else self._full_state_dict()
+        return dict(self.full_parameters()) if self.lora is not None else self._full_state_dict()
 
     def _plain_model(self) -> Any:
         return self.model.get_base_model() if self.lora is not None else self.model

@@ -129,8 +129,8 @@ class _ZeROEngine:
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, full tensor on CPU)`` of every parameter, on every rank (stage 3 gathers); under
         LoRA (stages 1-2), of the merged model."""
-        if getattr(self, "lora", None) is not None:
-            yield from lora.merged_parameters(self.module)
+        if getattr(self, "lora", None) is not None:  # the hf train strategy's merge (of self.module)
+            yield from super().full_parameters()  # type: ignore[misc]
             return
         if self.options.zero_stage < 3:
             for name, param in self.module.named_parameters():
