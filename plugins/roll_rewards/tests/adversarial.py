@@ -290,13 +290,20 @@ def main(names: list[str]) -> int:
                    .replace("{CANARY!r}", repr(canary)))
         before = _snapshot(canary)
         problems = []
+        # The script run goes beside the scored one: most attacks wait out a wall limit, so the two
+        # overlap (the battery takes half as long) and each still ends before the checks below.
+        scripted = {}
+        script_thread = threading.Thread(target=lambda: scripted.update(
+            run=reward.sandbox.run_script(program, stdin="2 3\n")))
+        script_thread.start()
         start = time.monotonic()
         try:
             score = reward.score(RewardInput("Write add(a, b).", f"```python\n{program}\n```", TRUTH[style]))
         except Exception as e:  # the reward itself must not fail on any program
             score, problems = None, [f"the reward raised {type(e).__name__}: {e}"]
         seconds = time.monotonic() - start
-        script = reward.sandbox.run_script(program, stdin="2 3\n")
+        script_thread.join()
+        script = scripted["run"]
         if score != 0.0:
             problems.append(f"scored {score}")
         if seconds > WALL + 2 + (WALL if style == "stdio" else 0):  # stdio: each case has its own wall limit

@@ -2,7 +2,7 @@
 as an unprivileged user. Each battery runs in a worker process of its own with a secret in its real
 environment, so a leak through ``/proc/<pid>/environ`` would be caught (a secret set with
 ``monkeypatch.setenv`` never reaches that file). The two users' batteries run at the same time
-(52 s for both on 2 cores, against 104 s one after the other)."""
+(32 s for both on 2 cores; each runs an attack's script beside its scored call)."""
 
 import json
 import os
@@ -33,8 +33,8 @@ def _check(out: subprocess.CompletedProcess, secret: str) -> None:
 
 class Battery:
     """One run of ``adversarial.py`` in a worker process of its own, started now and read by
-    :meth:`result`, so the two users' runs overlap: one alone keeps about 40% of 2 cores busy,
-    waiting out its attacks' wall limits, and each checks only its own marker, canary and secret."""
+    :meth:`result`, so the two users' runs overlap: much of each waits out its attacks' wall
+    limits, and each checks only its own marker, canary and secret."""
 
     def __init__(self, argv: list[str], env: dict, cwd: str | None = None):
         self.secret = f"secret-{uuid.uuid4().hex}"
