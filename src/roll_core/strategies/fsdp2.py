@@ -64,7 +64,7 @@ class FSDP2TrainStrategy(HFTrainStrategy):
             yield from super().full_parameters()
             return
         for name, param in self.model.named_parameters():
-            yield name, param.detach().full_tensor().cpu()  # a DTensor: a collective, every rank takes part
+            yield name, self.whole_parameters.read(param).cpu()  # a DTensor: a collective, every rank takes part
 
     def _plain_model_state(self) -> dict[str, Any]:
         """The policy as a plain Hugging Face model's state dict (under LoRA, the adapters merged),

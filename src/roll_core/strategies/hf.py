@@ -26,6 +26,7 @@ from roll_core.strategies.models import default_device, full_sequence, load_caus
 from roll_core.strategies.packing import packed_forward, packed_inputs
 from roll_core.strategies.sequences import (causal_lm_outputs, end_token_ids, padding_id, position_ids_from_mask,
                                             response_end_ids, response_outputs, sample_responses, token_ids)
+from roll_core.strategies.sharded import TENSORS, WholeParameters
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy, request_cancelled
 from roll_core.training import micro_batches
 
@@ -284,6 +285,9 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
     def prepare_model(self) -> None:
         """Hook for subclasses that wrap or shard the model before the optimizer is built."""
 
+    # how LoRA's functions read and write whole parameters (a backend that partitions them says how)
+    whole_parameters: WholeParameters = TENSORS
+
     @property
     def peft_model(self) -> Any:
         """Under LoRA, the peft model: ``self.model``, or the one an engine wraps (a subclass whose
@@ -294,7 +298,7 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
         """``(name, full tensor on CPU)`` of every parameter (under LoRA, of the merged model);
         sharded subclasses gather here."""
         if self.lora is not None:
-            yield from lora.merged_parameters(self.peft_model)
+            yield from lora.merged_parameters(self.peft_model, self.whole_parameters)
             return
         for name, param in self.model.named_parameters():
             yield name, param.detach().cpu()
@@ -309,7 +313,8 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
     def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         # On every rank (sharded subclasses gather here); replicas are identical: rank 0 sends for all.
         # Under LoRA the adapters alone travel; the inference side merges them (lora.AdapterMerger).
-        tensors = lora.adapter_tensors(self.peft_model) if self.lora is not None else self.full_parameters()
+        tensors = (lora.adapter_tensors(self.peft_model, self.whole_parameters) if self.lora is not None
+                   else self.full_parameters())
         yield from bucketed(tensors, bucket_bytes, keep=rank_world()[0] == 0)
 
     def base_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
@@ -322,7 +327,7 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
     def fold_adapters(self, base_path: str) -> None:
         """LoRA: the adapters become part of the base (``base_path`` holds it as a plain model) and
         fresh ones start; the policy is unchanged (:func:`roll_core.strategies.lora.fold`)."""
-        lora.fold(self.peft_model, base_path, self.seed)
+        lora.fold(self.peft_model, base_path, self.seed, self.whole_parameters)
 
     def export_model(self, directory: str) -> None:
         """The policy as a plain Hugging Face model directory (under LoRA, the adapters merged)."""

@@ -17,9 +17,10 @@ with ``peft``: the base weights ``W`` freeze and each targeted linear layer comp
 * **Checkpoints.** ``adapter/`` is peft's own format (``PeftModel.from_pretrained(base, path)`` loads
   it); with ``save: merged`` a plain ``model/`` with the adapters folded in is written too.
 * **Sharded trainers.** Under ``fsdp2`` every parameter, the adapters' too, is a DTensor holding this
-  rank's shard: what reads a whole value gathers it (:func:`_whole`, a collective every rank joins)
-  and what writes one keeps this rank's shard of it (:func:`_shard_like`), so the functions here
-  serve ``hf`` and ``fsdp2`` alike.
+  rank's shard; under roll-deepspeed's ZeRO-3 a partition. The functions here read and write whole
+  values through ``params`` (:class:`roll_core.strategies.sharded.WholeParameters`, the strategy's
+  ``whole_parameters``): reading gathers (a collective every rank joins) and writing keeps this
+  rank's part, so they serve ``hf``, ``fsdp2`` and DeepSpeed alike.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any, Iterator
 import torch
 
 from roll_core.errors import ConfigError
+from roll_core.strategies.sharded import TENSORS, WholeParameters
 
 A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
 _PEFT_PREFIX = "base_model.model."  # where peft puts the wrapped model's own module names
@@ -98,22 +100,6 @@ def _seeded(model: Any, seed: int):
         yield
 
 
-def _whole(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole value of a parameter: a DTensor (a sharded trainer's) is gathered from every rank."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
-def _shard_like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """``value`` (a whole tensor, the same on every rank) laid out as ``param`` is: its shard of it
-    where ``param`` is a DTensor, ``value`` itself otherwise."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    value = value.to(param.dtype)
-    return distribute_tensor(value, param.device_mesh, param.placements) if isinstance(param, DTensor) else value
-
-
 def _lora_layers(model: Any) -> Iterator[tuple[str, Any]]:
     """``(Hugging Face module name, peft LoRA layer)`` of every adapted layer."""
     from peft.tuners.lora import LoraLayer
@@ -123,23 +109,23 @@ def _lora_layers(model: Any) -> Iterator[tuple[str, Any]]:
             yield name.removeprefix(_PEFT_PREFIX), module
 
 
-def _factors(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _factors(layer: Any, params: WholeParameters) -> tuple[torch.Tensor, torch.Tensor]:
     """``(A [r, in], s B [out, r])`` of a layer's active adapter, detached, in float32."""
     (adapter,) = layer.active_adapters
-    a = _whole(layer.lora_A[adapter].weight.detach()).float()
-    b = _whole(layer.lora_B[adapter].weight.detach()).float() * layer.scaling[adapter]
+    a = params.read(layer.lora_A[adapter].weight).float()
+    b = params.read(layer.lora_B[adapter].weight).float() * layer.scaling[adapter]
     return a, b
 
 
-def adapter_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def adapter_tensors(model: Any, params: WholeParameters = TENSORS) -> Iterator[tuple[str, torch.Tensor]]:
     """What the trainer sends each sync: ``m.lora_A`` and ``m.lora_B`` (already scaled) on CPU."""
     for name, layer in _lora_layers(model):
-        a, b = _factors(layer)
+        a, b = _factors(layer, params)
         yield name + A_SUFFIX, a.cpu()
         yield name + B_SUFFIX, b.cpu()
 
 
-def merged_parameters(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_parameters(model: Any, params: WholeParameters = TENSORS) -> Iterator[tuple[str, torch.Tensor]]:
     """Every parameter of the base model under its Hugging Face name, targeted weights merged
     (``W + s B A``) and adapters left out: the model the policy computes, as a plain checkpoint."""
     layers = dict(_lora_layers(model))
@@ -150,13 +136,13 @@ def merged_parameters(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             module = name.split(".base_layer.")[0]
             name = name.replace(".base_layer.", ".")
             if name.endswith(".weight"):
-                a, b = _factors(layers[module])
-                yield name, (_whole(param.detach()).float() + b @ a).cpu()
+                a, b = _factors(layers[module], params)
+                yield name, (params.read(param).float() + b @ a).cpu()
                 continue
-        yield name, _whole(param.detach()).cpu()
+        yield name, params.read(param).cpu()
 
 
-def fold(model: Any, base_path: str, seed: int) -> None:
+def fold(model: Any, base_path: str, seed: int, params: WholeParameters = TENSORS) -> None:
     """Fold the adapters into the base weights (``W <- W + s B A``) and start fresh ones (``B = 0``,
     ``A`` drawn as :func:`wrap` draws it, from ``seed``): the policy is unchanged and becomes the
     base, so the adapters disabled give it from now on (a LoRA run's reference after its warm-up).
@@ -164,31 +150,30 @@ def fold(model: Any, base_path: str, seed: int) -> None:
     saved adapter loads onto the right base."""
     with torch.no_grad(), _seeded(model, seed):
         for _, layer in _lora_layers(model):
-            a, b = _factors(layer)
+            a, b = _factors(layer, params)
             weight = layer.get_base_layer().weight
-            weight.add_(_shard_like(weight, b @ a))
+            params.write(weight, params.read(weight) + (b @ a).to(weight.dtype))
             (adapter,) = layer.active_adapters
             fresh_a, fresh_b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
             # peft's fresh adapter (init_lora_weights=True): A as nn.Linear's default init, B zero;
-            # drawn whole, so a sharded trainer's shards are one draw's (as on one process)
-            drawn = torch.empty(fresh_a.shape, dtype=fresh_a.dtype, device=fresh_a.device)
+            # drawn whole, so a sharded trainer's parts are one draw's (as on one process)
+            drawn = torch.empty(params.shape(fresh_a), dtype=fresh_a.dtype, device=fresh_a.device)
             torch.nn.init.kaiming_uniform_(drawn, a=math.sqrt(5))
-            fresh_a.copy_(_shard_like(fresh_a, drawn))
-            fresh_b.zero_()
+            params.write(fresh_a, drawn)
+            params.write(fresh_b, torch.zeros(params.shape(fresh_b), dtype=fresh_b.dtype, device=fresh_b.device))
     for config in model.peft_config.values():
         config.base_model_name_or_path = base_path
 
 
-def load_base(model: Any, base_path: str) -> None:
+def load_base(model: Any, base_path: str, params: WholeParameters = TENSORS) -> None:
     """The base weights of the plain checkpoint ``base_path`` under the adapters (a resumed run whose
     adapter was trained on a folded base)."""
     from roll_core.strategies.models import load_causal_lm
 
     plain = dict(load_causal_lm(base_path).named_parameters())
-    with torch.no_grad():
-        for name, param in model.get_base_model().named_parameters():
-            if ".lora_" not in name:
-                param.copy_(_shard_like(param, plain[name.replace(".base_layer.", ".")]))
+    for name, param in model.get_base_model().named_parameters():
+        if ".lora_" not in name:
+            params.write(param, plain[name.replace(".base_layer.", ".")])
 
 
 def base_path(model: Any) -> str:
@@ -211,10 +196,10 @@ def _adapter_parameters(model: Any) -> dict[str, torch.Tensor]:
     return {name.replace(f".{adapter}.", "."): param for name, param in model.named_parameters() if ".lora_" in name}
 
 
-def adapter_state(model: Any) -> dict[str, torch.Tensor]:
+def adapter_state(model: Any, params: WholeParameters = TENSORS) -> dict[str, torch.Tensor]:
     """The adapters' whole weights on CPU, under peft's saved names (every rank of a sharded trainer
     calls it: it gathers)."""
-    return {name: _whole(param.detach()).cpu() for name, param in _adapter_parameters(model).items()}
+    return {name: params.read(param).cpu() for name, param in _adapter_parameters(model).items()}
 
 
 def save_adapter(model: Any, directory: Path, state: dict[str, torch.Tensor] | None = None) -> None:
@@ -233,24 +218,24 @@ def save_adapter(model: Any, directory: Path, state: dict[str, torch.Tensor] | N
               metadata={"format": "pt"})
 
 
-def load_adapter(model: Any, directory: Path) -> None:
+def load_adapter(model: Any, directory: Path, params: WholeParameters = TENSORS) -> None:
     """The adapter weights of ``save_adapter``'s directory into ``model`` (same configuration), and
-    the base they were trained on when that is not the model's (a folded warm-up's)."""
+    the base they were trained on when that is not the model's (a folded warm-up's). Every rank of a
+    sharded trainer calls it."""
     from safetensors.torch import load_file
 
     saved_base = json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"]
     if saved_base != base_path(model):
-        load_base(model, saved_base)
+        load_base(model, saved_base, params)
         for config in model.peft_config.values():
             config.base_model_name_or_path = saved_base
 
-    saved, params = load_file(directory / "adapter_model.safetensors"), _adapter_parameters(model)
-    unexpected = sorted(saved.keys() - params.keys())
+    saved, adapters = load_file(directory / "adapter_model.safetensors"), _adapter_parameters(model)
+    unexpected = sorted(saved.keys() - adapters.keys())
     if unexpected:
         raise ValueError(f"{directory}: adapter weights this model does not have: {unexpected[:5]}")
-    with torch.no_grad():
-        for name, value in saved.items():
-            params[name].copy_(_shard_like(params[name], value))
+    for name, value in saved.items():
+        params.write(adapters[name], value)
 
 
 def is_adapter(name: str) -> bool:

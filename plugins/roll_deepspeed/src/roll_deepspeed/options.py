@@ -35,13 +35,6 @@ class DeepSpeedOptions(BaseModel):
                              "shards, and so can offload, the parameters")
         return self
 
-    def check_role(self, role_config) -> list[str]:
-        """LoRA's merge reads every targeted weight whole, which stage 3 partitions."""
-        if getattr(role_config, "lora", None) is not None and self.zero_stage == 3:
-            return ["zero_stage 3 partitions the weights that LoRA's adapters merge onto; use zero_stage 1 or 2 "
-                    "with roles.actor_train.lora (only the adapters train, so their optimizer state is small)"]
-        return []
-
     @field_validator("zero_config")
     @classmethod
     def _known_zero_keys(cls, value: dict[str, Any]) -> dict[str, Any]:

@@ -19,12 +19,12 @@ update needs maps onto the engine:
 * Checkpoints: DeepSpeed's own (every rank's optimizer partition, so a resumed run continues
   exactly) next to the Hugging Face model directory the pipeline exports.
 * Colocation: ``engine.offload_states()`` / ``reload_states()`` on a GPU; nothing to free on CPU.
-* LoRA (``roles.actor_train.lora``, ZeRO stages 1-2): peft wraps the model before the engine does,
-  so ZeRO partitions the adapters' optimizer state alone; syncs, exports and the warm-up's fold run
-  on the wrapped model (``self.module``), as under ``hf``. A fold writes fresh adapters into the
-  model, so the engine's fp32 master copies are refreshed from it; checkpoints hold ``adapter/``
-  (peft's format) beside the engine's own. Stage 3 partitions the weights themselves, which the
-  adapters' merge reads whole: ``roll validate`` refuses it.
+* LoRA (``roles.actor_train.lora``): peft wraps the model before the engine does, so ZeRO holds
+  optimizer state for the adapters alone; syncs, exports and the warm-up's fold run on the wrapped
+  model (``self.module``), as under ``hf``, reading and writing whole weights through
+  :class:`ZeRO3Parameters` under stage 3 (which also partitions the frozen base). A fold writes
+  fresh adapters into the model, so the engine's fp32 master copies are refreshed from it;
+  checkpoints hold ``adapter/`` (peft's format) beside the engine's own.
 
 Use it: ``roles.actor_train.strategy=deepspeed roles.actor_train.num_workers=2
 roles.actor_train.strategy_options.zero_stage=3``.
@@ -43,6 +43,7 @@ from roll_core.runtime.distributed import default_backend, ensure_process_group,
 from roll_core.strategies import lora
 from roll_core.strategies.engines import check_engine_version, import_engine
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
+from roll_core.strategies.sharded import TENSORS, WholeParameters
 from roll_deepspeed import SUPPORTED_DEEPSPEED
 from roll_deepspeed.options import DeepSpeedOptions
 
@@ -51,6 +52,28 @@ def _deepspeed() -> Any:
     deepspeed = import_engine("deepspeed", "pip install roll-deepspeed")
     check_engine_version("DeepSpeed", deepspeed.__version__, SUPPORTED_DEEPSPEED, "roll-deepspeed")
     return deepspeed
+
+
+class ZeRO3Parameters(WholeParameters):
+    """Whole values of ZeRO-3's parameters: each rank holds a partition (``ds_tensor``) beside an
+    empty placeholder. ``GatheredParameters`` assembles the whole on every rank for its duration,
+    and with a ``modifier_rank`` partitions what that rank holds when it ends (every rank writes the
+    same value here). Tensors ZeRO does not manage are read and written as plain ones."""
+
+    def read(self, param: torch.Tensor) -> torch.Tensor:
+        if not hasattr(param, "ds_id"):
+            return super().read(param)
+        with _deepspeed().zero.GatheredParameters([param]):
+            return param.detach().clone()
+
+    def write(self, param: torch.Tensor, value: torch.Tensor) -> None:
+        if not hasattr(param, "ds_id"):
+            return super().write(param, value)
+        with _deepspeed().zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
+            param.copy_(value.to(param.dtype))
+
+    def shape(self, param: torch.Tensor) -> torch.Size:
+        return param.ds_shape if hasattr(param, "ds_id") else param.shape
 
 
 class _ZeROEngine:
@@ -65,6 +88,7 @@ class _ZeROEngine:
     role_config: Any
     generator: torch.Generator
     _new_optimizer: Any  # TorchPrimitives' (the hf strategy this is mixed into)
+    whole_parameters: WholeParameters = TENSORS  # ZeRO3Parameters once stage 3 partitions them
 
     def autocast_precision(self, role_config) -> str:
         """No autocast around the engine: its own ``precision`` (DeepSpeedOptions) casts the model."""
@@ -85,6 +109,8 @@ class _ZeROEngine:
                                                config=self.options.deepspeed_config(self.device.type == "cuda"),
                                                dist_init_required=False)
         self.model = self.engine
+        if self.options.zero_stage == 3:
+            self.whole_parameters = ZeRO3Parameters()
         self.optimizers: dict[str, Any] = {}  # one optimizer, the engine's (see _start_phase)
         self._phase = "default"
 
@@ -128,18 +154,22 @@ class _ZeROEngine:
     # -- weights ------------------------------------------------------------------------------
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, full tensor on CPU)`` of every parameter, on every rank (stage 3 gathers); under
-        LoRA (stages 1-2), of the merged model."""
+        LoRA, of the merged model."""
         if getattr(self, "lora", None) is not None:  # the hf train strategy's merge (of self.module)
             yield from super().full_parameters()  # type: ignore[misc]
             return
-        if self.options.zero_stage < 3:
-            for name, param in self.module.named_parameters():
-                yield name, param.detach().cpu()
-            return
-        gathered = _deepspeed().zero.GatheredParameters
         for name, param in self.module.named_parameters():
-            with gathered([param], modifier_rank=None):
-                yield name, param.detach().to("cpu", copy=True)
+            yield name, self.whole_parameters.read(param).cpu()
+
+    def export_model(self, directory: str) -> None:
+        """The model as a plain Hugging Face directory (under LoRA, the adapters merged): every rank
+        gathers (stage 3), rank 0 writes."""
+        weights = dict(self.full_parameters())
+        if rank_world()[0] == 0:
+            plain = self.module.get_base_model() if getattr(self, "lora", None) is not None else self.module
+            plain.save_pretrained(directory, state_dict=weights, safe_serialization=True)
+        del weights
+        dist.barrier()
 
     # -- colocation ---------------------------------------------------------------------------
     def offload(self) -> None:
@@ -164,14 +194,12 @@ class _ZeROEngine:
         root = Path(path)
         rank = rank_world()[0]
         adapted = getattr(self, "lora", None)
-        if adapted is not None and rank == 0:
-            lora.save_adapter(self.module, root / "adapter")
-        if adapted is None or adapted.save == "merged":
-            weights = {name: tensor for name, tensor in self.full_parameters()}  # every rank takes part
+        if adapted is not None:
+            adapter = lora.adapter_state(self.module, self.whole_parameters)  # every rank takes part
             if rank == 0:
-                plain = self.module.get_base_model() if adapted is not None else self.module
-                plain.save_pretrained(root / "model", state_dict=weights, safe_serialization=True)
-            del weights
+                lora.save_adapter(self.module, root / "adapter", adapter)
+        if adapted is None or adapted.save == "merged":
+            self.export_model(str(root / "model"))
         self.engine.save_checkpoint(str(root / "deepspeed"), tag="state", save_latest=False)
         torch.save({"generator": self.generator.get_state() if hasattr(self, "generator") else None,
                     "phase": self._phase}, root / f"rng_rank{rank}.pt")
@@ -182,7 +210,7 @@ class _ZeROEngine:
         if getattr(self, "lora", None) is not None:
             # the base the adapters were trained on (a folded warm-up's) and its name; the engine's
             # checkpoint then restores every weight and the optimizer exactly
-            lora.load_adapter(self.module, root / "adapter")
+            lora.load_adapter(self.module, root / "adapter", self.whole_parameters)
         loaded, _ = self.engine.load_checkpoint(str(root / "deepspeed"), tag="state", load_optimizer_states=True,
                                                 load_lr_scheduler_states=False)
         if loaded is None:
