@@ -11,7 +11,7 @@ import torch
 
 from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_and_check
-from roll_core.config.schema import AlgorithmConfig, CriticRoleConfig, TrainRoleConfig
+from roll_core.config.schema import ActorTrainRoleConfig, AlgorithmConfig, CriticRoleConfig, TrainRoleConfig
 from roll_core.errors import ConfigError
 from roll_core.strategies import cpu_matmul
 from roll_core.strategies.compiled import compile_layers, decoder_layers
@@ -113,7 +113,7 @@ def test_compiled_updates_are_the_eager_updates_at_changing_shapes(tiny_model_pa
 
 def test_compiled_gradients_are_the_eager_gradients(tiny_model_path):
     """Every parameter's gradient, not only the update's norm: Adam's sign-like first step would
-    hide a gradient that is wrong in scale (what compiled peft adapters gave, hence refused)."""
+    hide a gradient that is wrong in scale."""
     batch = training_batch(vocab=90)
     grads = []
     for compiled in (False, True):
@@ -124,6 +124,36 @@ def test_compiled_gradients_are_the_eager_gradients(tiny_model_path):
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
     assert max(float(g.abs().max()) for g in grads[0].values()) > 0.1
+
+
+def test_compiled_lora_layers_are_the_eager_ones_with_adapters_on_off_and_folded(tiny_model_path, tmp_path):
+    """LoRA's adapters sit inside the compiled layers: the adapters' gradients, the policy, the base
+    (adapters disabled: a LoRA run's reference) and the policy after a fold are the eager ones."""
+    pytest.importorskip("peft")
+    batch = training_batch(vocab=90)
+    results = []
+    for compiled in (False, True):
+        trainer = HFTrainStrategy(str(tiny_model_path), ActorTrainRoleConfig(lora={"rank": 8}, compile=compiled), seed=0)
+        assert any(_compiled(m) for m in trainer.model.modules()) == compiled
+        with torch.no_grad():  # B away from its zero start, so that A has gradients and the adapters change outputs
+            generator = torch.Generator().manual_seed(1)
+            for name, param in trainer.model.named_parameters():
+                if ".lora_B." in name:
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+        out = trainer._outputs(batch, ("log_probs",), temperature=1.0)
+        (out["log_probs"] * batch["response_mask"].to(trainer.device)).sum().backward()
+        result = {"grad " + n: p.grad for n, p in trainer.model.named_parameters() if p.requires_grad}
+        result["policy"], result["base"] = trainer.compute_log_probs(batch, 1.0), trainer.base_log_probs(batch, 1.0)
+        trainer.export_model(str(tmp_path / f"warm-{compiled}"))
+        trainer.fold_adapters(str(tmp_path / f"warm-{compiled}"))
+        result["folded"], result["folded base"] = trainer.compute_log_probs(batch, 1.0), trainer.base_log_probs(batch, 1.0)
+        results.append(result)
+    eager, compiled_ = results
+    assert len([k for k in eager if k.startswith("grad ")]) == 28 and all(".lora_" in k for k in eager if "grad" in k)
+    for key, value in eager.items():
+        torch.testing.assert_close(compiled_[key], value, atol=1e-5, rtol=1e-4, msg=key)
+    assert float((eager["policy"] - eager["base"]).abs().max()) > 0.1  # the adapters matter
+    torch.testing.assert_close(compiled_["folded base"], compiled_["policy"], atol=1e-5, rtol=0)  # folded in
 
 
 def test_compiled_critic_values_are_the_eager_values(tiny_model_path):
@@ -142,8 +172,7 @@ def test_compile_needs_a_strategy_that_compiles(plain_train_strategy):
         load_and_check(None, ["roles.actor_train.strategy=plain", "roles.actor_train.compile=true"], plugins)
     load_and_check(None, ["roles.actor_train.strategy=plain"], plugins)  # off by default
     load_and_check(None, ["roles.actor_train.compile=true"], plugins)  # hf does
-    with pytest.raises(ConfigError, match="'roles.actor_train.compile': not with roles.actor_train.lora yet"):
-        load_and_check(None, ["roles.actor_train.compile=true", "roles.actor_train.lora={rank: 4}"], plugins)
+    load_and_check(None, ["roles.actor_train.compile=true", "roles.actor_train.lora={rank: 4}"], plugins)  # with LoRA
 
 
 def test_compile_needs_a_cpp_compiler(monkeypatch):

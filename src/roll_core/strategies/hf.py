@@ -277,9 +277,7 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
             self.model = lora.wrap(self.model, self.lora, model_path, seed)
         self.prepare_model()
         if getattr(role_config, "compile", False):
-            if self.lora is not None:
-                raise ValueError("compile: true is not supported with lora (roll validate says why)")
-            compile_layers(self.model)
+            compile_layers(self.model)  # under LoRA, the layers with their adapters
         self._build_optimizers()
 
     def prepare_model(self) -> None:
