@@ -32,6 +32,14 @@ from roll_deepspeed.strategy import DeepSpeedCriticStrategy, DeepSpeedTrainStrat
 UPDATE = ["algorithm.ppo_epochs=2", "algorithm.ppo_mini_batch_size=4", "algorithm.kl_loss_coef=0.1",
           "algorithm.entropy_coef=0.01", "algorithm.max_grad_norm=0.5", "roles.actor_train.micro_batch_size=2"]
 LORA = ["roles.actor_train.lora={rank: 8, alpha: 16}"]
+# Stage 3 keeps parameters under 100,000 elements whole on every rank (DeepSpeed's persistence
+# threshold), which is every one of the tiny model's: with 0, each is partitioned, as a large model's.
+PARTITION_ALL = "zero_config: {stage3_param_persistence_threshold: 0}"
+
+
+def stage(n: int) -> str:
+    """strategy_options for ZeRO stage ``n`` (stage 3: every parameter partitioned)."""
+    return f"{{zero_stage: {n}, {PARTITION_ALL}}}" if n == 3 else f"{{zero_stage: {n}}}"
 
 
 def config(*options: str):
@@ -39,8 +47,9 @@ def config(*options: str):
 
 
 @pytest.mark.parametrize("options", [
-    ("zero_stage: 1",), ("zero_stage: 2",), ("zero_stage: 3",),
-    ("zero_stage: 2", "offload_optimizer: true"), ("zero_stage: 3", "offload_params: true", "offload_optimizer: true"),
+    ("zero_stage: 1",), ("zero_stage: 2",), ("zero_stage: 3", PARTITION_ALL),
+    ("zero_stage: 2", "offload_optimizer: true"),
+    ("zero_stage: 3", "offload_params: true", "offload_optimizer: true", PARTITION_ALL),
 ], ids=["zero1", "zero2", "zero3", "zero2-offload", "zero3-offload"])
 def test_every_stage_computes_what_hf_computes(tiny_model_path, options):
     cfg = config(*options)
@@ -105,16 +114,16 @@ def test_a_warm_up_phase_then_rl_matches_hf(tiny_model_path):
         torch.testing.assert_close(got[name], value, atol=5e-5, rtol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_a_checkpoint_resumes_exactly(tiny_model_path, tmp_path, stage):
-    cfg = config(f"zero_stage: {stage}")
+@pytest.mark.parametrize("zero", [2, 3])
+def test_a_checkpoint_resumes_exactly(tiny_model_path, tmp_path, zero):
+    cfg = load_config(None, UPDATE + [f"roles.actor_train.strategy_options={stage(zero)}"])
     assert_checkpoint_resumes_exactly(
         lambda seed: DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed), cfg, tmp_path / "ckpt")
 
 
 def test_the_critic_computes_what_hf_computes(tiny_model_path):
     cfg = load_config(None, UPDATE + ["algorithm.advantage_estimator=gae", "roles.critic.micro_batch_size=2",
-                                      "roles.critic.strategy_options={zero_stage: 3}"])
+                                      f"roles.critic.strategy_options={stage(3)}"])
     critic = DeepSpeedCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=0)
     reference = HFCriticStrategy(str(tiny_model_path), hf_role(cfg.roles.critic), seed=0)
     batch = training_batch(reference.model.config.vocab_size)
@@ -130,9 +139,9 @@ def test_the_critic_computes_what_hf_computes(tiny_model_path):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("stage, adapters", [(2, False), (3, False), (2, True), (3, True)],
+@pytest.mark.parametrize("zero, adapters", [(2, False), (3, False), (2, True), (3, True)],
                          ids=["zero2", "zero3", "zero2-lora", "zero3-lora"])
-def test_two_data_parallel_ranks_match_one_worker_on_the_whole_batch(tiny_model_path, stage, adapters):
+def test_two_data_parallel_ranks_match_one_worker_on_the_whole_batch(tiny_model_path, zero, adapters):
     """``zero2-lora``, ``zero3-lora``: what a sync sends is the adapters (under stage 3 gathered from
     both ranks' partitions), against one ``hf`` worker's."""
     overrides = UPDATE + ["executor=ray", "roles.actor_train.micro_batch_size=1"] + (LORA if adapters else [])
@@ -144,7 +153,7 @@ def test_two_data_parallel_ranks_match_one_worker_on_the_whole_batch(tiny_model_
     expected = full_weights(reference)
 
     cfg = load_config(None, overrides + ["roles.actor_train.strategy=deepspeed", "roles.actor_train.num_workers=2",
-                                         f"roles.actor_train.strategy_options={{zero_stage: {stage}}}"])
+                                         f"roles.actor_train.strategy_options={stage(zero)}"])
     metrics, (params, replica), log_probs = data_parallel_update(str(tiny_model_path), cfg, batch, world=2)
     assert replica == {} and params.keys() == expected.keys()  # rank 0 sends every weight, in full
     for name, value in params.items():
@@ -162,10 +171,10 @@ def test_a_killed_worker_restarts_the_run_from_a_deepspeed_checkpoint(tmp_path):
                                         "roles.actor_train.strategy_options={zero_stage: 3}")
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_lora_trains_the_adapters_as_hf_does(tiny_model_path, tmp_path, stage):
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_lora_trains_the_adapters_as_hf_does(tiny_model_path, tmp_path, zero):
     pytest.importorskip("peft")
-    cfg = load_config(None, UPDATE + LORA + [f"roles.actor_train.strategy_options={{zero_stage: {stage}}}"])
+    cfg = load_config(None, UPDATE + LORA + [f"roles.actor_train.strategy_options={stage(zero)}"])
     trainer = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
     reference = HFTrainStrategy(str(tiny_model_path), hf_role(cfg.roles.actor_train), seed=0)
     assert_trainer_matches_hf(trainer, reference, cfg, weight_atol=1e-6)  # the adapters a sync sends
@@ -175,8 +184,8 @@ def test_lora_trains_the_adapters_as_hf_does(tiny_model_path, tmp_path, stage):
     assert (tmp_path / "ckpt" / "adapter").is_dir() and not (tmp_path / "ckpt" / "model").exists()  # save: adapter
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_lora_checkpoints_folds_and_trains_on_as_hf_does(tiny_model_path, tmp_path, stage):
+@pytest.mark.parametrize("zero", [2, 3])
+def test_lora_checkpoints_folds_and_trains_on_as_hf_does(tiny_model_path, tmp_path, zero):
     """After a fold (the warm-up's adapters into the base) the next step trains the fresh adapters,
     not the old ones the engine's master copies held; a checkpoint then resumes on the folded base.
     Under stage 3 the base weights, adapters and master copies are all partitions."""
@@ -184,7 +193,7 @@ def test_lora_checkpoints_folds_and_trains_on_as_hf_does(tiny_model_path, tmp_pa
     from roll_core.strategies.models import load_causal_lm
 
     cfg = load_config(None, UPDATE + LORA + ["roles.actor_train.lora.save=merged",
-                                             f"roles.actor_train.strategy_options={{zero_stage: {stage}}}"])
+                                             f"roles.actor_train.strategy_options={stage(zero)}"])
     loss_fn = ActorObjective.from_config(cfg.algorithm, cfg.rollout)
     spec = UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train)
     trainer = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
