@@ -33,8 +33,11 @@ UPDATE = ["algorithm.ppo_epochs=2", "algorithm.ppo_mini_batch_size=4", "algorith
           "algorithm.entropy_coef=0.01", "algorithm.max_grad_norm=0.5", "roles.actor_train.micro_batch_size=2"]
 LORA = ["roles.actor_train.lora={rank: 8, alpha: 16}"]
 # Stage 3 keeps parameters under 100,000 elements whole on every rank (DeepSpeed's persistence
-# threshold), which is every one of the tiny model's: with 0, each is partitioned, as a large model's.
-PARTITION_ALL = "zero_config: {stage3_param_persistence_threshold: 0}"
+# threshold), which is every one of the tiny model's, and leaves gathered ones gathered while fewer
+# than 10^9 elements are (its live and reuse limits): with these at 0 each parameter is partitioned
+# and released after every use, as a large model's are.
+PARTITION_ALL = ("zero_config: {stage3_param_persistence_threshold: 0, stage3_max_live_parameters: 0, "
+                 "stage3_max_reuse_distance: 0, stage3_prefetch_bucket_size: 0}")
 
 
 def stage(n: int) -> str:

@@ -64,7 +64,7 @@ class ZeRO3Parameters(WholeParameters):
         if not hasattr(param, "ds_id"):
             return super().read(param)
         with _deepspeed().zero.GatheredParameters([param]):
-            return param.detach().clone()
+            return param.detach().clone()  # a copy: the gathered storage is released, or reused, after
 
     def write(self, param: torch.Tensor, value: torch.Tensor) -> None:
         if not hasattr(param, "ds_id"):
