@@ -10,6 +10,7 @@ resume as under ``hf``.
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -62,6 +63,21 @@ def test_every_stage_computes_what_hf_computes(tiny_model_path, options):
     assert metrics["train/grad_norm"] > cfg.algorithm.max_grad_norm  # so clipping really acted
     assert trainer.engine.optimizer.optimizer.defaults["fused"] is True  # stepped ZeRO's partitions fused, as hf
     assert trainer.shared_parameters() is None  # ZeRO owns the tensors: a hybrid engine gets gathered copies
+
+
+def test_an_update_raises_no_warning_of_deepspeeds_deprecated_collective_names(tiny_model_path):
+    """ZeRO calls torch's all_gather_into_tensor and reduce_scatter_tensor, which warn per call site in
+    every worker of every run; the strategy silences those two and nothing else."""
+    cfg = config("zero_stage: 3", PARTITION_ALL)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+        update(trainer, training_batch(trainer.module.config.vocab_size),
+               ActorObjective.from_config(cfg.algorithm, cfg.rollout), UpdateSpec.from_config(cfg.algorithm,
+                                                                                              cfg.roles.actor_train))
+        warnings.warn("`torch.distributed.broadcast_object` is deprecated", FutureWarning)  # another still shows
+    deprecated = [str(w.message) for w in caught if str(w.message).startswith("`torch.distributed.")]
+    assert deprecated == ["`torch.distributed.broadcast_object` is deprecated"], deprecated
 
 
 def test_bf16_trains_near_the_fp32_result(tiny_model_path):

@@ -33,6 +33,7 @@ roles.actor_train.strategy_options.zero_stage=3``.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -96,6 +97,11 @@ class _ZeROEngine:
 
     def _build_optimizers(self) -> None:
         deepspeed = _deepspeed()
+        # DeepSpeed's ZeRO calls torch's collectives by their deprecated names, a FutureWarning per
+        # call site in every worker of every run that nothing in a run's config can change
+        for name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+            warnings.filterwarnings("ignore", message=f"`torch.distributed.{name}` is deprecated",
+                                    category=FutureWarning)
         self.options = DeepSpeedOptions.model_validate(getattr(self.role_config, "strategy_options", {}) or {})
         ensure_process_group()
         # A worker sees only its own devices (Ray maps them), so its device is the first: local rank 0.
