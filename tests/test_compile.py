@@ -133,7 +133,8 @@ def test_compiled_lora_layers_are_the_eager_ones_with_adapters_on_off_and_folded
     batch = training_batch(vocab=90)
     results = []
     for compiled in (False, True):
-        trainer = HFTrainStrategy(str(tiny_model_path), ActorTrainRoleConfig(lora={"rank": 8}, compile=compiled), seed=0)
+        role = ActorTrainRoleConfig(lora={"rank": 8}, compile=compiled)
+        trainer = HFTrainStrategy(str(tiny_model_path), role, seed=0)
         assert any(_compiled(m) for m in trainer.model.modules()) == compiled
         with torch.no_grad():  # B away from its zero start, so that A has gradients and the adapters change outputs
             generator = torch.Generator().manual_seed(1)
@@ -146,7 +147,8 @@ def test_compiled_lora_layers_are_the_eager_ones_with_adapters_on_off_and_folded
         result["policy"], result["base"] = trainer.compute_log_probs(batch, 1.0), trainer.base_log_probs(batch, 1.0)
         trainer.export_model(str(tmp_path / f"warm-{compiled}"))
         trainer.fold_adapters(str(tmp_path / f"warm-{compiled}"))
-        result["folded"], result["folded base"] = trainer.compute_log_probs(batch, 1.0), trainer.base_log_probs(batch, 1.0)
+        result["folded"] = trainer.compute_log_probs(batch, 1.0)
+        result["folded base"] = trainer.base_log_probs(batch, 1.0)
         results.append(result)
     eager, compiled_ = results
     assert len([k for k in eager if k.startswith("grad ")]) == 28 and all(".lora_" in k for k in eager if "grad" in k)
