@@ -67,33 +67,21 @@ class FSDP2TrainStrategy(HFTrainStrategy):
             yield name, self.whole_parameters.read(param).cpu()  # a DTensor: a collective, every rank takes part
 
     def _plain_model_state(self) -> dict[str, Any]:
-        """The policy as a plain Hugging Face model's state dict (under LoRA, the adapters merged),
-        gathered on every rank."""
+        # gathered on every rank (export_model: rank 0 writes it)
         return dict(self.full_parameters()) if self.lora is not None else self._full_state_dict()
-
-    def _plain_model(self) -> Any:
-        return self.model.get_base_model() if self.lora is not None else self.model
-
-    def export_model(self, directory: str) -> None:
-        state = self._plain_model_state()  # every rank gathers; rank 0 writes
-        if rank_world()[0] == 0:
-            self._plain_model().save_pretrained(directory, state_dict=state, safe_serialization=True)
-        dist.barrier()
 
     def save_checkpoint(self, path: str) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+        root = Path(path)
+        if self.lora is None or self.lora.save == "merged":
+            self.export_model(str(root / "model"))  # every rank gathers
         adapter = lora.adapter_state(self.model) if self.lora is not None else None
-        writes_model = self.lora is None or self.lora.save == "merged"
-        model_state = self._plain_model_state() if writes_model else None
         optim_state = get_optimizer_state_dict(self.model, self.optimizers["default"],
                                                options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank_world()[0] == 0:
-            root = Path(path)
             if adapter is not None:
                 lora.save_adapter(self.model, root / "adapter", adapter)
-            if model_state is not None:
-                self._plain_model().save_pretrained(root / "model", state_dict=model_state, safe_serialization=True)
             torch.save({"optimizer": optim_state, "generator": self.generator.get_state()}, root / "train_state.pt")
         dist.barrier()
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
 import torch
+import torch.distributed as dist
 
 from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, rank_world, sum_gradients
@@ -265,7 +266,41 @@ class TorchPrimitives:
         self.model.zero_grad(set_to_none=True)
 
 
-class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
+class PlainExport:
+    """``export_model`` for a strategy whose model is a Hugging Face model, however a backend holds
+    its weights: every rank builds :meth:`_plain_model_state` (a sharded backend gathers there, with
+    collectives every rank takes part in), rank 0 writes :meth:`_plain_model` with it, and every rank
+    waits until the directory is complete. Backends override the two parts, never the write."""
+
+    model: Any
+    lora: Any = None  # roles.actor_train.lora where the strategy trains adapters
+    full_parameters: Callable[[], Iterator[tuple[str, torch.Tensor]]]  # the train strategy's
+
+    def _plain_model(self) -> Any:
+        """The model to write: an engine that wraps the model keeps it as ``self.module``
+        (DeepSpeed); under LoRA the base model, which the merged weights fill."""
+        model = getattr(self, "module", self.model)
+        return model.get_base_model() if self.lora is not None else model
+
+    def _plain_model_state(self) -> dict[str, torch.Tensor]:
+        """The weights to write, on the ranks that need them: whole tensors on every replica here,
+        so rank 0 alone reads them (under LoRA, the adapters merged)."""
+        if rank_world()[0] != 0:
+            return {}
+        return dict(self.full_parameters()) if self.lora is not None else self._plain_model().state_dict()
+
+    def export_model(self, directory: str) -> None:
+        """The model as a plain Hugging Face directory (safetensors; under LoRA, the adapters merged).
+        Called on every rank."""
+        state = self._plain_model_state()
+        if rank_world()[0] == 0:
+            self._plain_model().save_pretrained(directory, state_dict=state, safe_serialization=True)
+        del state
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+
+
+class HFTrainStrategy(PlainExport, TorchPrimitives, _Sampling, TrainStrategy):
     """AdamW on the full model, or on LoRA adapters (``roles.actor_train.lora``,
     :mod:`roll_core.strategies.lora`); the policy's log-probs, entropy and log-distributions as outputs."""
 
@@ -327,24 +362,14 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
         fresh ones start; the policy is unchanged (:func:`roll_core.strategies.lora.fold`)."""
         lora.fold(self.peft_model, base_path, self.seed, self.whole_parameters)
 
-    def export_model(self, directory: str) -> None:
-        """The policy as a plain Hugging Face model directory (under LoRA, the adapters merged)."""
-        if rank_world()[0] != 0:
-            return
-        if self.lora is None:
-            self.model.save_pretrained(directory, safe_serialization=True)
-            return
-        merged = dict(lora.merged_parameters(self.peft_model))
-        self.peft_model.get_base_model().save_pretrained(directory, state_dict=merged, safe_serialization=True)
-
     def save_checkpoint(self, path: str) -> None:
+        root = Path(path)
+        if self.lora is None or self.lora.save == "merged":
+            self.export_model(str(root / "model"))  # on every rank
         if rank_world()[0] != 0:  # replicas are identical: rank 0 writes for all
             return
-        root = Path(path)
         if self.lora is not None:
             lora.save_adapter(self.model, root / "adapter")
-        if self.lora is None or self.lora.save == "merged":
-            self.export_model(str(root / "model"))
         torch.save({"optimizer": self.optimizers["default"].state_dict(), "generator": self.generator.get_state()},
                    root / "train_state.pt")
 
@@ -360,7 +385,7 @@ class HFTrainStrategy(TorchPrimitives, _Sampling, TrainStrategy):
         self.generator.set_state(state["generator"])
 
 
-class HFCriticStrategy(TorchPrimitives, TorchOffloading, precision.Autocasting, CriticStrategy):
+class HFCriticStrategy(PlainExport, TorchPrimitives, TorchOffloading, precision.Autocasting, CriticStrategy):
     """PPO's value model: the policy checkpoint with a fresh one-label head
     (:func:`~roll_core.strategies.models.load_value_model`), ``values`` as its output.
     Checkpoints stay plain Hugging Face directories."""
@@ -398,10 +423,10 @@ class HFCriticStrategy(TorchPrimitives, TorchOffloading, precision.Autocasting, 
         return {k: v.cpu() for k, v in self._outputs(batch, outputs, temperature).items()}
 
     def save_checkpoint(self, path: str) -> None:
+        root = Path(path)
+        self.export_model(str(root / "model"))  # on every rank
         if rank_world()[0] != 0:
             return
-        root = Path(path)
-        self.model.save_pretrained(root / "model", safe_serialization=True)
         torch.save({"optimizer": self.optimizers["default"].state_dict()}, root / "train_state.pt")
 
     def load_checkpoint(self, path: str) -> None:

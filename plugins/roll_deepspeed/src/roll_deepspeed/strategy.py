@@ -167,15 +167,8 @@ class _ZeROEngine:
         for name, param in self.module.named_parameters():
             yield name, self.whole_parameters.read(param).cpu()
 
-    def export_model(self, directory: str) -> None:
-        """The model as a plain Hugging Face directory (under LoRA, the adapters merged): every rank
-        gathers (stage 3), rank 0 writes."""
-        weights = dict(self.full_parameters())
-        if rank_world()[0] == 0:
-            plain = self.module.get_base_model() if getattr(self, "lora", None) is not None else self.module
-            plain.save_pretrained(directory, state_dict=weights, safe_serialization=True)
-        del weights
-        dist.barrier()
+    def _plain_model_state(self) -> dict[str, torch.Tensor]:
+        return dict(self.full_parameters())  # on every rank: stage 3 gathers (export_model: rank 0 writes)
 
     # -- colocation ---------------------------------------------------------------------------
     def offload(self) -> None:
