@@ -168,8 +168,32 @@ def test_replay_says_which_dumps_or_checkpoint_it_lacks(dumped_run, tmp_path):
     assert Path(dumped_run / "checkpoints" / "step_000002").is_dir()
     config = json.loads((dumped_run / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "pipeline": "online_dpo", "algorithm": {}}))
-    with pytest.raises(RollError, match=f"replays rlvr's policy updates; {tmp_path} ran pipeline online_dpo"):
+    with pytest.raises(RollError, match=f"replays the policy updates of pipelines agentic, rlvr; {tmp_path} ran "
+                                        f"pipeline online_dpo"):
         replay(tmp_path)
+
+
+def test_an_agentic_run_replays_its_episodes_updates(roll_plugins, tiny_config, monkeypatch):
+    """The agentic pipeline's dumps are its update's batches too (episodes' turns, advantages by
+    GiGPO): replayed from the checkpoint before them, they give the recorded loss and norm."""
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as above
+    from test_agentic_pipeline import Echo
+
+    from roll_core.pipelines.agentic import AgenticPipeline
+    from roll_core.runtime.executor import LocalExecutor
+    from roll_core.testing import hooks
+
+    roll_plugins(("echo", hooks(roll_register_envs=lambda register: register("echo", Echo))))
+    cfg = tiny_config("pipeline=agentic", "agentic.env=echo", "warmup.steps=0", "algorithm.advantage_estimator=gigpo",
+                      "trainer.max_steps=3", "agentic.groups_per_step=3", "agentic.group_size=2",
+                      "agentic.validation_episodes=0", "rollout.max_new_tokens=3", "trainer.save_every=1",
+                      "trainer.keep_checkpoints=5", "trainer.dump_rollouts_every=1", "algorithm.entropy_coef=0.01")
+    AgenticPipeline(cfg, LocalExecutor()).run()
+    replayed = replay(Path(cfg.output_dir), (2, 3), progress=lambda _: None)
+    assert [r.step for r in replayed] == [2, 3]
+    for r in replayed:
+        assert r.replayed["train/grad_norm"] > 0
+        assert r.gap("pg_loss") < 1e-5 and r.gap("grad_norm") < 1e-5, (r.recorded, r.replayed)
 
 
 def _run_dir(root: Path, dumped: list[int], checkpoints: list[int]) -> Path:

@@ -27,7 +27,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from roll_core.algorithms.objective import LossFn, loss_denominators
+from roll_core.algorithms.objective import ActorObjective, LossFn, loss_denominators
 from roll_core.data import Batch
 from roll_core.runtime.distributed import all_reduce_max, all_reduce_sum
 
@@ -54,6 +54,14 @@ class UpdateSpec:
         """PPO's update: ``algorithm.ppo_epochs`` x ``ppo_mini_batch_size`` of the role's micro-batches."""
         return cls(max_grad_norm=algorithm.max_grad_norm, micro_batch_size=role.micro_batch_size,
                    epochs=algorithm.ppo_epochs, mini_batch_size=algorithm.ppo_mini_batch_size, metric_prefix=prefix)
+
+
+def policy_gradient_update(cfg, plugins) -> tuple[ActorObjective, UpdateSpec]:
+    """actor_train's update in the policy-gradient pipelines (rlvr, agentic; their
+    ``policy_update``): the configured objective, every registered callable resolved once (it
+    travels with each update), and PPO's epochs and mini-batches."""
+    return (ActorObjective.from_config(cfg.algorithm, cfg.rollout, plugins),
+            UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train))
 
 
 def _combine(per_micro: list[dict[str, float]], additive: frozenset[str]) -> dict[str, float]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Callable
 
 
 class Pipeline(ABC):
@@ -24,6 +24,11 @@ class Pipeline(ABC):
     #: The setting that makes the pipeline's rollout generate while the policy trains, as
     #: :meth:`generates_while_training` reads it (named where ``rollout.async_generation_ratio`` needs it).
     overlap_setting = "rollout.scheduler: async"
+    #: ``(cfg, plugins) -> (loss_fn, UpdateSpec)``: actor_train's update on a step's training batch,
+    #: the batch ``trainer.dump_rollouts_every`` dumps, so ``roll replay`` can train a dumped batch
+    #: again as the run did. None: the pipeline's dumps are not one such update's batch (online_dpo
+    #: dumps its preference pairs).
+    policy_update: Callable[[Any, Any], tuple[Any, Any]] | None = None
 
     @classmethod
     def config_problems(cls, cfg, plugins) -> list[str]:

@@ -38,7 +38,7 @@ from roll_core.agentic.async_rollout import EnvLoops, Lane, RequestBatcher
 from roll_core.agentic.env_workers import EnvWorker, RemoteEnv
 from roll_core.agentic.episodes import Job, Policy, Rules, TurnFormat, engine_policy, play_jobs, teacher_policy
 from roll_core.agentic.samples import Episode, episode_batch
-from roll_core.algorithms.objective import ActorObjective, reference_read
+from roll_core.algorithms.objective import reference_read
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import Batch
 from roll_core.envs import Env, build_env
@@ -50,7 +50,7 @@ from roll_core.pipelines.runtime import (SEED_OFFSETS, TrainingLoop, log_probs, 
 from roll_core.pipelines.sft import WarmStart
 from roll_core.runtime import weight_sync
 from roll_core.runtime.executor import LocalExecutor
-from roll_core.training import UpdateSpec
+from roll_core.training import policy_gradient_update
 
 TRAINING_SEEDS = 1_000_000  # training seeds start here; validation uses 0, 1, ...
 WARMUP_SEEDS = 2_000_000  # the warm-up teacher's seeds start here
@@ -164,6 +164,7 @@ class AgenticPipeline(WarmStart, TrainingLoop):
     step_label = "agentic step"
     config_sections = frozenset({"warmup", "agentic"})
     overlap_setting = "agentic.rollout: async"
+    policy_update = staticmethod(policy_gradient_update)
 
     @classmethod
     def starts_reference(cls, cfg, plugins) -> bool:
@@ -223,15 +224,14 @@ class AgenticPipeline(WarmStart, TrainingLoop):
         return role
 
     def build(self) -> None:
-        cfg, roles, a = self.config, self.config.roles, self.config.agentic
+        cfg, a = self.config, self.config.agentic
         self._stop_loops()  # a restart after a lost worker: the last attempt's loops play on dead workers
         self.actor = self.roles.model_role("actor_train", self.model)
         self.infer = self.roles.model_role("actor_infer", self.model)
         self.weights = weight_sync.connect(cfg, self.executor, self.actor, self.infer, False, self.plugins)
         self.reference = None  # spawned on the model RL starts from (after the warm-up): begin(), restore()
         self.shaper = RewardShaper(cfg.algorithm, self.plugins)
-        self.update = (ActorObjective.from_config(cfg.algorithm, cfg.rollout, self.plugins),
-                       UpdateSpec.from_config(cfg.algorithm, roles.actor_train))
+        self.update = self.policy_update(cfg, self.plugins)
         for lane in self.lanes:
             spec, per_worker = lane.spec, lane.per_worker
             args = (spec.env, spec.env_options, per_worker, a.step_timeout_s)

@@ -54,6 +54,7 @@ class OnlineDPOPipeline(PreferenceTraining, RLVRPipeline):
     step_label = "online DPO step"
     config_sections = frozenset({"warmup", "dpo"})
     no_reference_fix = "a reference-free loss: simpo"
+    policy_update = None  # the update is the preference loss on the step's pairs, not rlvr's on its batch
 
     @classmethod
     def config_problems(cls, cfg, plugins) -> list[str]:

@@ -4,7 +4,8 @@ each step's loss and gradient norm with those the run recorded.
 To debug the training side alone (a loss, a strategy, a numerical problem) a failing step must
 be reproducible without the rollout that fed it. Replay loads actor_train's weights and optimizer
 from the latest checkpoint before the first step asked for, then runs the core update
-(:func:`roll_core.training.update`) with the run's own objective and update settings on each dumped
+(:func:`roll_core.training.update`) with the run's own objective and update settings (its pipeline's
+``policy_update``: rlvr's and agentic's, or a plugin pipeline's that sets one) on each dumped
 batch in order, in this process (a debugger can step into the loss), one data-parallel rank. Every
 step between the checkpoint and the last step asked for must have been dumped. Run::
 
@@ -12,8 +13,8 @@ step between the checkpoint and the last step asked for must have been dumped. R
     roll replay runs/quickstart --steps 11-13
 
 A LoRA run replays its adapters on the base the checkpoint's adapter names (the run's model, or
-the warm-up folded into ``warm-model/``). The critic is not replayed, nor other pipelines' updates
-(``online_dpo`` dumps its pairs for ``roll show-rollouts``).
+the warm-up folded into ``warm-model/``). The critic is not replayed, nor the updates of pipelines
+without a ``policy_update`` (``online_dpo`` dumps its pairs for ``roll show-rollouts``).
 """
 
 from __future__ import annotations
@@ -82,35 +83,50 @@ def plan(run_dir: Path, steps: tuple[int, int] | None) -> tuple[tuple[int, Path]
 
 def replay(run_dir: Path, steps: tuple[int, int] | None = None, progress=print) -> list[ReplayedStep]:
     """Replay ``steps`` (a range, None: see :func:`plan`) of the run in ``run_dir``."""
-    from roll_core.algorithms.objective import ActorObjective
     from roll_core.config.schema import RollConfig
+    from roll_core.pipelines import pipeline_class
     from roll_core.plugins import get_plugins
     from roll_core.runtime.workers import TrainWorker
-    from roll_core.training import UpdateSpec
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise RollError(f"{run_dir} is not a run directory: it has no config.json (roll run writes it there)")
     cfg = RollConfig.model_validate(json.loads((run_dir / "config.json").read_text()))
-    if cfg.pipeline != "rlvr":
-        raise RollError(f"roll replay replays rlvr's policy updates; {run_dir} ran pipeline {cfg.pipeline} (its dumps "
-                        f"are for roll show-rollouts)")
+    plugins = get_plugins()
+    policy_update = pipeline_class(cfg, plugins).policy_update
+    if policy_update is None:
+        raise RollError(f"roll replay replays the policy updates of pipelines {', '.join(replayable(plugins))}; "
+                        f"{run_dir} ran pipeline {cfg.pipeline} (its dumps are for roll show-rollouts)")
     (start, checkpoint), wanted = plan(run_dir, steps)
     metrics_file = run_dir / "metrics.jsonl"  # none without the jsonl tracker: nothing to compare with
     recorded = {row["step"]: row for row in (read_metrics(metrics_file) if metrics_file.is_file() else [])}
     progress(f"replaying steps {step_ranges(wanted)} of {run_dir} from the checkpoint at step {start}")
-    plugins = get_plugins()
     role = cfg.roles.actor_train
     worker = TrainWorker("actor_train", _start_model(checkpoint / "actor_train", role), role, cfg, cfg.seed)
     worker.setup()
     worker.load_checkpoint(str(checkpoint / "actor_train"))
-    loss_fn = ActorObjective.from_config(cfg.algorithm, cfg.rollout, plugins)
-    spec = UpdateSpec.from_config(cfg.algorithm, role)
+    loss_fn, spec = policy_update(cfg, plugins)
     out = []
     for step in wanted:
         metrics = worker.update(load_dump(run_dir, step), loss_fn, spec)
         out.append(ReplayedStep(step, recorded.get(step, {}), metrics))
     return out
+
+
+def replayable(plugins) -> list[str]:
+    """The registered pipelines whose dumped batches roll replay trains again (``policy_update``)."""
+    from roll_core.errors import RegistryError
+    from roll_core.pipelines import Pipeline
+
+    names = []
+    for name in plugins.pipelines.names():
+        try:
+            cls = plugins.pipelines.get(name)
+        except RegistryError:  # a pipeline whose plugin fails to import: roll list-plugins reports it
+            continue
+        if isinstance(cls, type) and issubclass(cls, Pipeline) and cls.policy_update is not None:
+            names.append(name)
+    return names
 
 
 def _start_model(saved: Path, role) -> str:

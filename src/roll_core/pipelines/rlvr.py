@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any, Callable
 
-from roll_core.algorithms.objective import (ActorObjective, CriticObjective, distributions_needed,
-                                           old_log_probs_reusable, reference_read, single_mini_batch)
+from roll_core.algorithms.objective import (CriticObjective, distributions_needed, old_log_probs_reusable,
+                                           reference_read, single_mini_batch)
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.config.loader import group_baseline_problems
 from roll_core.data import Batch, DomainMixer, PromptStream
@@ -36,13 +37,14 @@ from roll_core.rollout.metrics import accuracy_summary, batch_metrics, heldout_a
 from roll_core.rollout.sync import tokenize_prompts
 from roll_core.runtime import weight_sync
 from roll_core.runtime.executor import WorkerGroup
-from roll_core.training import UpdateSpec
+from roll_core.training import UpdateSpec, policy_gradient_update
 
 
 class RLVRPipeline(WarmStart, TrainingLoop):
     step_label = "RL step"
     reads_eval_reward = True
     config_sections = frozenset({"warmup"})
+    policy_update: Callable[[Any, Any], tuple[Any, Any]] | None = staticmethod(policy_gradient_update)
 
     @classmethod
     def starts_reference(cls, cfg, plugins) -> bool:
@@ -98,9 +100,7 @@ class RLVRPipeline(WarmStart, TrainingLoop):
         # whether the reference / old log-prob passes must return full distributions (loss term, penalty)
         self.dist_loss, self.dist_penalty = distributions_needed(cfg.algorithm, self.plugins)
         self.reusable_old = old_log_probs_reusable(cfg.algorithm, self.plugins)
-        # the losses, with every registered callable resolved once; they travel with each update
-        self.actor_update = (ActorObjective.from_config(cfg.algorithm, cfg.rollout, self.plugins),
-                             UpdateSpec.from_config(cfg.algorithm, roles.actor_train))
+        self.actor_update = policy_gradient_update(cfg, self.plugins)
         if roles.critic is not None:
             self.critic_update = (CriticObjective.from_config(cfg.algorithm, cfg.rollout),
                                   UpdateSpec.from_config(cfg.algorithm, roles.critic, prefix="critic"))
