@@ -11,6 +11,10 @@ matrix product from its shapes and prints:
   a forward and backward pass must compute (above 1x: products the update did not need);
 * the other operators that took the most time.
 
+The process keeps freed memory as roll's CPU workers do (``runtime.reuse_freed_memory``), so the
+update is the one a run makes; ``--glibc-default`` leaves glibc's allocator as it is, where every
+pass faults its activations in again and the elementwise operators pay for it.
+
     python benchmarks/profile_update.py --size large --rounds 2     # about 2 minutes on 2 cores
 
 Run nothing else CPU-heavy beside it.
@@ -63,8 +67,14 @@ def main() -> None:
     parser.add_argument("--size", choices=["tiny", "large"], default="tiny")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--top", type=int, default=8, help="other operators to list")
+    parser.add_argument("--glibc-default", action="store_true",
+                        help="do not keep freed memory (runtime.reuse_freed_memory=false)")
     args = parser.parse_args()
     torch.set_num_threads(2)
+    if not args.glibc_default:
+        from roll_core.runtime.host_memory import keep_freed_memory
+
+        keep_freed_memory()
 
     from roll_core.algorithms.objective import ActorObjective
     from roll_core.config.schema import AlgorithmConfig, TrainRoleConfig
@@ -80,7 +90,8 @@ def main() -> None:
     parameters = sum(p.numel() for p in trainer.model.parameters())
     objective, spec = ActorObjective.from_config(AlgorithmConfig()), UpdateSpec(max_grad_norm=1.0, micro_batch_size=64)
     print(f"{device_label()}, torch {torch.__version__}, {args.size}: {parameters / 1e6:.1f}M parameters, "
-          f"{len(batch)} samples packed into {positions} positions", flush=True)
+          f"{len(batch)} samples packed into {positions} positions; freed memory "
+          f"{'returned to the kernel (glibc default)' if args.glibc_default else 'kept'}", flush=True)
 
     seconds = [timed(lambda: update(trainer, batch, objective, spec))[0] for _ in range(args.rounds + 1)][1:]
     peak = square_mm_gflops()
