@@ -19,17 +19,23 @@ from roll_core.strategies import cpu_matmul
 
 def test_local_run_writes_metrics_checkpoints_and_tensorboard(tiny_config, monkeypatch):
     from roll_core.pipelines import rlvr
+    from roll_core.strategies.hf import HFTrainStrategy
 
     cfg = tiny_config("trackers=[jsonl,tensorboard,stdout]", "trainer.save_every=2", "algorithm.kl_metric=true")
     pipeline = RLVRPipeline(cfg, LocalExecutor())
     passes, log_probs = [], rlvr.log_probs
     monkeypatch.setattr(rlvr, "log_probs", lambda executor, group, *args, **kwargs: (
         passes.append(group.role), log_probs(executor, group, *args, **kwargs))[1])
+    saved, save = [], HFTrainStrategy.save_checkpoint
+    monkeypatch.setattr(HFTrainStrategy, "save_checkpoint", lambda self, path: (saved.append(path), save(self, path))[1])
     summary = pipeline.run()
     # one update per step: its own first pass gives the old log-probs, so no separate pass of the actor
     assert passes == ["reference"] * 3
     assert "reference" in pipeline.roles.groups  # kl_metric: train/kl needs its log-probs
     run = __import__("pathlib").Path(cfg.output_dir)
+    # the warm-up's model is exported alone: no checkpoint (the optimizer's moments) is written to make it
+    assert saved and all("checkpoints" in __import__("pathlib").Path(path).parts for path in saved)
+    assert (run / "warm-model" / "model.safetensors").is_file()
     rows = metrics_of(run)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert "eval/accuracy" in rows[0] and "warmup/loss" in rows[0]

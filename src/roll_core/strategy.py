@@ -215,6 +215,14 @@ class TrainStrategy(Trainable):
         collectives are allowed); a rank that owns nothing (a data-parallel replica other than
         rank 0) yields nothing. Every name must be yielded by exactly one rank."""
 
+    def export_model(self, directory: str) -> None:
+        """The policy as a plain Hugging Face model directory (safetensors; under LoRA the adapters
+        merged), written once by whichever rank writes it. Called on every rank (gathers are
+        allowed); complete when every rank has returned. The supervised warm-up exports
+        ``warm-model/`` with it, and the built-in strategies write a checkpoint's ``model/`` with it."""
+        raise NotImplementedError(f"{type(self).__name__} has no export_model: the supervised warm-up "
+                                  f"(warmup.steps > 0, pipeline sft) writes its model with it")
+
     def shared_parameters(self) -> dict[str, torch.Tensor] | None:
         """The model's own parameter tensors by Hugging Face name, for an inference engine in this
         process to compute with instead of a copy (:meth:`InferStrategy.share`). Only where they are

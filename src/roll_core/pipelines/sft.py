@@ -55,7 +55,6 @@ class SupervisedTrainer:
 
     def __init__(self, executor, actor: WorkerGroup, tokenizer, config, batches: Callable[[], Batch]):
         self.executor, self.actor, self.tokenizer, self.batches = executor, actor, tokenizer, batches
-        self.lora = config.roles.actor_train.lora is not None
         # One optimizer step per batch, with an optimizer of its own: carrying its Adam moments
         # (sized for cross-entropy gradients) into RL would shrink the first RL updates.
         self.loss_fn = SupervisedObjective("warmup/loss")
@@ -67,12 +66,11 @@ class SupervisedTrainer:
         return self.executor.get(start_update(self.actor, self.batches(), self.loss_fn, self.spec))[0]
 
     def export(self, directory: Path) -> None:
-        """The trained model, with its tokenizer, as a Hugging Face directory (replaced atomically)."""
+        """The trained model, with its tokenizer, as a Hugging Face directory (replaced atomically;
+        under LoRA the adapters merged). The model alone: a checkpoint would also write the
+        optimizer's moments, twice the model's size, only to delete them."""
         tmp = directory.with_name(directory.name + "-tmp")
-        if self.lora:  # the checkpoint holds the adapter; the export is the merged model
-            self.executor.get(self.actor.call("export_model", str(tmp / "model")))
-        else:
-            self.executor.get(self.actor.call("save_checkpoint", str(tmp)))
+        self.executor.get(self.actor.call("export_model", str(tmp / "model")))
         replace_dir(tmp / "model", directory)
         shutil.rmtree(tmp, ignore_errors=True)
         self.tokenizer.save_pretrained(directory)

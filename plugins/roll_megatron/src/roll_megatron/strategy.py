@@ -286,18 +286,25 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
         yield from bucketed(self.hf_parameters(), bucket_bytes, keep=self._owner())
 
     # -- checkpoints -------------------------------------------------------------------------
-    def save_checkpoint(self, path: str) -> None:
-        """``model/`` (Hugging Face, written by global rank 0 from every stage's weights) and
-        ``megatron/rank<r>.pt`` (this rank's shards, optimizers and RNG: an exact resume)."""
-        root = Path(path)
-        rank = rank_world()[0]
-        weights = dict(self.hf_parameters())  # every tensor-parallel rank takes part in the gathers
+    def export_model(self, directory: str) -> None:
+        """The policy as a plain Hugging Face directory, written by global rank 0 from every stage's
+        weights. Called on every rank (the tensor-parallel gathers are collectives)."""
+        weights = dict(self.hf_parameters())
         if not self._owner():
             weights = {}
+        rank = rank_world()[0]
         stages = [None] * rank_world()[1] if rank == 0 else None
         dist.gather_object(weights, stages, dst=0)
         if rank == 0:
-            self._save_hf(root / "model", {k: v for part in stages or [] for k, v in part.items()})
+            self._save_hf(Path(directory), {k: v for part in stages or [] for k, v in part.items()})
+        dist.barrier()
+
+    def save_checkpoint(self, path: str) -> None:
+        """``model/`` (:meth:`export_model`) and ``megatron/rank<r>.pt`` (this rank's shards,
+        optimizers and RNG: an exact resume)."""
+        root = Path(path)
+        rank = rank_world()[0]
+        self.export_model(str(root / "model"))
         (root / "megatron").mkdir(parents=True, exist_ok=True)
         torch.save({"model": self.model.state_dict(),
                     "optimizers": {name: _local(opt).state_dict() for name, opt in self.optimizers.items()},
