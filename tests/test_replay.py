@@ -173,6 +173,15 @@ def test_replay_says_which_dumps_or_checkpoint_it_lacks(dumped_run, tmp_path):
         replay(tmp_path)
 
 
+def test_the_replayable_pipelines_are_named_past_one_that_fails_to_import(roll_plugins):
+    from roll_core.pipelines.replay import replayable
+    from roll_core.testing import hooks
+
+    plugins = roll_plugins(("broken", hooks(roll_register_pipelines=lambda register: register(
+        "broken", "no_such_module:Pipeline"))))
+    assert replayable(plugins) == ["agentic", "rlvr"]
+
+
 def test_an_agentic_run_replays_its_episodes_updates(roll_plugins, tiny_config, monkeypatch):
     """The agentic pipeline's dumps are its update's batches too (episodes' turns, advantages by
     GiGPO): replayed from the checkpoint before them, they give the recorded loss and norm."""
