@@ -33,6 +33,33 @@ def test_a_full_weight_checkpoint_resumes_exactly_and_exports_safetensors(tiny_m
     assert (export / "model.safetensors").is_file() and (export / "config.json").is_file()
 
 
+def test_a_strategy_that_only_saves_checkpoints_exports_its_models_directory(tiny_model_path, tmp_path):
+    """TrainStrategy's default export_model, for a plugin strategy without one of its own: a whole
+    checkpoint beside the directory, whose model/ becomes the export and whose rest is removed."""
+    from pathlib import Path
+
+    from roll_core.strategies.hf import PlainExport
+    from roll_core.strategies.models import load_causal_lm
+    from roll_core.strategy import TrainStrategy
+
+    class CheckpointsOnly(HFTrainStrategy):
+        export_model = TrainStrategy.export_model
+
+        def save_checkpoint(self, path: str) -> None:
+            PlainExport.export_model(self, str(Path(path) / "model"))
+            torch.save({"optimizer": self.optimizers["default"].state_dict()}, Path(path) / "train_state.pt")
+
+    strategy = CheckpointsOnly(str(tiny_model_path), TrainRoleConfig(), seed=0)
+    with torch.no_grad():
+        strategy.model.model.norm.weight.fill_(0.5)  # not the tiny model's own weights
+    (tmp_path / "warm").mkdir()
+    strategy.export_model(str(tmp_path / "warm" / "model"))
+    assert sorted(p.name for p in (tmp_path / "warm").iterdir()) == ["model"]  # the scratch checkpoint is gone
+    exported = dict(load_causal_lm(str(tmp_path / "warm" / "model")).named_parameters())
+    for name, value in strategy.model.named_parameters():
+        torch.testing.assert_close(exported[name], value, atol=0, rtol=0, msg=name)
+
+
 def _heads(critic, batch):
     """The value head's output read by hand: logits[..., 0] at the position before each response token."""
     ids, mask = (t.to(critic.device) for t in full_sequence(batch))  # the model is on CUDA where there is one

@@ -11,11 +11,15 @@ right-padded responses ``[B, R]``.
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import sys
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, Collection, Iterator
 
 import torch
+import torch.distributed as dist
 
 from roll_core.data import Batch
 
@@ -219,9 +223,24 @@ class TrainStrategy(Trainable):
         """The policy as a plain Hugging Face model directory (safetensors; under LoRA the adapters
         merged), written once by whichever rank writes it. Called on every rank (gathers are
         allowed); complete when every rank has returned. The supervised warm-up exports
-        ``warm-model/`` with it, and the built-in strategies write a checkpoint's ``model/`` with it."""
-        raise NotImplementedError(f"{type(self).__name__} has no export_model: the supervised warm-up "
-                                  f"(warmup.steps > 0, pipeline sft) writes its model with it")
+        ``warm-model/`` with it.
+
+        The default serves a strategy that can only save checkpoints: a whole checkpoint into a
+        scratch directory beside ``directory``, whose ``model/`` rank 0 moves there once every rank
+        has written. The built-in strategies write the model alone (no optimizer state to throw
+        away) and a checkpoint's ``model/`` with the same method."""
+        from roll_core.runtime.distributed import rank_world
+
+        target = Path(directory)
+        scratch = target.with_name(target.name + ".checkpoint")
+        self.save_checkpoint(str(scratch))
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()  # every rank's files are written
+        if rank_world()[0] == 0:
+            os.replace(scratch / "model", target)
+            shutil.rmtree(scratch)
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
 
     def shared_parameters(self) -> dict[str, torch.Tensor] | None:
         """The model's own parameter tensors by Hugging Face name, for an inference engine in this
