@@ -4,9 +4,9 @@ penalty, the goal's reward, the contract `roll check-plugin` applies, and discov
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+import tempfile
 from collections import deque
 
 import pytest
@@ -120,7 +120,21 @@ def test_listing_does_not_import_gymnasium():
     assert_registered_lazily("envs", "frozen_lake", "gymnasium")
 
 
-def test_roll_play_prints_one_episode_turn_by_turn(tmp_path):
+def play(capsys, monkeypatch, *args) -> subprocess.CompletedProcess:
+    """``roll play frozen_lake ARGS`` in this process (``roll`` above runs the command's entry point
+    in a child; each child imports torch again, about ten seconds). The variables the command sets
+    for itself are set here first, so that they end with the test."""
+    from roll_core.cli import main
+
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    capsys.readouterr()
+    code = main(["play", "frozen_lake", *args])
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+
+def test_roll_play_prints_one_episode_turn_by_turn(tmp_path, capsys, monkeypatch):
     out = roll("play", "frozen_lake", "--policy", "scripted", "--actions", "R,R,D", "--seed", "0")
     assert out.returncode == 0, out.stderr
     assert "[turn 0] P___|OO__|_OO_|O__G>" in out.stdout and "[turn 2] __P_|OO__|_OO_|O__G>" in out.stdout
@@ -128,23 +142,23 @@ def test_roll_play_prints_one_episode_turn_by_turn(tmp_path):
     assert out.stdout.strip().endswith("return 0, 4 turns, success False, ended by the environment")
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    out = roll("play", "frozen_lake", "--policy", "model", "--max-turns", "2", "--seed", "1",  # the untrained tiny model
-               env={**os.environ, "TMPDIR": str(scratch)})
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    out = play(capsys, monkeypatch, "--policy", "model", "--max-turns", "2", "--seed", "1")  # the untrained tiny model
     assert out.returncode == 0, out.stderr
     assert "[turn 1]" in out.stdout and "2 turns" in out.stdout
     # the tiny model it built is gone (torch's compile cache, torchinductor_<user>, is torch's to keep)
     assert [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor")] == []
-    out = roll("play", "frozen_lake", "--policy", "random")
+    out = play(capsys, monkeypatch, "--policy", "random")
     assert out.returncode == 2 and "--policy random needs --actions" in out.stderr
 
 
-def test_roll_play_samples_with_the_rollouts_cuts_checked_as_its_keys_are():
-    model = ("play", "frozen_lake", "--policy", "model", "--max-turns", "2", "--seed", "3")
-    greedy = roll(*model, "--temperature", "0")
-    top_one = roll(*model, "--top-k", "1")  # at temperature 1: the one most likely token, as greedy decoding
+def test_roll_play_samples_with_the_rollouts_cuts_checked_as_its_keys_are(capsys, monkeypatch):
+    model = ("--policy", "model", "--max-turns", "2", "--seed", "3")
+    greedy = play(capsys, monkeypatch, *model, "--temperature", "0")
+    top_one = play(capsys, monkeypatch, *model, "--top-k", "1")  # at temperature 1: the most likely token, as greedy
     assert greedy.returncode == top_one.returncode == 0, greedy.stderr + top_one.stderr
     assert top_one.stdout == greedy.stdout
-    out = roll(*model, "--top-p", "0")
+    out = play(capsys, monkeypatch, *model, "--top-p", "0")
     assert out.returncode == 2 and "rollout.top_p" in out.stderr and "greater than 0" in out.stderr
 
 
