@@ -27,7 +27,8 @@ def test_local_run_writes_metrics_checkpoints_and_tensorboard(tiny_config, monke
     monkeypatch.setattr(rlvr, "log_probs", lambda executor, group, *args, **kwargs: (
         passes.append(group.role), log_probs(executor, group, *args, **kwargs))[1])
     saved, save = [], HFTrainStrategy.save_checkpoint
-    monkeypatch.setattr(HFTrainStrategy, "save_checkpoint", lambda self, path: (saved.append(path), save(self, path))[1])
+    monkeypatch.setattr(HFTrainStrategy, "save_checkpoint",
+                        lambda self, path: (saved.append(path), save(self, path))[1])
     summary = pipeline.run()
     # one update per step: its own first pass gives the old log-probs, so no separate pass of the actor
     assert passes == ["reference"] * 3
