@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Collection, Iterator
 
 import torch
-import torch.distributed as dist
 
 from roll_core.data import Batch
 
@@ -229,18 +228,16 @@ class TrainStrategy(Trainable):
         scratch directory beside ``directory``, whose ``model/`` rank 0 moves there once every rank
         has written. The built-in strategies write the model alone (no optimizer state to throw
         away) and a checkpoint's ``model/`` with the same method."""
-        from roll_core.runtime.distributed import rank_world
+        from roll_core.runtime.distributed import barrier, rank_world
 
         target = Path(directory)
         scratch = target.with_name(target.name + ".checkpoint")
         self.save_checkpoint(str(scratch))
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()  # every rank's files are written
+        barrier()  # every rank's files are written
         if rank_world()[0] == 0:
             os.replace(scratch / "model", target)
             shutil.rmtree(scratch)
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
+        barrier()
 
     def shared_parameters(self) -> dict[str, torch.Tensor] | None:
         """The model's own parameter tensors by Hugging Face name, for an inference engine in this

@@ -117,11 +117,18 @@ def pipeline_class(cfg, plugins=None) -> type[Pipeline]:
     ``environments``, ...): its registered class, or :class:`Pipeline`'s defaults for a name that
     is not registered (reported by the registry-name check) and for a registered class that only
     has the ``cls(config, executor).run()`` shape of one."""
-    from roll_core.errors import RegistryError
     from roll_core.plugins import get_plugins
 
+    return pipeline_named(cfg.pipeline, plugins or get_plugins())
+
+
+def pipeline_named(name: str, plugins) -> type[Pipeline]:
+    """:func:`pipeline_class` by registered name (a name whose plugin fails to import gets the
+    defaults too; ``roll list-plugins`` reports the plugin)."""
+    from roll_core.errors import RegistryError
+
     try:
-        cls = (plugins or get_plugins()).pipelines.get(cfg.pipeline)
+        cls = plugins.pipelines.get(name)
     except RegistryError:
         return Pipeline
     return cls if isinstance(cls, type) and issubclass(cls, Pipeline) else Pipeline

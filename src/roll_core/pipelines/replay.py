@@ -115,18 +115,10 @@ def replay(run_dir: Path, steps: tuple[int, int] | None = None, progress=print) 
 
 def replayable(plugins) -> list[str]:
     """The registered pipelines whose dumped batches roll replay trains again (``policy_update``)."""
-    from roll_core.errors import RegistryError
-    from roll_core.pipelines import Pipeline
+    from roll_core.pipelines import pipeline_named
 
-    names = []
-    for name in plugins.pipelines.names():
-        try:
-            cls = plugins.pipelines.get(name)
-        except RegistryError:  # a pipeline whose plugin fails to import: roll list-plugins reports it
-            continue
-        if isinstance(cls, type) and issubclass(cls, Pipeline) and cls.policy_update is not None:
-            names.append(name)
-    return names
+    # a name whose plugin fails to import, or a class without Pipeline's shape, has no policy_update
+    return [name for name in plugins.pipelines.names() if pipeline_named(name, plugins).policy_update is not None]
 
 
 def _start_model(saved: Path, role) -> str:

@@ -69,6 +69,12 @@ def _alone(group=None) -> bool:
     return rank_world()[1] == 1 or (group is not None and dist.get_world_size(group) == 1)
 
 
+def barrier() -> None:
+    """Wait until every rank of the role gets here; a worker alone waits for nothing."""
+    if not _alone():
+        dist.barrier()
+
+
 def all_reduce_sum(values: list[float], group=None) -> list[float]:
     """Sum of each value over the data-parallel ranks: ``group`` (a strategy's data-parallel group
     under tensor or pipeline parallelism), else the whole role. The values themselves on one worker."""

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
 import torch
-import torch.distributed as dist
 
 from roll_core.data import Batch
-from roll_core.runtime.distributed import bucketed, rank_world, sum_gradients
+from roll_core.runtime.distributed import barrier, bucketed, rank_world, sum_gradients
 from roll_core.strategies import cpu_matmul, cuda_graph, float32_attention, lora, precision
 from roll_core.strategies.compiled import compile_layers
 from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
@@ -296,8 +295,7 @@ class PlainExport:
         if rank_world()[0] == 0:
             self._plain_model().save_pretrained(directory, state_dict=state, safe_serialization=True)
         del state
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
+        barrier()
 
 
 class HFTrainStrategy(PlainExport, TorchPrimitives, _Sampling, TrainStrategy):
