@@ -15,8 +15,9 @@ import torch
 from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_and_check, load_config
 from roll_core.errors import ConfigError
+from roll_core.strategies import lora
 from roll_core.strategies.hf import HFTrainStrategy
-from roll_core.testing import (assert_checkpoint_resumes_exactly, assert_registered_lazily,
+from roll_core.testing import (assert_checkpoint_resumes_exactly, assert_registered_lazily, assert_trainer_matches_hf,
                                assert_run_survives_a_killed_worker, data_parallel_update, full_weights, hf_role,
                                training_batch)
 from roll_core.training import UpdateSpec, update
@@ -261,7 +262,165 @@ def test_a_killed_worker_restarts_the_run_from_a_megatron_checkpoint(tmp_path):
                                         "roles.actor_train.strategy_options={tensor_parallel_size: 2}")
 
 
+LORA = ["roles.actor_train.lora={rank: 4, alpha: 8}"]
+SOME = "roles.actor_train.lora.target_modules=[q_proj, v_proj, o_proj, up_proj]"  # parts of both fused layers
+
+
+def _peft_policy(model_path: str, cfg) -> HFTrainStrategy:
+    """The ``hf`` strategy under LoRA with ``B`` drawn non-zero, so the adapters' products show in
+    the first forward pass already."""
+    reference = HFTrainStrategy(model_path, hf_role(cfg.roles.actor_train), seed=0)
+    with torch.no_grad():
+        for name, param in reference.model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    return reference
+
+
+def _megatron_with(model_path: str, cfg, adapters: dict):
+    """A megatron trainer under LoRA holding ``adapters`` (peft's saved names)."""
+    from roll_megatron import lora as megatron_lora
+    from roll_megatron.strategy import MegatronTrainStrategy
+
+    trainer = MegatronTrainStrategy(model_path, cfg.roles.actor_train, seed=0)
+    megatron_lora.load_adapter_state(trainer.model, trainer.layout, adapters)
+    return trainer
+
+
+@pytest.mark.parametrize("targets", [[], [SOME]], ids=["all-linear", "some"])
+def test_lora_trains_the_adapters_peft_trains(tiny_model_path, targets):
+    """One rank: the fused layers' adapters (q, k, v in linear_qkv; gate, up in linear_fc1) compute,
+    train and travel as peft's separate ones do, all targeted or some."""
+    cfg = load_config(None, UPDATE + LORA + targets)
+    reference = _peft_policy(str(tiny_model_path), cfg)
+    trainer = _megatron_with(str(tiny_model_path), cfg, lora.adapter_state(reference.model))
+    assert_trainer_matches_hf(trainer, reference, cfg, weight_atol=1e-6)  # what a sync sends: the adapters
+    trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    expected = 2 * trainer.hf_config.num_hidden_layers * (4 if targets else 7)  # A and B per projection
+    assert len(trainable) == expected and all(".lora_" in n for n in trainable)
+
+
+TP2 = [SOME, "roles.actor_train.num_workers=2", "roles.actor_train.strategy_options={tensor_parallel_size: 2}"]
+
+
+def _lora_rank(rank: int, port: int, model_path: str, directory: str, expected: dict, out) -> None:
+    """One of 2 tensor-parallel ranks under LoRA: log-probs, one update, the synced adapters and a
+    checkpoint, against ``expected`` (the ``hf`` strategy's, computed on one process)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        cfg = load_config(None, UPDATE + LORA + TP2)
+        trainer = _megatron_with(model_path, cfg, expected["adapters"])
+        batch = training_batch(trainer.hf_config.vocab_size)
+        mask = batch["response_mask"]
+        same_before = torch.allclose(trainer.compute_log_probs(batch, 1.0) * mask, expected["before"], atol=1e-4)
+        got = update(trainer, batch, ActorObjective.from_config(cfg.algorithm, cfg.rollout),
+                     UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train))
+        metrics = all(got[k] == pytest.approx(v, rel=1e-3, abs=1e-5) for k, v in expected["metrics"].items())
+        sent, wanted = full_weights(trainer), expected["sent"]  # rank 0 sends, rank 1 gathers with it
+        adapters = rank != 0 or (sent.keys() == wanted.keys() and all(
+            torch.allclose(sent[k], v, atol=1e-6, rtol=1e-4) for k, v in wanted.items()))
+        same_after = torch.allclose(trainer.compute_log_probs(batch, 1.0) * mask, expected["after"], atol=1e-4)
+        trainer.save_checkpoint(directory)
+        out.put((rank, same_before, metrics, adapters, same_after))
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn_two(target, *args):
+    import queue
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, *args, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = []
+    while len(results) < 2:
+        try:
+            results.append(out.get(timeout=5))
+        except queue.Empty:
+            assert all(p.exitcode in (None, 0) for p in procs), "a rank failed (its traceback is above)"
+    for p in procs:
+        p.join(timeout=60)
+    return sorted(results)
+
+
+def test_lora_at_tp2_computes_and_saves_what_peft_does(qwen2_gqa_path, tmp_path):
+    """Column-parallel adapters split B by rows (q, k, v of each query group in place), row-parallel
+    ones split A by columns; adapter/ is peft's format and peft loads it onto the base."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    cfg = load_config(None, UPDATE + LORA + TP2)
+    reference = _peft_policy(str(qwen2_gqa_path), cfg)
+    batch = training_batch(reference.model.config.vocab_size)
+    mask = batch["response_mask"]
+    adapters = {k: v.clone() for k, v in lora.adapter_state(reference.model).items()}  # before the update
+    expected = {"adapters": adapters, "before": reference.compute_log_probs(batch, 1.0) * mask}
+    metrics = update(reference, batch, ActorObjective.from_config(cfg.algorithm, cfg.rollout),
+                     UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train))
+    expected["metrics"] = {k: metrics[k] for k in ("train/pg_loss", "train/kl", "train/entropy", "train/grad_norm")}
+    expected |= {"sent": full_weights(reference), "after": reference.compute_log_probs(batch, 1.0) * mask}
+    port = 20000 + int(tmp_path.stat().st_ino) % 20000
+    for rank, *checks in _spawn_two(_lora_rank, port, str(qwen2_gqa_path), str(tmp_path / "ckpt"), expected):
+        assert checks == [True, True, True, True], (rank, checks)
+    saved = tmp_path / "ckpt" / "adapter"
+    assert not (tmp_path / "ckpt" / "model").exists()  # save: adapter
+    assert lora.base_path_of(saved) == str(qwen2_gqa_path)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(qwen2_gqa_path), saved)
+    for name, param in model.named_parameters():
+        if ".lora_" in name:  # the updated adapters, under peft's own names
+            torch.testing.assert_close(param, dict(reference.model.named_parameters())[name], atol=1e-6, rtol=1e-4)
+    assert {n.split(".")[-4] for n, _ in model.named_parameters() if ".lora_A." in n} == {
+        "q_proj", "v_proj", "o_proj", "up_proj"}
+
+
+def test_a_lora_warm_up_folds_into_the_base_the_reference_and_the_engines_use(tmp_path):
+    """The core's LoRA run on megatron (local executor): the warm-up's adapters fold into
+    warm-model/ (exported merged), RL's reference is the base with the adapters disabled (KL 0 at
+    the first step), the engine merges the synced adapters onto warm-model/, and a checkpoint
+    resumes."""
+    from roll_core.pipelines.rlvr import RLVRPipeline
+    from roll_core.runtime.executor import LocalExecutor
+    from roll_core.strategies.models import load_causal_lm
+    from roll_core.trackers import read_metrics
+
+    run = tmp_path / "run"
+    cfg = load_config(None, [f"output_dir={run}", "executor=local", "warmup.steps=4", "warmup.lr=1e-2",
+                             "roles.actor_train.strategy=megatron", "roles.actor_train.lora={rank: 8}",
+                             "trainer.max_steps=2", "trainer.eval_every=0", "trainer.save_every=2",
+                             "data.eval_size=16", "rollout.prompts_per_step=4", "trackers=[jsonl]",
+                             "algorithm.kl_metric=true"])
+    pipeline = RLVRPipeline(cfg, LocalExecutor())
+    pipeline.run()
+    first = next(r for r in read_metrics(run / "metrics.jsonl") if r["step"] == 1)
+    assert first["train/kl"] == pytest.approx(0, abs=1e-6)
+    warm = load_causal_lm(str(run / "warm-model"))
+    (engine,) = pipeline.infer.handles
+    assert engine.merger.model_path == str(run / "warm-model")
+    trainer = pipeline.actor.handles[0].strategy
+    batch = training_batch(warm.config.vocab_size)
+    mask = batch["response_mask"]
+    plain = HFTrainStrategy(str(run / "warm-model"), load_config(None, []).roles.actor_train, seed=0)
+    torch.testing.assert_close(trainer.base_log_probs(batch, 1.0) * mask, plain.compute_log_probs(batch, 1.0) * mask,
+                               atol=1e-5, rtol=0)
+    saved = run / "checkpoints" / "step_000002" / "actor_train"
+    assert lora.base_path_of(saved / "adapter") == str(run / "warm-model")
+    resumed = type(trainer)(str(run / "warm-model"), cfg.roles.actor_train, seed=1)
+    resumed.load_checkpoint(str(saved))
+    torch.testing.assert_close(resumed.compute_log_probs(batch, 1.0), trainer.compute_log_probs(batch, 1.0),
+                               atol=0, rtol=0)
+    assert resumed.lora_base == str(run / "warm-model")
+
+
 @pytest.mark.parametrize("overrides, message", [
+    (["roles.actor_train.lora={dropout: 0.1}"],
+     "key 'roles.actor_train.lora.dropout': the megatron strategy trains LoRA without dropout (got 0.1"),
     (["roles.actor_train.strategy_options={tensor_paralel_size: 2}"],
      "unknown option 'tensor_paralel_size'. Did you mean 'tensor_parallel_size'?"),
     (["roles.actor_train.strategy_options={tensor_parallel_size: 3}", "roles.actor_train.num_workers=4"],

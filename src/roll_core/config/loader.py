@@ -395,9 +395,11 @@ def _strategy_options(cfg: RollConfig, plugins) -> list[str]:
         problems += found
         if validated is not None:
             role_cfg.strategy_options = validated.model_dump()
-            # checks that need the role's other settings (a parallel layout against its workers)
+            # checks that need the role's other settings (a parallel layout against its workers); a
+            # problem with another key of the role names it ("key '...': ...")
             check_role = getattr(validated, "check_role", None)
-            problems += [f"key 'roles.{role}.strategy_options': {p}" for p in (check_role(role_cfg) if check_role else [])]
+            problems += [p if p.startswith("key '") else f"key 'roles.{role}.strategy_options': {p}"
+                         for p in (check_role(role_cfg) if check_role else [])]
     return problems
 
 

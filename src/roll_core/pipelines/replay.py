@@ -126,7 +126,9 @@ def _start_model(saved: Path, role) -> str:
     LoRA the base its adapter names (the checkpoint holds the adapters and their optimizer)."""
     if role.lora is None:
         return str(saved / "model")
-    base = json.loads((saved / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    from roll_core.strategies import lora
+
+    base = lora.base_path_of(saved / "adapter")
     if not (Path(base) / "config.json").is_file():
         raise RollError(f"{saved / 'adapter'} was trained on {base}, which is not there (a relative path is "
                         f"taken from where roll run ran: run roll replay from there)")

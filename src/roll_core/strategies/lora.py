@@ -83,11 +83,21 @@ def wrap(model: Any, settings, model_path: str, seed: int) -> Any:
     targets = settings.target_modules
     if targets != "all-linear" and (problem := unknown_targets(targets, linear_module_names(model), model_path)):
         raise ConfigError(f"roles.actor_train.lora.target_modules: {problem}")
-    config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                             target_modules=targets, bias="none", base_model_name_or_path=model_path)
+    config = peft_config(settings, targets, model_path)
     with warnings.catch_warnings(), _seeded(model, seed):
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)  # peft, v5
         return peft.get_peft_model(model, config)
+
+
+def peft_config(settings, targets: list[str] | str, base: str) -> Any:
+    """peft's ``LoraConfig`` of ``roles.actor_train.lora`` on ``targets`` over the model at ``base``."""
+    return _peft().LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                              target_modules=targets, bias="none", base_model_name_or_path=base)
+
+
+def saved_name(module: str, half: str) -> str:
+    """peft's saved name of adapter ``half`` (``"A"`` or ``"B"``) of Hugging Face module ``module``."""
+    return f"{_PEFT_PREFIX}{module}.lora_{half}.weight"
 
 
 @contextlib.contextmanager
@@ -182,6 +192,11 @@ def base_path(model: Any) -> str:
     return config.base_model_name_or_path
 
 
+def base_path_of(directory: Path) -> str:
+    """The checkpoint a saved adapter (``save_adapter``'s directory) was trained on."""
+    return json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"]
+
+
 @contextlib.contextmanager
 def adapters_disabled(model: Any):
     """The base model for the duration (peft's ``disable_adapter``)."""
@@ -205,17 +220,23 @@ def adapter_state(model: Any, params: WholeParameters = TENSORS) -> dict[str, to
 def save_adapter(model: Any, directory: Path, state: dict[str, torch.Tensor] | None = None) -> None:
     """peft's format: ``adapter_config.json`` and ``adapter_model.safetensors``. ``state``: the
     weights as :func:`adapter_state` gathered them (a sharded trainer's rank 0 writes them)."""
+    (config,) = model.peft_config.values()
+    write_adapter(directory, config, adapter_state(model) if state is None else state)
+
+
+def write_adapter(directory: Path, config: Any, state: dict[str, torch.Tensor]) -> None:
+    """An adapter directory in peft's format from its ``peft.LoraConfig`` and whole weights under
+    peft's saved names (``base_model.model.<module>.lora_A.weight``; ``lora_B`` unscaled): what a
+    backend that holds adapters without peft (roll-megatron) writes too."""
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
-    (config,) = model.peft_config.values()
     trainable, config.inference_mode = config.inference_mode, True  # as peft saves it: loads for inference
     try:
         config.save_pretrained(str(directory))
     finally:
         config.inference_mode = trainable
-    save_file(adapter_state(model) if state is None else state, str(directory / "adapter_model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(state, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
 
 
 def load_adapter(model: Any, directory: Path, params: WholeParameters = TENSORS) -> None:
@@ -224,7 +245,7 @@ def load_adapter(model: Any, directory: Path, params: WholeParameters = TENSORS)
     sharded trainer calls it."""
     from safetensors.torch import load_file
 
-    saved_base = json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"]
+    saved_base = base_path_of(directory)
     if saved_base != base_path(model):
         load_base(model, saved_base, params)
         for config in model.peft_config.values():

@@ -1,7 +1,7 @@
 """``roles.<role>.strategy_options`` of the ``megatron`` strategy, checked by ``roll validate`` before
 any worker starts: names (with a did-you-mean), values, and the parallel layout against the role's
 workers (``tensor_parallel_size x pipeline_parallel_size`` must divide ``num_workers``; the quotient
-is the data-parallel size)."""
+is the data-parallel size), and LoRA's settings the strategy supports (no adapter dropout)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,13 @@ class MegatronOptions(BaseModel):
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def check_role(self, role_config) -> list[str]:
-        workers = role_config.num_workers
+        problems, workers = [], role_config.num_workers
         if workers % self.model_parallel_size:
-            return [f"tensor_parallel_size {self.tensor_parallel_size} x pipeline_parallel_size "
-                    f"{self.pipeline_parallel_size} = {self.model_parallel_size} does not divide the role's "
-                    f"{workers} workers (num_workers); the data-parallel size is num_workers / that product"]
-        return []
+            problems.append(f"tensor_parallel_size {self.tensor_parallel_size} x pipeline_parallel_size "
+                            f"{self.pipeline_parallel_size} = {self.model_parallel_size} does not divide the role's "
+                            f"{workers} workers (num_workers); the data-parallel size is num_workers / that product")
+        lora = getattr(role_config, "lora", None)
+        if lora is not None and lora.dropout > 0:  # one mask on every tensor-parallel rank: not built yet
+            problems.append(f"key 'roles.actor_train.lora.dropout': the megatron strategy trains LoRA without "
+                            f"dropout (got {lora.dropout}; set 0, or use the hf, fsdp2 or deepspeed strategy)")
+        return problems

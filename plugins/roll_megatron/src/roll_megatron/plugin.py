@@ -1,5 +1,5 @@
-"""The hook roll discovers through the ``roll`` entry point: ``megatron`` for the policy (train) and
-for a frozen reference's log-probs (infer, ``generates=False``)."""
+"""The hook roll discovers through the ``roll`` entry point: ``megatron`` for the policy (train, with
+LoRA) and for a frozen reference's log-probs (infer, ``generates=False``)."""
 
 from roll_core import hookimpl
 
@@ -9,8 +9,8 @@ OPTIONS = "roll_megatron.options:MegatronOptions"
 
 @hookimpl
 def roll_register_strategies(register):
-    register("megatron", "roll_megatron.strategy:MegatronTrainStrategy", kind="train",
-             description="Megatron-Core GPT (Llama/Qwen2): tensor, pipeline and data parallelism",
+    register("megatron", "roll_megatron.strategy:MegatronTrainStrategy", kind="train", lora=True,
+             description="Megatron-Core GPT (Llama/Qwen2): tensor, pipeline and data parallelism; LoRA",
              requires=REQUIRES, options=OPTIONS)
     register("megatron", "roll_megatron.strategy:MegatronReferenceStrategy", kind="infer", generates=False,
              description="Megatron-Core GPT log-probs for roles.reference, sharded like the policy (no generation)",

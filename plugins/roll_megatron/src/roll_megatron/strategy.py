@@ -38,11 +38,13 @@ import torch.distributed as dist
 from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, ensure_process_group, rank_world
 from roll_core.strategies.engines import check_engine_version, import_engine
+from roll_core.strategies import lora as core_lora
 from roll_core.strategies.hf import TorchOffloading, TorchPrimitives, fused_adamw
 from roll_core.strategies.models import default_device, full_sequence, safetensors_files
 from roll_core.strategies.sequences import causal_lm_outputs
 from roll_core.strategy import InferStrategy, TrainStrategy
 from roll_megatron import SUPPORTED_MEGATRON
+from roll_megatron import lora as megatron_lora
 from roll_megatron.convert import Layout
 from roll_megatron.model import attention_mask, build_gpt_model, gather_vocabulary, transformer_config
 from roll_megatron.options import MegatronOptions
@@ -171,29 +173,46 @@ class _MegatronModel(TorchOffloading):
         return self.forward(batch, (name,), temperature)[name]
 
     # -- weights -----------------------------------------------------------------------------
+    def tp_shards(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """``tensor``'s counterparts on every tensor-parallel rank, in rank order (a collective)."""
+        if self.tp == 1:
+            return [tensor]
+        shards = [torch.empty_like(tensor) for _ in range(self.tp)]
+        dist.all_gather(shards, tensor.contiguous(), group=self.ps.get_tensor_model_parallel_group())
+        return shards
+
     def hf_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """This stage's weights under Hugging Face names, tensor-parallel shards gathered (every
-        tensor-parallel rank takes part and gets them)."""
-        group = self.ps.get_tensor_model_parallel_group()
+        tensor-parallel rank takes part and gets them); under LoRA, the adapters merged."""
+        adapted = {f"{name}.base_layer.weight": layer for name, layer in megatron_lora.lora_layers(self.model)}
         for name, param in self.model.named_parameters():
-            if self.tied and name == "output_layer.weight":  # Hugging Face has no lm_head when tied
+            if megatron_lora.is_adapter(name):
                 continue
             shard = param.detach()
-            if self.layout.is_split(name):
-                shards = [torch.empty_like(shard) for _ in range(self.tp)]
-                dist.all_gather(shards, shard.contiguous(), group=group)
-            else:
-                shards = [shard]
+            if name in adapted:
+                shard = shard + adapted[name].delta_weight().detach()
+            name = megatron_lora.base_name(name)
+            if self.tied and name == "output_layer.weight":  # Hugging Face has no lm_head when tied
+                continue
+            shards = self.tp_shards(shard) if self.layout.is_split(name) else [shard]
             for hf_name, tensor in self.layout.to_hf(name, [s.cpu() for s in shards]):
                 yield hf_name, tensor
 
 
 class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
-    """The policy on Megatron-Core (``roles.actor_train.strategy: megatron``)."""
+    """The policy on Megatron-Core (``roles.actor_train.strategy: megatron``); under
+    ``roles.actor_train.lora``, adapters on its parallel linear layers (:mod:`roll_megatron.lora`)."""
 
     def __init__(self, model_path: str, role_config, seed: int):
         super().__init__(model_path, role_config, seed)
         self.generator = torch.Generator().manual_seed(seed)
+        self.lora, self.seed = getattr(role_config, "lora", None), seed
+        if self.lora is not None:
+            targets = self.lora.target_modules
+            self.lora_targets = [p for p in megatron_lora.HF_PROJECTIONS if targets == "all-linear" or p in targets]
+            self.lora_base = model_path  # the checkpoint under the adapters (a warm-up's fold moves it)
+            megatron_lora.wrap(self.model, self.lora, self.config, self.tp, self.lora_targets)
+            megatron_lora.fresh_adapters(self.model, seed, self.layout)
         self._build_optimizers()
 
     def _new_optimizer(self, **settings) -> torch.optim.Optimizer:
@@ -206,7 +225,7 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
             return super()._new_optimizer(**settings)
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        params = list(self.model.parameters())
+        params = [p for p in self.model.parameters() if p.requires_grad]
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, fused=fused_adamw(params),
                                        process_group=self.ps.get_data_parallel_group(), **settings)
 
@@ -261,7 +280,7 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
             if param.grad is None or self._duplicate(name):
                 continue
             square = param.grad.double().pow(2).sum()
-            if self.layout.is_split(name):
+            if self._is_split(name):
                 sharded += square
             else:
                 replicated += square
@@ -277,34 +296,76 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
                     param.grad.mul_(max_norm / (norm + 1e-6))
         return norm
 
+    def _is_split(self, name: str) -> bool:
+        """Whether parameter ``name`` holds this rank's tensor-parallel part (a norm, a LoRA factor
+        kept whole, does not: its gradient counts once in the norm)."""
+        if megatron_lora.is_adapter(name):
+            return self.tp > 1 and megatron_lora.is_split(name)
+        return self.layout.is_split(megatron_lora.base_name(name))
+
     # -- weights -----------------------------------------------------------------------------
     def _owner(self) -> bool:
         return self.ps.get_data_parallel_rank() == 0 and self.ps.get_tensor_model_parallel_rank() == 0
 
+    def _gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        return torch.cat(self.tp_shards(tensor), dim)
+
     def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        # One rank per stage sends; the others take part in the gathers.
-        yield from bucketed(self.hf_parameters(), bucket_bytes, keep=self._owner())
+        # One rank per stage sends; the others take part in the gathers. Under LoRA the adapters
+        # alone travel and the inference side merges them (roll_core.strategies.lora.AdapterMerger).
+        if self.lora is not None:
+            scaling = self.lora.alpha / self.lora.rank
+            tensors = megatron_lora.adapter_tensors(self.model, self.layout, self._gather, scaling)
+        else:
+            tensors = self.hf_parameters()
+        yield from bucketed(tensors, bucket_bytes, keep=self._owner())
+
+    def base_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
+        """Log-probs under the base model, the adapters disabled (a LoRA run's reference)."""
+        if self.lora is None:
+            raise RuntimeError("base_log_probs needs roles.actor_train.lora")
+        with megatron_lora.adapters_disabled(self.model):
+            return self.compute_log_probs(batch, temperature, distribution)
+
+    def fold_adapters(self, base_path: str) -> None:
+        """LoRA: the adapters become part of the base (``base_path`` holds it as a plain model) and
+        fresh ones start; the policy is unchanged."""
+        megatron_lora.fold(self.model, self.seed, self.layout)
+        self.lora_base = base_path
 
     # -- checkpoints -------------------------------------------------------------------------
-    def export_model(self, directory: str) -> None:
-        """The policy as a plain Hugging Face directory, written by global rank 0 from every stage's
-        weights. Called on every rank (the tensor-parallel gathers are collectives)."""
-        weights = dict(self.hf_parameters())
+    def _on_rank0(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
+        """Every stage's ``(name, tensor)`` pairs on global rank 0 (None elsewhere), one rank per
+        stage contributing. Called on every rank: making the pairs gathers shards."""
+        mine = dict(tensors)
         if not self._owner():
-            weights = {}
+            mine = {}
         rank = rank_world()[0]
         stages = [None] * rank_world()[1] if rank == 0 else None
-        dist.gather_object(weights, stages, dst=0)
-        if rank == 0:
-            self._save_hf(Path(directory), {k: v for part in stages or [] for k, v in part.items()})
+        dist.gather_object(mine, stages, dst=0)
+        return {k: v for part in stages or [] for k, v in part.items()} if rank == 0 else None
+
+    def export_model(self, directory: str) -> None:
+        """The policy as a plain Hugging Face directory (under LoRA, the adapters merged), written
+        by global rank 0 from every stage's weights. Called on every rank."""
+        weights = self._on_rank0(self.hf_parameters())
+        if weights is not None:
+            self._save_hf(Path(directory), weights)
         dist.barrier()
 
     def save_checkpoint(self, path: str) -> None:
-        """``model/`` (:meth:`export_model`) and ``megatron/rank<r>.pt`` (this rank's shards,
-        optimizers and RNG: an exact resume)."""
+        """``model/`` (:meth:`export_model`; under LoRA with ``save: adapter``, ``adapter/`` in peft's
+        format instead) and ``megatron/rank<r>.pt`` (this rank's shards, adapters, optimizers and
+        RNG: an exact resume)."""
         root = Path(path)
         rank = rank_world()[0]
-        self.export_model(str(root / "model"))
+        if self.lora is None or self.lora.save == "merged":
+            self.export_model(str(root / "model"))
+        if self.lora is not None:
+            state = self._on_rank0(megatron_lora.adapter_state(self.model, self.layout, self._gather).items())
+            if state is not None:
+                config = core_lora.peft_config(self.lora, self.lora_targets, self.lora_base)
+                core_lora.write_adapter(root / "adapter", config, state)
         (root / "megatron").mkdir(parents=True, exist_ok=True)
         torch.save({"model": self.model.state_dict(),
                     "optimizers": {name: _local(opt).state_dict() for name, opt in self.optimizers.items()},
@@ -324,8 +385,12 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
         model.save_pretrained(directory, safe_serialization=True)
 
     def load_checkpoint(self, path: str) -> None:
+        """This rank's shards (under LoRA the base too: a warm-up folded adapters into it), optimizers
+        and RNG; under LoRA, the base the saved adapter names."""
         state = torch.load(Path(path) / "megatron" / f"rank{rank_world()[0]}.pt", weights_only=False)
         self.model.load_state_dict(state["model"])
+        if self.lora is not None:
+            self.lora_base = core_lora.base_path_of(Path(path) / "adapter")
         for name, optimizer_state in state["optimizers"].items():
             if name not in self.optimizers:
                 self.optimizers[name] = self._new_optimizer(lr=self.role_config.lr)
