@@ -300,18 +300,23 @@ def test_lora_trains_the_adapters_peft_trains(tiny_model_path, targets):
     assert len(trainable) == expected and all(".lora_" in n for n in trainable)
 
 
-TP2 = [SOME, "roles.actor_train.num_workers=2", "roles.actor_train.strategy_options={tensor_parallel_size: 2}"]
+LAYOUTS = {"tp2": "{tensor_parallel_size: 2}", "pp2": "{pipeline_parallel_size: 2}"}
 
 
-def _lora_rank(rank: int, port: int, model_path: str, directory: str, expected: dict, out) -> None:
-    """One of 2 tensor-parallel ranks under LoRA: log-probs, one update, the synced adapters and a
+def _two_ranks(layout: str) -> list[str]:
+    return UPDATE + LORA + [SOME, "roles.actor_train.num_workers=2",
+                            f"roles.actor_train.strategy_options={LAYOUTS[layout]}"]
+
+
+def _lora_rank(rank: int, port: int, model_path: str, layout: str, directory: str, expected: dict, out) -> None:
+    """One of 2 ranks (TP=2 or PP=2) under LoRA: log-probs, one update, the synced adapters and a
     checkpoint, against ``expected`` (the ``hf`` strategy's, computed on one process)."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        cfg = load_config(None, UPDATE + LORA + TP2)
+        cfg = load_config(None, _two_ranks(layout))
         trainer = _megatron_with(model_path, cfg, expected["adapters"])
         batch = training_batch(trainer.hf_config.vocab_size)
         mask = batch["response_mask"]
@@ -319,12 +324,11 @@ def _lora_rank(rank: int, port: int, model_path: str, directory: str, expected: 
         got = update(trainer, batch, ActorObjective.from_config(cfg.algorithm, cfg.rollout),
                      UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train))
         metrics = all(got[k] == pytest.approx(v, rel=1e-3, abs=1e-5) for k, v in expected["metrics"].items())
-        sent, wanted = full_weights(trainer), expected["sent"]  # rank 0 sends, rank 1 gathers with it
-        adapters = rank != 0 or (sent.keys() == wanted.keys() and all(
-            torch.allclose(sent[k], v, atol=1e-6, rtol=1e-4) for k, v in wanted.items()))
+        sent = full_weights(trainer)  # TP: rank 0 sends, rank 1 gathers with it; PP: each its stage's
+        adapters = all(torch.allclose(v, expected["sent"][k], atol=1e-6, rtol=1e-4) for k, v in sent.items())
         same_after = torch.allclose(trainer.compute_log_probs(batch, 1.0) * mask, expected["after"], atol=1e-4)
         trainer.save_checkpoint(directory)
-        out.put((rank, same_before, metrics, adapters, same_after))
+        out.put((rank, same_before, metrics, adapters, same_after, sorted(sent)))
     finally:
         dist.destroy_process_group()
 
@@ -350,13 +354,15 @@ def _spawn_two(target, *args):
     return sorted(results)
 
 
-def test_lora_at_tp2_computes_and_saves_what_peft_does(qwen2_gqa_path, tmp_path):
-    """Column-parallel adapters split B by rows (q, k, v of each query group in place), row-parallel
-    ones split A by columns; adapter/ is peft's format and peft loads it onto the base."""
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_lora_on_two_ranks_computes_and_saves_what_peft_does(qwen2_gqa_path, tmp_path, layout):
+    """TP=2: column-parallel adapters split B by rows (q, k, v of each query group in place),
+    row-parallel ones split A by columns. PP=2: each stage trains, sends and saves its layers'
+    adapters. adapter/ is peft's format and peft loads it onto the base."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    cfg = load_config(None, UPDATE + LORA + TP2)
+    cfg = load_config(None, _two_ranks(layout))
     reference = _peft_policy(str(qwen2_gqa_path), cfg)
     batch = training_batch(reference.model.config.vocab_size)
     mask = batch["response_mask"]
@@ -367,8 +373,12 @@ def test_lora_at_tp2_computes_and_saves_what_peft_does(qwen2_gqa_path, tmp_path)
     expected["metrics"] = {k: metrics[k] for k in ("train/pg_loss", "train/kl", "train/entropy", "train/grad_norm")}
     expected |= {"sent": full_weights(reference), "after": reference.compute_log_probs(batch, 1.0) * mask}
     port = 20000 + int(tmp_path.stat().st_ino) % 20000
-    for rank, *checks in _spawn_two(_lora_rank, port, str(qwen2_gqa_path), str(tmp_path / "ckpt"), expected):
+    sent = []
+    for rank, *checks, names in _spawn_two(_lora_rank, port, str(qwen2_gqa_path), layout, str(tmp_path / "ckpt"),
+                                           expected):
         assert checks == [True, True, True, True], (rank, checks)
+        sent += names
+    assert sorted(sent) == sorted(expected["sent"])  # every adapter, each from one rank
     saved = tmp_path / "ckpt" / "adapter"
     assert not (tmp_path / "ckpt" / "model").exists()  # save: adapter
     assert lora.base_path_of(saved) == str(qwen2_gqa_path)

@@ -265,6 +265,8 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
                     dist.all_reduce(param.grad, group=dp_group)
         if self.tied and self.pp > 1 and self.ps.is_rank_in_embedding_group():
             weight = self.model.shared_embedding_or_output_weight()
+            if not weight.requires_grad:  # frozen under LoRA
+                return
             if weight.grad is None:
                 weight.grad = torch.zeros_like(weight)
             dist.all_reduce(weight.grad, group=self.ps.get_embedding_group())
