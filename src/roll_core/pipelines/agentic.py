@@ -38,14 +38,13 @@ from roll_core.agentic.async_rollout import EnvLoops, Lane, RequestBatcher
 from roll_core.agentic.env_workers import EnvWorker, RemoteEnv
 from roll_core.agentic.episodes import Job, Policy, Rules, TurnFormat, engine_policy, play_jobs, teacher_policy
 from roll_core.agentic.samples import Episode, episode_batch
-from roll_core.algorithms.objective import reference_read
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import Batch
 from roll_core.envs import Env, build_env
 from roll_core.config.loader import group_baseline_problems
 from roll_core.config.schema import EnvRoleConfig, EnvSettings
 from roll_core.errors import ConfigError
-from roll_core.pipelines.runtime import (SEED_OFFSETS, TrainingLoop, log_probs, save_tokenizer_beside,
+from roll_core.pipelines.runtime import (SEED_OFFSETS, PolicyGradientLoop, log_probs, save_tokenizer_beside,
                                          start_update)
 from roll_core.pipelines.sft import WarmStart
 from roll_core.runtime import weight_sync
@@ -160,16 +159,10 @@ def env_slots(executor, group, env_cls, per_worker: int) -> list[RemoteEnv]:
     return [RemoteEnv(executor, handle, slot, env_cls) for handle in group.handles for slot in range(per_worker)]
 
 
-class AgenticPipeline(WarmStart, TrainingLoop):
+class AgenticPipeline(WarmStart, PolicyGradientLoop):
     step_label = "agentic step"
     config_sections = frozenset({"warmup", "agentic"})
     overlap_setting = "agentic.rollout: async"
-    policy_update = staticmethod(policy_gradient_update)
-
-    @classmethod
-    def starts_reference(cls, cfg, plugins) -> bool:
-        return cfg.roles.reference is not None and reference_read(cfg.algorithm, plugins)
-
     @classmethod
     def config_problems(cls, cfg, plugins) -> list[str]:
         # greedy sampling may still learn: an episode's environment can tell its samples apart
@@ -231,7 +224,7 @@ class AgenticPipeline(WarmStart, TrainingLoop):
         self.weights = weight_sync.connect(cfg, self.executor, self.actor, self.infer, False, self.plugins)
         self.reference = None  # spawned on the model RL starts from (after the warm-up): begin(), restore()
         self.shaper = RewardShaper(cfg.algorithm, self.plugins)
-        self.update = self.policy_update(cfg, self.plugins)
+        self.update = policy_gradient_update(cfg, self.plugins)
         for lane in self.lanes:
             spec, per_worker = lane.spec, lane.per_worker
             args = (spec.env, spec.env_options, per_worker, a.step_timeout_s)

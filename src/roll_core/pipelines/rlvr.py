@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 from roll_core.algorithms.objective import (CriticObjective, distributions_needed, old_log_probs_reusable,
-                                           reference_read, single_mini_batch)
+                                           single_mini_batch)
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.config.loader import group_baseline_problems
 from roll_core.data import Batch, DomainMixer, PromptStream
 from roll_core.pipelines import mismatch
-from roll_core.pipelines.runtime import (TrainingLoop, log_probs, save_tokenizer_beside, start_update, values,
+from roll_core.pipelines.runtime import (PolicyGradientLoop, log_probs, save_tokenizer_beside, start_update, values,
                                         warn_if_oversubscribed)
 from roll_core.pipelines.sft import DemonstrationSource, WarmStart
 from roll_core.pipelines.sources import check_domains, check_ground_truth, load_rows
@@ -40,16 +39,10 @@ from roll_core.runtime.executor import WorkerGroup
 from roll_core.training import UpdateSpec, policy_gradient_update
 
 
-class RLVRPipeline(WarmStart, TrainingLoop):
+class RLVRPipeline(WarmStart, PolicyGradientLoop):
     step_label = "RL step"
     reads_eval_reward = True
     config_sections = frozenset({"warmup"})
-    policy_update: Callable[[Any, Any], tuple[Any, Any]] | None = staticmethod(policy_gradient_update)
-
-    @classmethod
-    def starts_reference(cls, cfg, plugins) -> bool:
-        return cfg.roles.reference is not None and reference_read(cfg.algorithm, plugins)
-
     @classmethod
     def config_problems(cls, cfg, plugins) -> list[str]:
         return super().config_problems(cfg, plugins) + cls.group_problems(cfg, plugins)

@@ -29,10 +29,11 @@ import time
 import zlib
 from abc import abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from roll_core.algorithms.objective import reference_read
 from roll_core.config.resume import check_resume
 from roll_core.data import Batch
 from roll_core.embedded.model import build_tiny_model
@@ -47,6 +48,7 @@ from roll_core.runtime.placement import (Residency, check_cluster, colocated, hy
                                          worker_slots)
 from roll_core.rollout.rewards import RewardRouter
 from roll_core.runtime.workers import STRATEGY_WORKERS, RewardWorker
+from roll_core.training import policy_gradient_update
 
 # Every role's workers, and the warm-up's data order, draw from seeds of their own, offset from the
 # run's ``seed`` (actor_train uses it as is, the training data order too), so that no two share a
@@ -435,6 +437,18 @@ class ActorLoop(TrainingLoop):
             print(f"{label}: {fmt.format(self.before[key])} -> {fmt.format(evaluation[key])} after {final_step} "
                   f"{steps}", flush=True)
         return {"steps": final_step, "before": self.before, "after": evaluation}
+
+
+class PolicyGradientLoop(TrainingLoop):
+    """A loop that updates the policy with the core's policy-gradient objective on the samples it
+    collects (``rlvr``, ``agentic``): ``roll replay`` re-runs that update from a run's dumps, and
+    ``roles.reference`` starts only where the objective reads it (a KL term, or its metric)."""
+
+    policy_update: Callable[[Any, Any], tuple[Any, Any]] | None = staticmethod(policy_gradient_update)
+
+    @classmethod
+    def starts_reference(cls, cfg, plugins) -> bool:
+        return cfg.roles.reference is not None and reference_read(cfg.algorithm, plugins)
 
 
 def save_tokenizer_beside(tokenizer, checkpoint: Path) -> None:
