@@ -9,6 +9,8 @@ validate`` before any worker starts.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -277,20 +279,48 @@ def _peft_policy(model_path: str, cfg) -> HFTrainStrategy:
     return reference
 
 
-def _megatron_with(model_path: str, cfg, adapters: dict):
-    """A megatron trainer under LoRA holding ``adapters`` (peft's saved names)."""
+def _fresh_adapters(trainer) -> dict:
+    """The trainer's adapters, whole, under peft's saved names (every rank gathers)."""
+    from roll_megatron import lora as megatron_lora
+
+    state = megatron_lora.adapter_state(trainer.model, trainer.layout, trainer._gather)
+    return {k: v.clone() for k, v in state.items()}
+
+
+def _megatron_with(model_path: str, cfg, adapters: dict, fresh: list | None = None):
+    """A megatron trainer under LoRA holding ``adapters`` (peft's saved names); ``fresh`` gets the
+    adapters it drew itself."""
     from roll_megatron import lora as megatron_lora
     from roll_megatron.strategy import MegatronTrainStrategy
 
     trainer = MegatronTrainStrategy(model_path, cfg.roles.actor_train, seed=0)
+    if fresh is not None:
+        fresh.append(_fresh_adapters(trainer))
     megatron_lora.load_adapter_state(trainer.model, trainer.layout, adapters)
     return trainer
 
 
+def _assert_exports_and_folds_the_policy(trainer, batch, directory):
+    """The merged export is the policy (a plain model with its log-probs), and after a fold the
+    base with the adapters disabled is too."""
+    mask = batch["response_mask"]
+    policy = trainer.compute_log_probs(batch, 1.0) * mask
+    trainer.export_model(str(directory))
+    plain = load_config(None, UPDATE)
+    exported = HFTrainStrategy(str(directory), plain.roles.actor_train, seed=0).compute_log_probs(batch, 1.0) * mask
+    torch.testing.assert_close(exported, policy, atol=1e-5, rtol=0)
+    assert float((trainer.base_log_probs(batch, 1.0) * mask - policy).abs().max()) > 1e-3  # the adapters count
+    trainer.fold_adapters(str(directory))
+    torch.testing.assert_close(trainer.compute_log_probs(batch, 1.0) * mask, policy, atol=1e-5, rtol=0)
+    torch.testing.assert_close(trainer.base_log_probs(batch, 1.0) * mask, policy, atol=1e-5, rtol=0)
+    assert trainer.lora_base == str(directory)
+
+
 @pytest.mark.parametrize("targets", [[], [SOME]], ids=["all-linear", "some"])
-def test_lora_trains_the_adapters_peft_trains(tiny_model_path, targets):
+def test_lora_trains_the_adapters_peft_trains(tiny_model_path, tmp_path, targets):
     """One rank: the fused layers' adapters (q, k, v in linear_qkv; gate, up in linear_fc1) compute,
-    train and travel as peft's separate ones do, all targeted or some."""
+    train and travel as peft's separate ones do, all targeted or some; the base log-probs are
+    peft's with its adapters disabled; the merged export and the fold keep the policy."""
     cfg = load_config(None, UPDATE + LORA + targets)
     reference = _peft_policy(str(tiny_model_path), cfg)
     trainer = _megatron_with(str(tiny_model_path), cfg, lora.adapter_state(reference.model))
@@ -298,6 +328,11 @@ def test_lora_trains_the_adapters_peft_trains(tiny_model_path, targets):
     trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
     expected = 2 * trainer.hf_config.num_hidden_layers * (4 if targets else 7)  # A and B per projection
     assert len(trainable) == expected and all(".lora_" in n for n in trainable)
+    batch = training_batch(trainer.hf_config.vocab_size)
+    mask = batch["response_mask"]
+    torch.testing.assert_close(trainer.base_log_probs(batch, 1.0) * mask, reference.base_log_probs(batch, 1.0) * mask,
+                               atol=1e-4, rtol=0)
+    _assert_exports_and_folds_the_policy(trainer, batch, tmp_path / "merged")
 
 
 LAYOUTS = {"tp2": "{tensor_parallel_size: 2}", "pp2": "{pipeline_parallel_size: 2}"}
@@ -317,7 +352,9 @@ def _lora_rank(rank: int, port: int, model_path: str, layout: str, directory: st
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         cfg = load_config(None, _two_ranks(layout))
-        trainer = _megatron_with(model_path, cfg, expected["adapters"])
+        fresh: list[dict] = []
+        trainer = _megatron_with(model_path, cfg, expected["adapters"], fresh)
+        drawn = all(torch.equal(v, expected["fresh"][k]) for k, v in fresh[0].items())  # as one rank draws them
         batch = training_batch(trainer.hf_config.vocab_size)
         mask = batch["response_mask"]
         same_before = torch.allclose(trainer.compute_log_probs(batch, 1.0) * mask, expected["before"], atol=1e-4)
@@ -328,7 +365,8 @@ def _lora_rank(rank: int, port: int, model_path: str, layout: str, directory: st
         adapters = all(torch.allclose(v, expected["sent"][k], atol=1e-6, rtol=1e-4) for k, v in sent.items())
         same_after = torch.allclose(trainer.compute_log_probs(batch, 1.0) * mask, expected["after"], atol=1e-4)
         trainer.save_checkpoint(directory)
-        out.put((rank, same_before, metrics, adapters, same_after, sorted(sent)))
+        _assert_exports_and_folds_the_policy(trainer, batch, Path(directory).parent / "merged")
+        out.put((rank, drawn, same_before, metrics, adapters, same_after, sorted(sent), len(fresh[0])))
     finally:
         dist.destroy_process_group()
 
@@ -362,23 +400,28 @@ def test_lora_on_two_ranks_computes_and_saves_what_peft_does(qwen2_gqa_path, tmp
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from roll_megatron.strategy import MegatronTrainStrategy
+
     cfg = load_config(None, _two_ranks(layout))
+    one_rank = load_config(None, UPDATE + LORA + [SOME])
+    fresh = _fresh_adapters(MegatronTrainStrategy(str(qwen2_gqa_path), one_rank.roles.actor_train, seed=0))
     reference = _peft_policy(str(qwen2_gqa_path), cfg)
     batch = training_batch(reference.model.config.vocab_size)
     mask = batch["response_mask"]
     adapters = {k: v.clone() for k, v in lora.adapter_state(reference.model).items()}  # before the update
-    expected = {"adapters": adapters, "before": reference.compute_log_probs(batch, 1.0) * mask}
+    expected = {"adapters": adapters, "fresh": fresh, "before": reference.compute_log_probs(batch, 1.0) * mask}
     metrics = update(reference, batch, ActorObjective.from_config(cfg.algorithm, cfg.rollout),
                      UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train))
     expected["metrics"] = {k: metrics[k] for k in ("train/pg_loss", "train/kl", "train/entropy", "train/grad_norm")}
     expected |= {"sent": full_weights(reference), "after": reference.compute_log_probs(batch, 1.0) * mask}
     port = 20000 + int(tmp_path.stat().st_ino) % 20000
-    sent = []
-    for rank, *checks, names in _spawn_two(_lora_rank, port, str(qwen2_gqa_path), layout, str(tmp_path / "ckpt"),
-                                           expected):
-        assert checks == [True, True, True, True], (rank, checks)
-        sent += names
+    sent, drawn = [], 0
+    for rank, *checks, names, fresh in _spawn_two(_lora_rank, port, str(qwen2_gqa_path), layout,
+                                                  str(tmp_path / "ckpt"), expected):
+        assert checks == [True, True, True, True, True], (rank, checks)
+        sent, drawn = sent + names, drawn + fresh
     assert sorted(sent) == sorted(expected["sent"])  # every adapter, each from one rank
+    assert drawn == len(expected["fresh"]) * (2 if layout == "tp2" else 1)
     saved = tmp_path / "ckpt" / "adapter"
     assert not (tmp_path / "ckpt" / "model").exists()  # save: adapter
     assert lora.base_path_of(saved) == str(qwen2_gqa_path)
@@ -421,8 +464,8 @@ def test_a_lora_warm_up_folds_into_the_base_the_reference_and_the_engines_use(tm
                                atol=1e-5, rtol=0)
     saved = run / "checkpoints" / "step_000002" / "actor_train"
     assert lora.base_path_of(saved / "adapter") == str(run / "warm-model")
-    resumed = type(trainer)(str(run / "warm-model"), cfg.roles.actor_train, seed=1)
-    resumed.load_checkpoint(str(saved))
+    resumed = type(trainer)(pipeline.model, cfg.roles.actor_train, seed=1)  # from the untrained model
+    resumed.load_checkpoint(str(saved))  # the folded base comes with the checkpoint, and the adapter names it
     torch.testing.assert_close(resumed.compute_log_probs(batch, 1.0), trainer.compute_log_probs(batch, 1.0),
                                atol=0, rtol=0)
     assert resumed.lora_base == str(run / "warm-model")

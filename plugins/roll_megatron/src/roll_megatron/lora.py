@@ -77,7 +77,7 @@ def _interleave(parts: list[torch.Tensor], blocks: int, dim: int) -> torch.Tenso
 
 
 class LoraParallelLinear(torch.nn.Module):
-    """A Megatron parallel linear layer (``base_layer``, frozen) with adapters for the Hugging Face
+    """A Megatron parallel linear layer (``base_layer``, frozen by :func:`wrap`) with adapters for the Hugging Face
     projections of ``targets`` (the rest of a fused layer's projections keep their base rows).
     ``widths``: each projection's rows in one block of this rank's output, of which there are
     ``blocks`` (a row-parallel layer: one projection, all its rows, one block). Returns what the
@@ -96,8 +96,6 @@ class LoraParallelLinear(torch.nn.Module):
                 self.lora_A[name] = torch.nn.Parameter(torch.empty(rank, in_columns, device=device, dtype=dtype))
                 self.lora_B[name] = torch.nn.Parameter(torch.zeros(width * blocks, rank, device=device, dtype=dtype))
         self.whole_in = in_columns * (tp if kind == "row" else 1)  # A's columns before a row layer's split
-        for param in base_layer.parameters():
-            param.requires_grad_(False)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -121,7 +119,7 @@ class LoraParallelLinear(torch.nn.Module):
             return out + F.linear(h, self.lora_B[names[0]]) * self.scaling, bias
         h = copy_to_tensor_model_parallel_region(F.linear(x, a), group=self.base_layer.tp_group)
         hs = h.split(a.shape[0] // len(names), dim=-1)
-        delta = dict(zip(names, (F.linear(h, self.lora_B[n]) * self.scaling for h, n in zip(hs, names))))
+        delta = {n: F.linear(part, self.lora_B[n]) * self.scaling for part, n in zip(hs, names)}
         parts = [delta[n] if n in delta else out.new_zeros(*out.shape[:-1], w * self.blocks)
                  for n, w in self.widths.items()]
         return out + _interleave(parts, self.blocks, -1), bias
@@ -137,10 +135,9 @@ class LoraParallelLinear(torch.nn.Module):
         return _interleave(parts, self.blocks, 0)
 
 
-def wrap(model: torch.nn.Module, settings, config, tp: int, targets: list[str]) -> list[str]:
-    """Replace the decoder layers' parallel linears that carry a targeted projection (``targets``:
-    Hugging Face suffixes) with :class:`LoraParallelLinear`, freeze every other parameter, and
-    return the names of the wrapped layers."""
+def wrap(model: torch.nn.Module, settings, config, tp: int, targets: list[str]) -> None:
+    """Freeze the model and replace the decoder layers' parallel linears that carry a targeted
+    projection (``targets``: Hugging Face suffixes) with :class:`LoraParallelLinear`."""
     head_dim, per_group = config.kv_channels, config.num_attention_heads // config.num_query_groups
     ffn, hidden = config.ffn_hidden_size // tp, config.hidden_size
     shapes = {"self_attention.linear_qkv": ({"q_proj": per_group * head_dim, "k_proj": head_dim,
@@ -149,7 +146,6 @@ def wrap(model: torch.nn.Module, settings, config, tp: int, targets: list[str]) 
               "self_attention.linear_proj": ({"o_proj": hidden}, 1), "mlp.linear_fc2": ({"down_proj": hidden}, 1)}
     for param in model.parameters():
         param.requires_grad_(False)
-    wrapped = []
     for name, module in list(model.named_modules()):
         match = _LAYER.fullmatch(name)
         if match is None or match[2] not in FUSED or not set(FUSED[match[2]][1]) & set(targets):
@@ -159,8 +155,6 @@ def wrap(model: torch.nn.Module, settings, config, tp: int, targets: list[str]) 
         layer = LoraParallelLinear(module, FUSED[match[2]][2], widths, blocks, targets, settings.rank,
                                    settings.alpha, tp)
         setattr(model.get_submodule(parent_name), child, layer)
-        wrapped.append(name)
-    return wrapped
 
 
 def lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, LoraParallelLinear]]:
