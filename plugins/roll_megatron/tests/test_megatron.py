@@ -472,8 +472,9 @@ def test_a_lora_warm_up_folds_into_the_base_the_reference_and_the_engines_use(tm
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["roles.actor_train.lora={dropout: 0.1}"],
-     "key 'roles.actor_train.lora.dropout': the megatron strategy trains LoRA without dropout (got 0.1"),
+    (["roles.actor_train.lora={dropout: 0.1}"],  # named by its own key, not the options'
+     "default config: key 'roles.actor_train.lora.dropout': the megatron strategy trains LoRA without dropout "
+     "(got 0.1"),
     (["roles.actor_train.strategy_options={tensor_paralel_size: 2}"],
      "unknown option 'tensor_paralel_size'. Did you mean 'tensor_parallel_size'?"),
     (["roles.actor_train.strategy_options={tensor_parallel_size: 3}", "roles.actor_train.num_workers=4"],
