@@ -37,8 +37,8 @@ import torch.distributed as dist
 
 from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, ensure_process_group, rank_world
-from roll_core.strategies.engines import check_engine_version, import_engine
 from roll_core.strategies import lora as core_lora
+from roll_core.strategies.engines import check_engine_version, import_engine
 from roll_core.strategies.hf import TorchOffloading, TorchPrimitives, fused_adamw
 from roll_core.strategies.models import default_device, full_sequence, safetensors_files
 from roll_core.strategies.sequences import causal_lm_outputs
