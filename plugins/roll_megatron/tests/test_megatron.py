@@ -335,6 +335,16 @@ def test_lora_trains_the_adapters_peft_trains(tiny_model_path, tmp_path, targets
     _assert_exports_and_folds_the_policy(trainer, batch, tmp_path / "merged")
 
 
+def test_a_checkpoint_of_other_adapters_is_refused(tiny_model_path, tmp_path):
+    from roll_megatron.strategy import MegatronTrainStrategy
+
+    some = load_config(None, UPDATE + LORA + [SOME])
+    MegatronTrainStrategy(str(tiny_model_path), some.roles.actor_train, seed=0).save_checkpoint(str(tmp_path / "c"))
+    every = MegatronTrainStrategy(str(tiny_model_path), load_config(None, UPDATE + LORA).roles.actor_train, seed=0)
+    with pytest.raises(ValueError, match="its adapters are not this model's: missing .*k_proj"):
+        every.load_checkpoint(str(tmp_path / "c"))
+
+
 LAYOUTS = {"tp2": "{tensor_parallel_size: 2}", "pp2": "{pipeline_parallel_size: 2}"}
 
 
@@ -464,10 +474,13 @@ def test_a_lora_warm_up_folds_into_the_base_the_reference_and_the_engines_use(tm
                                atol=1e-5, rtol=0)
     saved = run / "checkpoints" / "step_000002" / "actor_train"
     assert lora.base_path_of(saved / "adapter") == str(run / "warm-model")
+    held = torch.load(saved / "megatron" / "rank0.pt", weights_only=False)["model"]
+    assert held and all(".lora_" in name for name in held)  # the frozen base is warm-model/, not copied
     resumed = type(trainer)(pipeline.model, cfg.roles.actor_train, seed=1)  # from the untrained model
-    resumed.load_checkpoint(str(saved))  # the folded base comes with the checkpoint, and the adapter names it
-    torch.testing.assert_close(resumed.compute_log_probs(batch, 1.0), trainer.compute_log_probs(batch, 1.0),
-                               atol=0, rtol=0)
+    resumed.load_checkpoint(str(saved))  # the base the adapter names (the fold's), then the adapters
+    for method in ("compute_log_probs", "base_log_probs"):
+        torch.testing.assert_close(getattr(resumed, method)(batch, 1.0), getattr(trainer, method)(batch, 1.0),
+                                   atol=0, rtol=0)
     assert resumed.lora_base == str(run / "warm-model")
 
 

@@ -113,9 +113,10 @@ class _MegatronModel(TorchOffloading):
                 name = "model.embed_tokens.weight"  # the last stage's copy of tied embeddings
             return tensors[name]
 
-        with torch.no_grad():
+        with torch.no_grad():  # the weights only: a LoRA model's adapters are not in the checkpoint
             for name, param in self.model.named_parameters():
-                param.copy_(self.layout.to_megatron(name, hf))
+                if not megatron_lora.is_adapter(name):
+                    param.copy_(self.layout.to_megatron(megatron_lora.base_name(name), hf))
 
     # -- layout ------------------------------------------------------------------------------
     def data_parallel(self) -> tuple[int, int]:
@@ -357,8 +358,9 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
 
     def save_checkpoint(self, path: str) -> None:
         """``model/`` (:meth:`export_model`; under LoRA with ``save: adapter``, ``adapter/`` in peft's
-        format instead) and ``megatron/rank<r>.pt`` (this rank's shards, adapters, optimizers and
-        RNG: an exact resume)."""
+        format instead) and ``megatron/rank<r>.pt`` (this rank's shards, optimizers and RNG: an exact
+        resume). Under LoRA the rank files hold the adapters' parts, not the frozen base: the
+        adapter's config names the plain checkpoint the base is, which a resume reads."""
         root = Path(path)
         rank = rank_world()[0]
         if self.lora is None or self.lora.save == "merged":
@@ -369,7 +371,10 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
                 config = core_lora.peft_config(self.lora, self.lora_targets, self.lora_base)
                 core_lora.write_adapter(root / "adapter", config, state)
         (root / "megatron").mkdir(parents=True, exist_ok=True)
-        torch.save({"model": self.model.state_dict(),
+        model = self.model.state_dict()
+        if self.lora is not None:
+            model = {name: value for name, value in model.items() if megatron_lora.is_adapter(name)}
+        torch.save({"model": model,
                     "optimizers": {name: _local(opt).state_dict() for name, opt in self.optimizers.items()},
                     "generator": self.generator.get_state()}, root / "megatron" / f"rank{rank}.pt")
         dist.barrier()
@@ -387,12 +392,23 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
         model.save_pretrained(directory, safe_serialization=True)
 
     def load_checkpoint(self, path: str) -> None:
-        """This rank's shards (under LoRA the base too: a warm-up folded adapters into it), optimizers
-        and RNG; under LoRA, the base the saved adapter names."""
+        """This rank's shards, optimizers and RNG. Under LoRA, the adapters' parts onto the base the
+        saved adapter names, read from that plain checkpoint when it is not the one loaded (a warm-up
+        folded the adapters into ``warm-model/``)."""
         state = torch.load(Path(path) / "megatron" / f"rank{rank_world()[0]}.pt", weights_only=False)
-        self.model.load_state_dict(state["model"])
-        if self.lora is not None:
-            self.lora_base = core_lora.base_path_of(Path(path) / "adapter")
+        if self.lora is None:
+            self.model.load_state_dict(state["model"])
+        else:
+            base = core_lora.base_path_of(Path(path) / "adapter")
+            if base != self.lora_base:
+                self._load_hf(base)
+                self.lora_base = base
+            adapters = {name for name in self.model.state_dict() if megatron_lora.is_adapter(name)}
+            if state["model"].keys() != adapters:
+                raise ValueError(f"{path}: its adapters are not this model's: missing "
+                                 f"{sorted(adapters - state['model'].keys())[:5]}, unexpected "
+                                 f"{sorted(state['model'].keys() - adapters)[:5]}")
+            self.model.load_state_dict(state["model"], strict=False)
         for name, optimizer_state in state["optimizers"].items():
             if name not in self.optimizers:
                 self.optimizers[name] = self._new_optimizer(lr=self.role_config.lr)
