@@ -343,6 +343,10 @@ def test_a_checkpoint_of_other_adapters_is_refused(tiny_model_path, tmp_path):
     every = MegatronTrainStrategy(str(tiny_model_path), load_config(None, UPDATE + LORA).roles.actor_train, seed=0)
     with pytest.raises(ValueError, match="its adapters are not this model's: missing .*k_proj"):
         every.load_checkpoint(str(tmp_path / "c"))
+    config = tmp_path / "c" / "adapter" / "adapter_config.json"  # a base that is gone is named
+    config.write_text(config.read_text().replace(str(tiny_model_path), str(tmp_path / "gone")))
+    with pytest.raises(FileNotFoundError, match=f"trained on {tmp_path / 'gone'}, which holds no safetensors"):
+        every.load_checkpoint(str(tmp_path / "c"))
 
 
 LAYOUTS = {"tp2": "{tensor_parallel_size: 2}", "pp2": "{pipeline_parallel_size: 2}"}

@@ -401,6 +401,10 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
         else:
             base = core_lora.base_path_of(Path(path) / "adapter")
             if base != self.lora_base:
+                if not safetensors_files(base)[0].is_file():
+                    raise FileNotFoundError(f"{path}: its adapters were trained on {base}, which holds no "
+                                            f"safetensors weights (a relative path is taken from where roll "
+                                            f"run ran)")
                 self._load_hf(base)
                 self.lora_base = base
             adapters = {name for name in self.model.state_dict() if megatron_lora.is_adapter(name)}
