@@ -229,16 +229,15 @@ def _sharded_optimizer_rank(rank: int, port: int, model_path: str, directory: st
     dist.destroy_process_group()
 
 
-def test_the_distributed_optimizer_shards_its_states_and_resumes_exactly(tiny_model_path, tmp_path):
+def _spawn_two(target, *args):
+    """``target(rank, *args, queue)`` in two spawned processes; what each put, sorted by rank."""
     import queue
 
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = 20000 + int(tmp_path.stat().st_ino) % 20000
-    procs = [ctx.Process(target=_sharded_optimizer_rank, args=(r, port, str(tiny_model_path), str(tmp_path / "ckpt"),
-                                                                out)) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, *args, out)) for r in range(2)]
     for p in procs:
         p.start()
     results = []
@@ -249,7 +248,12 @@ def test_the_distributed_optimizer_shards_its_states_and_resumes_exactly(tiny_mo
             assert all(p.exitcode in (None, 0) for p in procs), "a rank failed (its traceback is above)"
     for p in procs:
         p.join(timeout=60)
-    results.sort()
+    return sorted(results)
+
+
+def test_the_distributed_optimizer_shards_its_states_and_resumes_exactly(tiny_model_path, tmp_path):
+    port = 20000 + int(tmp_path.stat().st_ino) % 20000
+    results = _spawn_two(_sharded_optimizer_rank, port, str(tiny_model_path), str(tmp_path / "ckpt"))
     (_, owned0, total, same0, fused0), (_, owned1, _, same1, fused1) = results
     assert owned0 + owned1 == total and 0 < owned0 < total  # each rank keeps states for its share only
     assert same0 and same1
@@ -383,27 +387,6 @@ def _lora_rank(rank: int, port: int, model_path: str, layout: str, directory: st
         out.put((rank, drawn, same_before, metrics, adapters, same_after, sorted(sent), len(fresh[0])))
     finally:
         dist.destroy_process_group()
-
-
-def _spawn_two(target, *args):
-    import queue
-
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(r, *args, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = []
-    while len(results) < 2:
-        try:
-            results.append(out.get(timeout=5))
-        except queue.Empty:
-            assert all(p.exitcode in (None, 0) for p in procs), "a rank failed (its traceback is above)"
-    for p in procs:
-        p.join(timeout=60)
-    return sorted(results)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
