@@ -212,20 +212,20 @@ def fold(model: torch.nn.Module, seed: int, layout) -> None:
     fresh_adapters(model, seed, layout)
 
 
-def whole_adapters(model: torch.nn.Module, layout, gather) -> Iterator[tuple[str, str, torch.Tensor, torch.Tensor]]:
-    """``(Hugging Face module, projection, A [r, in], B [out, r])`` of every adapter of this stage,
+def whole_adapters(model: torch.nn.Module, layout, gather) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """``(Hugging Face module, A [r, in], B [out, r])`` of every adapter of this stage,
     whole (``gather(tensor, dim)``: this rank's part concatenated with the other tensor-parallel
     ranks' along ``dim``, a collective every rank joins); ``B`` unscaled, as peft keeps it."""
     for name, layer in lora_layers(model):
         for projection, a in layer.lora_A.items():
             b = layer.lora_B[projection]
             a, b = (gather(a.detach(), 1), b.detach()) if layer.kind == "row" else (a.detach(), gather(b.detach(), 0))
-            yield hf_module(name, projection, layout.layer_offset), projection, a, b
+            yield hf_module(name, projection, layout.layer_offset), a, b
 
 
 def adapter_tensors(model, layout, gather, scaling: float) -> Iterator[tuple[str, torch.Tensor]]:
     """What a weight sync sends: ``m.lora_A`` and ``m.lora_B`` (scaled), whole, on CPU."""
-    for module, _, a, b in whole_adapters(model, layout, gather):
+    for module, a, b in whole_adapters(model, layout, gather):
         yield module + A_SUFFIX, a.float().cpu()
         yield module + B_SUFFIX, (b.float() * scaling).cpu()
 
@@ -233,7 +233,7 @@ def adapter_tensors(model, layout, gather, scaling: float) -> Iterator[tuple[str
 def adapter_state(model, layout, gather) -> dict[str, torch.Tensor]:
     """The adapters under peft's saved names, whole and on CPU (what ``adapter/`` holds)."""
     state = {}
-    for module, _, a, b in whole_adapters(model, layout, gather):
+    for module, a, b in whole_adapters(model, layout, gather):
         state[saved_name(module, "A")], state[saved_name(module, "B")] = a.cpu(), b.cpu()
     return state
 
