@@ -12,6 +12,9 @@ so mutation testing (``[tool.mutmut]``) runs them for every mutant of ``strategi
 
 from __future__ import annotations
 
+import shutil
+
+import pytest
 import torch
 
 from roll_core.config import load_config
@@ -167,12 +170,12 @@ def test_the_log_distribution_holds_the_token_log_probs_and_sums_to_one_inside_t
 # -- loading (roll_core.strategies.models) ------------------------------------------------------------
 
 def test_a_value_models_head_depends_on_its_seed_alone_and_has_no_dropout(tiny_model_path):
-    """The head is drawn from a forked RNG (the caller's stream goes on untouched), the same for a
-    seed in any process; its dropout is off, so values in training mode are the rollout's; and
-    transformers' verbosity is what it was."""
+    """The head is ``fresh_value_head``'s for the seed (what roll-megatron's critic draws too), the
+    caller's RNG stream untouched; its dropout is off, so values in training mode are the rollout's;
+    and transformers' verbosity is what it was."""
     from transformers.utils import logging as hf_logging
 
-    from roll_core.strategies.models import load_value_model
+    from roll_core.strategies.models import fresh_value_head, load_value_model
 
     verbosity, rng = hf_logging.get_verbosity(), torch.get_rng_state()
     hf_logging.set_verbosity_info()  # not the error level the load sets while it reports the new head
@@ -184,10 +187,33 @@ def test_a_value_models_head_depends_on_its_seed_alone_and_has_no_dropout(tiny_m
     assert torch.equal(torch.get_rng_state(), rng)
     assert torch.equal(first.score.weight, again.score.weight)
     assert not torch.equal(first.score.weight, other.score.weight)
+    head = fresh_value_head(first.config.hidden_size, first.config.initializer_range, 3)
+    assert torch.equal(first.score.weight, head["weight"]) and torch.equal(first.score.bias, head["bias"])
+    assert float(head["weight"].std()) == pytest.approx(first.config.initializer_range, rel=0.2)
     first.train()
     ids = torch.tensor([[1, 20, 21, 22, 23]])
     passes = [first(input_ids=ids).logits for _ in range(2)]
     assert first.config.classifier_dropout == 0.0 and torch.equal(*passes)
+
+
+def test_a_value_model_keeps_a_trained_head_and_refuses_a_checkpoint_without_its_backbone(tiny_model_path, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from roll_core.strategies.models import load_value_model
+
+    trained = load_value_model(str(tiny_model_path), torch.device("cpu"), seed=3)
+    with torch.no_grad():
+        trained.score.bias.fill_(0.5)
+    trained.save_pretrained(tmp_path / "critic")
+    again = load_value_model(str(tmp_path / "critic"), torch.device("cpu"), seed=4)  # its own head, not seed 4's
+    assert torch.equal(again.score.weight, trained.score.weight) and float(again.score.bias) == 0.5
+
+    shutil.copytree(tiny_model_path, tmp_path / "partial")
+    weights = load_file(tmp_path / "partial" / "model.safetensors")
+    del weights["model.norm.weight"]
+    save_file(weights, tmp_path / "partial" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"needs beyond its new head: \['model.norm.weight'\]"):
+        load_value_model(str(tmp_path / "partial"), torch.device("cpu"), seed=3)
 
 
 def test_a_checkpoints_files_are_its_one_file_or_those_its_index_names_once_each(tmp_path):

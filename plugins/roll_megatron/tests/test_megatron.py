@@ -4,7 +4,8 @@ What must hold: the Hugging Face <-> Megatron conversion is a lossless round tri
 tensor-parallel split; on the tiny model and a fixed batch, TP=1, TP=2, PP=2 and two data-parallel
 replicas give the ``hf`` strategy's log-probs (fp32, within 1e-4) and, after one core update, its
 weights and metrics; a checkpoint resumes exactly; the parallel layout is checked by ``roll
-validate`` before any worker starts.
+validate`` before any worker starts. The critic gives the ``hf`` critic's values, update and
+checkpoint on one rank, at TP=2 and at PP=2.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from roll_core.algorithms.objective import ActorObjective
+from roll_core.algorithms.objective import ActorObjective, CriticObjective
 from roll_core.config import load_and_check, load_config
 from roll_core.errors import ConfigError
 from roll_core.strategies import lora
-from roll_core.strategies.hf import HFTrainStrategy
+from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_core.testing import (assert_checkpoint_resumes_exactly, assert_registered_lazily, assert_trainer_matches_hf,
                                assert_run_survives_a_killed_worker, data_parallel_update, full_weights, hf_role,
                                training_batch)
@@ -471,6 +472,92 @@ def test_a_lora_warm_up_folds_into_the_base_the_reference_and_the_engines_use(tm
     assert resumed.lora_base == str(run / "warm-model")
 
 
+CRITIC = UPDATE + ["algorithm.advantage_estimator=gae", "roles.critic.strategy=megatron",
+                   "roles.critic.micro_batch_size=2"]
+CRITIC_METRICS = ("critic/value_loss", "critic/abs_error", "critic/grad_norm")
+
+
+def _critic_update(critic, cfg, batch) -> dict:
+    return update(critic, batch, CriticObjective.from_config(cfg.algorithm, cfg.rollout),
+                  UpdateSpec.from_config(cfg.algorithm, cfg.roles.critic, prefix="critic"))
+
+
+def _hf_critic_values(model_path: str, cfg, batch) -> dict:
+    """The ``hf`` critic's values for ``batch`` before and after one update, and that update's metrics."""
+    reference = HFCriticStrategy(model_path, hf_role(cfg.roles.critic), seed=3)
+    before = reference.compute_values(batch)
+    metrics = _critic_update(reference, cfg, batch)
+    after = reference.compute_values(batch)
+    assert float((after - before).abs().max()) > 1e-3  # the update moved the values
+    return {"before": before, "after": after, "metrics": {k: metrics[k] for k in CRITIC_METRICS}}
+
+
+def test_the_critic_computes_saves_and_resumes_what_hf_does(tiny_model_path, tmp_path):
+    """roles.critic on megatron, one rank in this process: the ``hf`` critic's head for the seed and
+    its values; one update with its metrics and values after; ``model/`` is a value model the ``hf``
+    critic loads with the trained head; the rank file resumes the next update bit for bit."""
+    from roll_megatron.strategy import MegatronCriticStrategy
+
+    cfg = load_config(None, CRITIC)
+    critic = MegatronCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=3)
+    batch = training_batch(critic.hf_config.vocab_size)
+    expected = _hf_critic_values(str(tiny_model_path), cfg, batch)
+    torch.testing.assert_close(critic.compute_values(batch), expected["before"], atol=1e-5, rtol=0)
+    metrics = _critic_update(critic, cfg, batch)
+    for key, value in expected["metrics"].items():
+        assert metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    torch.testing.assert_close(critic.compute_values(batch), expected["after"], atol=1e-5, rtol=0)
+
+    critic.save_checkpoint(str(tmp_path / "ckpt"))
+    exported = HFCriticStrategy(str(tmp_path / "ckpt" / "model"), hf_role(cfg.roles.critic), seed=4)
+    torch.testing.assert_close(exported.compute_values(batch), expected["after"], atol=1e-5, rtol=0)
+    _critic_update(critic, cfg, batch)
+    resumed = MegatronCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=4)
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    _critic_update(resumed, cfg, batch)
+    assert torch.equal(resumed.compute_values(batch), critic.compute_values(batch))
+
+
+def _critic_rank(rank: int, port: int, model_path: str, layout: str, directory: str, expected: dict, out) -> None:
+    """One of 2 ranks (TP=2 or PP=2) of a megatron critic: values, one update and a checkpoint,
+    against ``expected`` (the ``hf`` critic's, on one process)."""
+    import torch.distributed as dist
+
+    from roll_megatron.strategy import MegatronCriticStrategy
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        cfg = load_config(None, CRITIC + ["roles.critic.num_workers=2",
+                                          f"roles.critic.strategy_options={LAYOUTS[layout]}"])
+        critic = MegatronCriticStrategy(model_path, cfg.roles.critic, seed=3)
+        batch = training_batch(critic.hf_config.vocab_size)
+        before = torch.allclose(critic.compute_values(batch), expected["before"], atol=1e-5, rtol=0)
+        got = _critic_update(critic, cfg, batch)
+        metrics = all(got[k] == pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in expected["metrics"].items())
+        after = torch.allclose(critic.compute_values(batch), expected["after"], atol=1e-4, rtol=0)
+        critic.save_checkpoint(directory)
+        out.put((rank, before, metrics, after))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_critic_on_two_ranks_computes_and_saves_what_hf_does(tiny_model_path, tmp_path, layout):
+    """TP=2: the value head is whole on each rank and reads the same hidden states; PP=2: the last
+    stage holds it, and the tied embeddings of the policy's checkpoint are not tied in a value
+    model. Either way ``model/`` holds the whole updated critic."""
+    cfg = load_config(None, CRITIC)
+    batch = training_batch(HFCriticStrategy(str(tiny_model_path), hf_role(cfg.roles.critic), 0).model.config.vocab_size)
+    expected = _hf_critic_values(str(tiny_model_path), cfg, batch)
+    port = 20000 + int(tmp_path.stat().st_ino) % 20000
+    for rank, *checks in _spawn_two(_critic_rank, port, str(tiny_model_path), layout, str(tmp_path / "ckpt"),
+                                    expected):
+        assert checks == [True, True, True], (rank, checks)
+    exported = HFCriticStrategy(str(tmp_path / "ckpt" / "model"), hf_role(cfg.roles.critic), seed=4)
+    torch.testing.assert_close(exported.compute_values(batch), expected["after"], atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["roles.actor_train.lora={dropout: 0.1}"],  # named by its own key, not the options'
      "default config: key 'roles.actor_train.lora.dropout': the megatron strategy trains LoRA without dropout "
@@ -494,6 +581,6 @@ def test_options_and_layout_are_checked_before_any_worker_starts(overrides, mess
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("kind", ["train", "infer"])
+@pytest.mark.parametrize("kind", ["train", "infer", "critic"])
 def test_the_plugin_registers_megatron_without_importing_it(kind):
     assert_registered_lazily(kind, "megatron", "megatron")

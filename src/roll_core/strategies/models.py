@@ -39,20 +39,38 @@ def load_causal_lm(model_path: str, device: torch.device | None = None) -> Any:
 
 def load_value_model(model_path: str, device: torch.device, seed: int) -> Any:
     """A causal LM checkpoint as ``AutoModelForTokenClassification`` with one label: the backbone
-    starts from the checkpoint and a fresh linear head gives ``V(s_t)`` per token.
+    starts from the checkpoint and a fresh linear head (:func:`fresh_value_head`) gives ``V(s_t)``
+    per token. A value model's own checkpoint keeps its trained head.
 
-    The new head is initialised from a forked global RNG seeded with ``seed``, so the driver's RNG
-    (``local`` executor) is untouched and the head is the same for a seed in any executor. The
+    The load runs in a forked global RNG, so the driver's RNG (``local`` executor) is untouched. The
     head's dropout (transformers defaults it to 0.1) is off: the values the update regresses must
     be the ones computed at rollout time, and accumulating micro-batches must not change them."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     with _expected_reports(), torch.random.fork_rng(devices=[]):  # "score head newly initialised"
-        torch.manual_seed(seed)
         config = AutoConfig.from_pretrained(model_path, num_labels=1)
         config.classifier_dropout = 0.0
-        model: Any = AutoModelForTokenClassification.from_pretrained(model_path, config=config, dtype=torch.float32)
+        model, loading = AutoModelForTokenClassification.from_pretrained(
+            model_path, config=config, dtype=torch.float32, output_loading_info=True)
+    head = fresh_value_head(config.hidden_size, config.initializer_range, seed)
+    parameters = dict(model.named_parameters())
+    drawn = {name: head.get(name.rsplit(".", 1)[1]) for name in loading["missing_keys"]}  # a causal LM has no head
+    absent = sorted(name for name, value in drawn.items() if value is None or value.shape != parameters[name].shape)
+    if absent:
+        raise ValueError(f"{model_path} lacks weights a value model needs beyond its new head: {absent[:5]}")
+    with torch.no_grad():
+        for name, value in drawn.items():
+            parameters[name].copy_(value)
     return model.to(device)
+
+
+def fresh_value_head(hidden_size: int, std: float, seed: int) -> dict[str, torch.Tensor]:
+    """A value model's new one-label head: ``weight`` ``[1, H]`` drawn from N(0, std^2) by a
+    generator of its own seeded with ``seed``, ``bias`` ``[1]`` zero (transformers' draw for a new
+    linear layer, ``std`` being the checkpoint's ``initializer_range``). One definition for every
+    strategy that hosts a critic, so a seed gives the same head on ``hf`` and on roll-megatron."""
+    generator = torch.Generator().manual_seed(seed)
+    return {"weight": torch.randn(1, hidden_size, generator=generator) * std, "bias": torch.zeros(1)}
 
 
 def export_sequence_classifier(value_model: Path, out: Path, tokenizer) -> None:

@@ -19,6 +19,7 @@ decoder.layers.L.mlp.linear_fc1.weight      gate_proj, up_proj                  
 decoder.layers.L.mlp.linear_fc2.weight      down_proj.weight                     columns
 decoder.final_layernorm.weight              model.norm.weight                              -
 output_layer.weight                         lm_head.weight (absent when tied)    rows (vocabulary)
+output_layer.weight, .bias of a value head  score.weight, score.bias                       -
 ==========================================  ===================================  =================
 
 ``linear_qkv`` holds, for each query group in turn, the group's query heads, then its key head, then
@@ -45,15 +46,20 @@ _GLOBAL = {
     "decoder.final_layernorm.weight": "model.norm.weight",
     "output_layer.weight": "lm_head.weight",
 }
+_VALUE_HEAD = {"output_layer.weight": "score.weight", "output_layer.bias": "score.bias"}  # one label: not split
 _ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")  # split along dim 0
 _COLUMNS = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")  # split along dim 1
 
 
 class Layout:
-    """What one rank holds: its tensor-parallel rank among ``tp`` and its stage's first layer."""
+    """What one rank holds: its tensor-parallel rank among ``tp`` and its stage's first layer.
+    ``value_head``: the output layer is a value model's one-label head, named as transformers'
+    ``...ForTokenClassification`` names it and the same on every rank."""
 
-    def __init__(self, config, tp_rank: int, tp: int, layer_offset: int):
+    def __init__(self, config, tp_rank: int, tp: int, layer_offset: int, value_head: bool = False):
         self.tp_rank, self.tp, self.layer_offset = tp_rank, tp, layer_offset
+        self.globals = {**_GLOBAL, **_VALUE_HEAD} if value_head else _GLOBAL
+        self.rows = _ROWS[:1] if value_head else _ROWS
         self.groups = config.num_query_groups
         self.heads_per_group = config.num_attention_heads // config.num_query_groups
         self.head_dim = config.kv_channels
@@ -62,7 +68,7 @@ class Layout:
         """Whether Megatron parameter ``name`` is split over tensor-parallel ranks (norms are not)."""
         match = _LAYER.fullmatch(name)
         rest = name if match is None else match[2]
-        return self.tp > 1 and (rest in _ROWS or rest in _COLUMNS or rest == "mlp.linear_fc1.weight"
+        return self.tp > 1 and (rest in self.rows or rest in _COLUMNS or rest == "mlp.linear_fc1.weight"
                                 or rest.startswith("self_attention.linear_qkv."))
 
     # -- Hugging Face -> Megatron ---------------------------------------------------------------
@@ -71,8 +77,8 @@ class Layout:
         ``hf(hf_name)``."""
         match = _LAYER.fullmatch(name)
         if match is None:
-            full = hf(_GLOBAL[name])
-            return self._shard(full, 0) if name in _ROWS else full
+            full = hf(self.globals[name])
+            return self._shard(full, 0) if name in self.rows else full
         prefix, rest = f"model.layers.{int(match[1]) + self.layer_offset}.", match[2]
         if rest in _PER_LAYER:
             full = hf(prefix + _PER_LAYER[rest])
@@ -99,8 +105,8 @@ class Layout:
         every tensor-parallel rank, in rank order (one tensor, replicated, for an unsplit one)."""
         match = _LAYER.fullmatch(name)
         if match is None:
-            full = torch.cat(shards, 0) if name in _ROWS else shards[0]
-            return [(_GLOBAL[name], full)]
+            full = torch.cat(shards, 0) if name in self.rows else shards[0]
+            return [(self.globals[name], full)]
         prefix, rest = f"model.layers.{int(match[1]) + self.layer_offset}.", match[2]
         if rest in _PER_LAYER:
             full = torch.cat(shards, 1) if rest in _COLUMNS else shards[0]

@@ -108,9 +108,26 @@ def rope_base(hf_config) -> float:
     return float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
 
 
-def build_gpt_model(hf_config, config, pre_process: bool, post_process: bool, device: torch.device) -> Any:
+class ValueHead(torch.nn.Module):
+    """A value model's output layer: ``V`` ``[S, B, 1]`` from the final hidden states ``[S, B, H]``,
+    one linear unit with a bias, whole on every tensor-parallel rank. The hidden states it reads are
+    the same on every rank, so each rank computes the same values, and the gradient each sends back
+    is already the whole one (no collective, unlike a vocabulary-parallel output layer)."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(1, hidden_size, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.empty(1, dtype=dtype))
+
+    def forward(self, hidden: torch.Tensor, weight=None, runtime_gather_output=None) -> tuple[torch.Tensor, None]:
+        return F.linear(hidden, self.weight, self.bias), None  # GPTModel's call and (output, bias) return
+
+
+def build_gpt_model(hf_config, config, pre_process: bool, post_process: bool, device: torch.device,
+                    value_head: bool = False) -> Any:
     """This pipeline stage's ``GPTModel`` (embedding on the first stage, output layer on the last)
-    on ``device``.
+    on ``device``; with ``value_head``, a value model whose last stage outputs ``[B, S, 1]``
+    (:class:`ValueHead`) instead of logits.
 
     Tied embeddings split over pipeline stages are two parameters kept equal (the caller loads both
     from the checkpoint and sums their gradients over Megatron's embedding group). On CUDA Megatron
@@ -121,9 +138,11 @@ def build_gpt_model(hf_config, config, pre_process: bool, post_process: bool, de
         config=config, transformer_layer_spec=layer_spec(), vocab_size=hf_config.vocab_size,
         max_sequence_length=hf_config.max_position_embeddings, pre_process=pre_process, post_process=post_process,
         parallel_output=True,  # vocabulary-parallel logits: gather_vocabulary() (Megatron's gather is CUDA-only)
-        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings) and (
+        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings) and not value_head and (
             config.pipeline_model_parallel_size == 1 or device.type == "cuda"),
         position_embedding_type="rope", rotary_base=int(rope_base(hf_config)))
+    if value_head and post_process:
+        model.output_layer = ValueHead(config.hidden_size, config.params_dtype)
     if device.type == "cpu":
         _rotary_stays_on_cpu(model.rotary_pos_emb)
     return model.to(device)

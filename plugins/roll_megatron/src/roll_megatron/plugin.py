@@ -1,5 +1,5 @@
 """The hook roll discovers through the ``roll`` entry point: ``megatron`` for the policy (train, with
-LoRA) and for a frozen reference's log-probs (infer, ``generates=False``)."""
+LoRA), for PPO's critic, and for a frozen reference's log-probs (infer, ``generates=False``)."""
 
 from roll_core import hookimpl
 
@@ -11,6 +11,9 @@ OPTIONS = "roll_megatron.options:MegatronOptions"
 def roll_register_strategies(register):
     register("megatron", "roll_megatron.strategy:MegatronTrainStrategy", kind="train", lora=True,
              description="Megatron-Core GPT (Llama/Qwen2): tensor, pipeline and data parallelism; LoRA",
+             requires=REQUIRES, options=OPTIONS)
+    register("megatron", "roll_megatron.strategy:MegatronCriticStrategy", kind="critic",
+             description="Megatron-Core GPT (Llama/Qwen2) with a value head: tensor, pipeline and data parallelism",
              requires=REQUIRES, options=OPTIONS)
     register("megatron", "roll_megatron.strategy:MegatronReferenceStrategy", kind="infer", generates=False,
              description="Megatron-Core GPT log-probs for roles.reference, sharded like the policy (no generation)",

@@ -1,4 +1,5 @@
-"""``megatron``: the policy as a Megatron-Core ``GPTModel`` with tensor, pipeline and data parallelism.
+"""``megatron``: the policy (and PPO's critic, and a frozen reference) as a Megatron-Core ``GPTModel``
+with tensor, pipeline and data parallelism.
 
 A role of ``num_workers`` workers is laid out by Megatron's ``parallel_state`` as
 ``tensor_parallel_size x pipeline_parallel_size`` model-parallel ranks times ``num_workers / that``
@@ -21,12 +22,18 @@ The engine primitives, on any device (CPU over gloo here, GPUs over nccl):
   names; data-parallel rank 0, tensor rank 0 of every stage yields them, so each name comes from
   exactly one rank.
 
+The critic is the same model with a one-label value head for an output layer, whole on every
+tensor-parallel rank (:class:`~roll_megatron.model.ValueHead`): its ``values`` need no vocabulary
+gathered, and its ``model/`` is the ``...ForTokenClassification`` directory the ``hf`` critic writes.
+
 Use it: ``roles.actor_train.strategy=megatron roles.actor_train.num_workers=2
-roles.actor_train.strategy_options.tensor_parallel_size=2``.
+roles.actor_train.strategy_options.tensor_parallel_size=2``; for the critic, the same keys under
+``roles.critic``.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from pathlib import Path
@@ -40,9 +47,9 @@ from roll_core.runtime.distributed import bucketed, ensure_process_group, rank_w
 from roll_core.strategies import lora as core_lora
 from roll_core.strategies.engines import check_engine_version, import_engine
 from roll_core.strategies.hf import TorchOffloading, TorchPrimitives, fused_adamw
-from roll_core.strategies.models import default_device, full_sequence, safetensors_files
+from roll_core.strategies.models import default_device, fresh_value_head, full_sequence, safetensors_files
 from roll_core.strategies.sequences import causal_lm_outputs
-from roll_core.strategy import InferStrategy, TrainStrategy
+from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy
 from roll_megatron import SUPPORTED_MEGATRON
 from roll_megatron import lora as megatron_lora
 from roll_megatron.convert import Layout
@@ -81,12 +88,15 @@ def hf_tensors(model_path: str) -> dict[str, torch.Tensor]:
 class _MegatronModel(TorchOffloading):
     """A Hugging Face checkpoint as a Megatron-Core ``GPTModel`` sharded over the role's workers,
     with the pipelined forward pass and the weights back under Hugging Face names: what the trained
-    policy and a frozen reference share."""
+    policy, a frozen reference and the critic share. ``value_model``: the output layer is a value
+    head (:class:`~roll_megatron.model.ValueHead`) whose output is ``values``, not logits."""
+
+    value_model = False
 
     def __init__(self, model_path: str, role_config, seed: int):
         from transformers import AutoConfig
 
-        self.role_config = role_config
+        self.role_config, self.seed = role_config, seed
         self.options = MegatronOptions.model_validate(getattr(role_config, "strategy_options", {}) or {})
         self.ps = ps = _parallel_state(self.options)
         self.device = default_device()
@@ -98,15 +108,19 @@ class _MegatronModel(TorchOffloading):
         self.tp, self.pp = self.options.tensor_parallel_size, self.options.pipeline_parallel_size
         self.config = transformer_config(self.hf_config, torch.float32, self.tp, self.pp)
         self.first, self.last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
-        self.tied = bool(self.hf_config.tie_word_embeddings)
+        self.tied = bool(self.hf_config.tie_word_embeddings) and not self.value_model
         per_stage = self.hf_config.num_hidden_layers // self.pp
         self.layout = Layout(self.config, ps.get_tensor_model_parallel_rank(), self.tp,
-                             ps.get_pipeline_model_parallel_rank() * per_stage)
-        self.model = build_gpt_model(self.hf_config, self.config, self.first, self.last, self.device)
+                             ps.get_pipeline_model_parallel_rank() * per_stage, value_head=self.value_model)
+        self.model = build_gpt_model(self.hf_config, self.config, self.first, self.last, self.device,
+                                     value_head=self.value_model)
         self._load_hf(model_path)
 
     def _load_hf(self, model_path: str) -> None:
         tensors = hf_tensors(model_path)
+        if self.value_model and "score.weight" not in tensors:  # a policy's checkpoint: a fresh head
+            head = fresh_value_head(self.hf_config.hidden_size, self.hf_config.initializer_range, self.seed)
+            tensors |= {f"score.{name}": value for name, value in head.items()}
 
         def hf(name: str) -> torch.Tensor:
             if name == "lm_head.weight" and name not in tensors and self.tied:
@@ -127,14 +141,29 @@ class _MegatronModel(TorchOffloading):
 
     # -- the pipeline ------------------------------------------------------------------------
     def _stage_forward(self, micro: Batch, received: torch.Tensor | None) -> torch.Tensor:
-        """This stage's output for ``micro``: logits ``[B, S, V]`` on the last stage, hidden states
-        ``[S, B, H]`` on the others (``received`` is the previous stage's)."""
+        """This stage's output for ``micro``: the output layer's ``[B, S, V / tp]`` (a value head's
+        ``[B, S, 1]``) on the last stage, hidden states ``[S, B, H]`` on the others (``received`` is
+        the previous stage's)."""
         ids, mask = (t.to(self.device) for t in full_sequence(micro))
         positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
         if not self.first:
             self.model.set_input_tensor(received)
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=attention_mask(mask))
-        return gather_vocabulary(out) if self.last else out
+        return self.model(input_ids=ids, position_ids=positions, attention_mask=attention_mask(mask))
+
+    def _outputs(self, out: torch.Tensor, micro: Batch, outputs: Collection[str],
+                 temperature: float) -> dict[str, torch.Tensor]:
+        """roll's ``outputs`` from the last stage's ``out`` for ``micro`` (its tensors on the device):
+        a value model's ``values`` ``[B, R]``, read at the position before each response token, as
+        ``hf``'s critic reads them; else the log-probs, entropy or distributions of the responses
+        from the gathered vocabulary."""
+        responses = micro["responses"].shape[1]
+        if self.value_model:
+            return {"values": out[:, -responses - 1:-1, 0]}
+        ids = torch.cat([micro["prompt_ids"], micro["responses"]], 1)
+        return causal_lm_outputs(gather_vocabulary(out), ids, responses, outputs, temperature)
+
+    def _on_device(self, batch: Batch) -> Batch:
+        return Batch({k: v.to(self.device) for k, v in batch.tensors.items()}, batch.non_tensors)
 
     def _hidden_shape(self, micro: Batch) -> tuple[int, int, int]:
         return (micro["prompt_ids"].shape[1] + micro["responses"].shape[1], len(micro), self.config.hidden_size)
@@ -160,8 +189,7 @@ class _MegatronModel(TorchOffloading):
         out = self._stage_forward(batch, received)
         result = None
         if self.last:
-            ids = torch.cat([batch["prompt_ids"], batch["responses"]], 1).to(self.device)
-            found = causal_lm_outputs(out, ids, batch["responses"].shape[1], outputs, temperature)
+            found = self._outputs(out, self._on_device(batch), outputs, temperature)
             rmask = batch["response_mask"].to(self.device)
             result = {k: (v * (rmask[..., None] if v.dim() == 3 else rmask)).cpu() for k, v in found.items()}
         else:
@@ -200,14 +228,16 @@ class _MegatronModel(TorchOffloading):
                 yield hf_name, tensor
 
 
-class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
-    """The policy on Megatron-Core (``roles.actor_train.strategy: megatron``); under
-    ``roles.actor_train.lora``, adapters on its parallel linear layers (:mod:`roll_megatron.lora`)."""
+class _MegatronTrainable(_MegatronModel, TorchPrimitives):
+    """A trained model on Megatron-Core, the policy's and the critic's: the pipelined forward and
+    backward passes, gradients reduced and clipped over the layout, the optimizers, and checkpoints
+    (a Hugging Face ``model/`` and each rank's shards). Under ``roles.actor_train.lora`` (the policy
+    only), adapters on its parallel linear layers (:mod:`roll_megatron.lora`)."""
 
     def __init__(self, model_path: str, role_config, seed: int):
         super().__init__(model_path, role_config, seed)
         self.generator = torch.Generator().manual_seed(seed)
-        self.lora, self.seed = getattr(role_config, "lora", None), seed
+        self.lora = getattr(role_config, "lora", None)
         if self.lora is not None:
             targets = self.lora.target_modules
             self.lora_targets = [p for p in megatron_lora.HF_PROJECTIONS if targets == "all-linear" or p in targets]
@@ -242,9 +272,8 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
             out = self._stage_forward(micro, received)
             metrics = None
             if self.last:
-                on_device = Batch({k: v.to(self.device) for k, v in micro.tensors.items()}, micro.non_tensors)
-                ids = torch.cat([on_device["prompt_ids"], on_device["responses"]], 1)
-                found = causal_lm_outputs(out, ids, micro["responses"].shape[1], loss_fn.outputs, loss_fn.temperature)
+                on_device = self._on_device(micro)
+                found = self._outputs(out, on_device, loss_fn.outputs, loss_fn.temperature)
                 loss, metrics = loss_fn(found, on_device, *denominators)
                 loss.backward()
             else:
@@ -313,29 +342,6 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
     def _gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
         return torch.cat(self.tp_shards(tensor), dim)
 
-    def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        # One rank per stage sends; the others take part in the gathers. Under LoRA the adapters
-        # alone travel and the inference side merges them (roll_core.strategies.lora.AdapterMerger).
-        if self.lora is not None:
-            scaling = self.lora.alpha / self.lora.rank
-            tensors = megatron_lora.adapter_tensors(self.model, self.layout, self._gather, scaling)
-        else:
-            tensors = self.hf_parameters()
-        yield from bucketed(tensors, bucket_bytes, keep=self._owner())
-
-    def base_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
-        """Log-probs under the base model, the adapters disabled (a LoRA run's reference)."""
-        if self.lora is None:
-            raise RuntimeError("base_log_probs needs roles.actor_train.lora")
-        with megatron_lora.adapters_disabled(self.model):
-            return self.compute_log_probs(batch, temperature, distribution)
-
-    def fold_adapters(self, base_path: str) -> None:
-        """LoRA: the adapters become part of the base (``base_path`` holds it as a plain model) and
-        fresh ones start; the policy is unchanged."""
-        megatron_lora.fold(self.model, self.seed, self.layout)
-        self.lora_base = base_path
-
     # -- checkpoints -------------------------------------------------------------------------
     def _on_rank0(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
         """Every stage's ``(name, tensor)`` pairs on global rank 0 (None elsewhere), one rank per
@@ -349,8 +355,9 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
         return {k: v for part in stages or [] for k, v in part.items()} if rank == 0 else None
 
     def export_model(self, directory: str) -> None:
-        """The policy as a plain Hugging Face directory (under LoRA, the adapters merged), written
-        by global rank 0 from every stage's weights. Called on every rank."""
+        """The model as a plain Hugging Face directory (the policy's with LoRA's adapters merged; the
+        critic's as ``...ForTokenClassification``), written by global rank 0 from every stage's
+        weights. Called on every rank."""
         weights = self._on_rank0(self.hf_parameters())
         if weights is not None:
             self._save_hf(Path(directory), weights)
@@ -380,9 +387,14 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
         dist.barrier()
 
     def _save_hf(self, directory: Path, weights: dict[str, torch.Tensor]) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-        model = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
+        if self.value_model:  # one label, no dropout: what load_value_model reads back
+            config = copy.deepcopy(self.hf_config)
+            config.num_labels, config.classifier_dropout = 1, 0.0
+            model = AutoModelForTokenClassification.from_config(config, dtype=torch.float32)
+        else:
+            model = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
         missing, unexpected = model.load_state_dict(weights, strict=False)
         missing = [m for m in missing if not (self.tied and m == "lm_head.weight")]
         if missing or unexpected:
@@ -418,6 +430,42 @@ class MegatronTrainStrategy(_MegatronModel, TorchPrimitives, TrainStrategy):
                 self.optimizers[name] = self._new_optimizer(lr=self.role_config.lr)
             _local(self.optimizers[name]).load_state_dict(optimizer_state)
         self.generator.set_state(state["generator"])
+
+
+class MegatronTrainStrategy(_MegatronTrainable, TrainStrategy):
+    """The policy on Megatron-Core (``roles.actor_train.strategy: megatron``), LoRA included."""
+
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        # One rank per stage sends; the others take part in the gathers. Under LoRA the adapters
+        # alone travel and the inference side merges them (roll_core.strategies.lora.AdapterMerger).
+        if self.lora is not None:
+            scaling = self.lora.alpha / self.lora.rank
+            tensors = megatron_lora.adapter_tensors(self.model, self.layout, self._gather, scaling)
+        else:
+            tensors = self.hf_parameters()
+        yield from bucketed(tensors, bucket_bytes, keep=self._owner())
+
+    def base_log_probs(self, batch: Batch, temperature: float, distribution: bool = False) -> torch.Tensor:
+        """Log-probs under the base model, the adapters disabled (a LoRA run's reference)."""
+        if self.lora is None:
+            raise RuntimeError("base_log_probs needs roles.actor_train.lora")
+        with megatron_lora.adapters_disabled(self.model):
+            return self.compute_log_probs(batch, temperature, distribution)
+
+    def fold_adapters(self, base_path: str) -> None:
+        """LoRA: the adapters become part of the base (``base_path`` holds it as a plain model) and
+        fresh ones start; the policy is unchanged."""
+        megatron_lora.fold(self.model, self.seed, self.layout)
+        self.lora_base = base_path
+
+
+class MegatronCriticStrategy(_MegatronTrainable, CriticStrategy):
+    """PPO's value model on Megatron-Core (``roles.critic.strategy: megatron``), laid out like the
+    policy: the policy's checkpoint with a fresh one-label head (:func:`fresh_value_head`, the head
+    the ``hf`` critic draws for the seed), whose ``model/`` is a Hugging Face
+    ``...ForTokenClassification`` as ``hf``'s critic writes it."""
+
+    value_model = True
 
 
 def _local(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
