@@ -10,6 +10,7 @@ checkpoint on one rank, at TP=2 and at PP=2.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -500,6 +501,7 @@ def test_the_critic_computes_saves_and_resumes_what_hf_does(tiny_model_path, tmp
 
     cfg = load_config(None, CRITIC)
     critic = MegatronCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=3)
+    assert not critic.model.share_embeddings_and_output_weights  # the tiny policy's tied embeddings
     batch = training_batch(critic.hf_config.vocab_size)
     expected = _hf_critic_values(str(tiny_model_path), cfg, batch)
     torch.testing.assert_close(critic.compute_values(batch), expected["before"], atol=1e-5, rtol=0)
@@ -509,8 +511,12 @@ def test_the_critic_computes_saves_and_resumes_what_hf_does(tiny_model_path, tmp
     torch.testing.assert_close(critic.compute_values(batch), expected["after"], atol=1e-5, rtol=0)
 
     critic.save_checkpoint(str(tmp_path / "ckpt"))
-    exported = HFCriticStrategy(str(tmp_path / "ckpt" / "model"), hf_role(cfg.roles.critic), seed=4)
-    torch.testing.assert_close(exported.compute_values(batch), expected["after"], atol=1e-5, rtol=0)
+    config = json.loads((tmp_path / "ckpt" / "model" / "config.json").read_text())
+    assert (config["architectures"], len(config["id2label"]), config["classifier_dropout"]) == (
+        ["LlamaForTokenClassification"], 1, 0.0)  # as the hf critic writes it: one label, no dropout
+    for strategy, role in ((HFCriticStrategy, hf_role(cfg.roles.critic)), (MegatronCriticStrategy, cfg.roles.critic)):
+        exported = strategy(str(tmp_path / "ckpt" / "model"), role, seed=4)  # a value model: its trained head
+        torch.testing.assert_close(exported.compute_values(batch), expected["after"], atol=1e-5, rtol=0)
     _critic_update(critic, cfg, batch)
     resumed = MegatronCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=4)
     resumed.load_checkpoint(str(tmp_path / "ckpt"))
@@ -536,8 +542,9 @@ def _critic_rank(rank: int, port: int, model_path: str, layout: str, directory: 
         got = _critic_update(critic, cfg, batch)
         metrics = all(got[k] == pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in expected["metrics"].items())
         after = torch.allclose(critic.compute_values(batch), expected["after"], atol=1e-4, rtol=0)
+        names = sorted(dict(critic.hf_parameters()))  # a collective: every rank calls it
         critic.save_checkpoint(directory)
-        out.put((rank, before, metrics, after))
+        out.put((rank, before, metrics, after, names))
     finally:
         dist.destroy_process_group()
 
@@ -551,9 +558,13 @@ def test_the_critic_on_two_ranks_computes_and_saves_what_hf_does(tiny_model_path
     batch = training_batch(HFCriticStrategy(str(tiny_model_path), hf_role(cfg.roles.critic), 0).model.config.vocab_size)
     expected = _hf_critic_values(str(tiny_model_path), cfg, batch)
     port = 20000 + int(tmp_path.stat().st_ino) % 20000
-    for rank, *checks in _spawn_two(_critic_rank, port, str(tiny_model_path), layout, str(tmp_path / "ckpt"),
-                                    expected):
+    names = []
+    for rank, *checks, held in _spawn_two(_critic_rank, port, str(tiny_model_path), layout, str(tmp_path / "ckpt"),
+                                          expected):
         assert checks == [True, True, True], (rank, checks)
+        names.append(set(held))
+    if layout == "pp2":  # each stage its own layers; the head on the last stage alone
+        assert not names[0] & names[1] and {"score.weight", "score.bias"} <= names[1]
     exported = HFCriticStrategy(str(tmp_path / "ckpt" / "model"), hf_role(cfg.roles.critic), seed=4)
     torch.testing.assert_close(exported.compute_values(batch), expected["after"], atol=1e-4, rtol=0)
 
