@@ -68,7 +68,9 @@ def fresh_value_head(hidden_size: int, std: float, seed: int) -> dict[str, torch
     """A value model's new one-label head: ``weight`` ``[1, H]`` drawn from N(0, std^2) by a
     generator of its own seeded with ``seed``, ``bias`` ``[1]`` zero (transformers' draw for a new
     linear layer, ``std`` being the checkpoint's ``initializer_range``). One definition for every
-    strategy that hosts a critic, so a seed gives the same head on ``hf`` and on roll-megatron."""
+    strategy that hosts a critic, so a seed gives the same head on ``hf`` and on roll-megatron. With
+    transformers 5.24 it is bitwise the head that transformers drew from the global RNG seeded with
+    ``seed``, which ``load_value_model`` relied on before; now no transformers release can change it."""
     generator = torch.Generator().manual_seed(seed)
     return {"weight": torch.randn(1, hidden_size, generator=generator) * std, "bias": torch.zeros(1)}
 
