@@ -4,6 +4,7 @@ installed). A registration that changes without the page fails here, with the ro
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import re
@@ -49,8 +50,27 @@ def _options(kinds: dict[str, dict]) -> str:
                      for name, have in fields.items()) or "-"
 
 
+@contextlib.contextmanager
+def _plugin_sources():
+    """The plugins' modules importable from source for the block, and gone from ``sys.path`` and
+    ``sys.modules`` after it, so no other test sees a plugin this venv did not install."""
+    path, modules = list(sys.path), set(sys.modules)
+    try:
+        yield
+    finally:
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            if name.split(".")[0].startswith(("roll_", "_backends_doc_")) and not name.startswith("roll_core"):
+                del sys.modules[name]
+
+
 def matrix() -> list[str]:
     """The page's table, one row per strategy name, from the registrations."""
+    with _plugin_sources():
+        return _rows()
+
+
+def _rows() -> list[str]:
     names: dict[str, list[tuple[str, dict]]] = {}
     for name, package, meta in _registrations():
         names.setdefault(name, []).append((package, meta))
@@ -74,8 +94,10 @@ def matrix() -> list[str]:
 
 
 def test_the_backends_page_shows_every_registration():
+    installed = "roll_megatron" in sys.modules
     found = TABLE.search(PAGE.read_text())
     assert found, "docs/backends.md lacks its <!-- backends:matrix --> table"
     expected = matrix()
     assert found[1].split("\n") == expected, "docs/backends.md's matrix is out of date; it should read:\n" + \
         "\n".join(expected)
+    assert ("roll_megatron" in sys.modules) == installed  # a plugin read from source is not left imported
