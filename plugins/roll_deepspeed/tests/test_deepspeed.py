@@ -157,6 +157,32 @@ def test_the_critic_computes_what_hf_computes(tiny_model_path):
                                atol=1e-4, rtol=0)
 
 
+def test_the_critic_trains_on_packed_rows_as_on_padded_ones(tiny_model_path, monkeypatch):
+    """roles.critic.pack_sequences on deepspeed: accepted by roll validate, the passes really packed,
+    and the values and the update's loss those of padded rows."""
+    import roll_core.strategies.hf as hf_strategy
+
+    packed_passes = []
+    original = hf_strategy.packed_forward
+    monkeypatch.setattr(hf_strategy, "packed_forward", lambda *a, **k: packed_passes.append(1) or original(*a, **k))
+    results = {}
+    for pack in (True, False):
+        cfg = load_and_check(None, ["algorithm.advantage_estimator=gae", "roles.critic.strategy=deepspeed",
+                                    "roles.critic.micro_batch_size=2", f"roles.critic.pack_sequences={pack}",
+                                    f"roles.critic.strategy_options={stage(3)}"])
+        critic = DeepSpeedCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=0)
+        batch, before = training_batch(critic.module.config.vocab_size), len(packed_passes)
+        values = critic.compute_values(batch)
+        metrics = update(critic, batch, CriticObjective.from_config(cfg.algorithm, cfg.rollout),
+                         UpdateSpec.from_config(cfg.algorithm, cfg.roles.critic, prefix="critic"))
+        results[pack] = (values, critic.compute_values(batch), metrics["critic/value_loss"], len(packed_passes) - before)
+    (packed, packed_after, packed_loss, passes), (padded, padded_after, padded_loss, none) = results[True], results[False]
+    assert passes > 0 and none == 0
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed_after, padded_after, atol=1e-5, rtol=0)
+    assert packed_loss == pytest.approx(padded_loss, rel=1e-5)
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("zero, adapters", [(2, False), (3, False), (2, True), (3, True)],
                          ids=["zero2", "zero3", "zero2-lora", "zero3-lora"])
