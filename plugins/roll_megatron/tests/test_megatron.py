@@ -473,6 +473,58 @@ def test_a_lora_warm_up_folds_into_the_base_the_reference_and_the_engines_use(tm
     assert resumed.lora_base == str(run / "warm-model")
 
 
+def _grouped(batch):
+    """training_batch's samples 0-3 and 4-5 sharing a prompt (GRPO groups): packed, a group's
+    responses follow each other after one copy of the prompt."""
+    for tensor in (batch["prompt_ids"], batch["prompt_mask"]):
+        tensor[1:4] = tensor[0]
+        tensor[5] = tensor[4]
+    return batch
+
+
+@pytest.mark.parametrize("budget", [None, 12], ids=["micro-batches-of-2", "max-tokens-12"])
+def test_packed_rows_compute_what_padded_rows_compute(tiny_model_path, budget):
+    """pack_sequences (on unless set false): fewer positions than the padded rows, each response
+    rotated by its own positions though it follows another in its row; log-probs, entropy, one
+    update's metrics and every weight after it are the padded rows'. With max_tokens_per_micro_batch
+    the micro-batches are sized by tokens and the update stays the same."""
+    from roll_megatron.strategy import MegatronTrainStrategy
+
+    results = []
+    for pack in (True, False):
+        overrides = UPDATE + ["roles.actor_train.strategy=megatron", f"roles.actor_train.pack_sequences={pack}"]
+        overrides += [f"roles.actor_train.max_tokens_per_micro_batch={budget}"] if budget and pack else []
+        cfg = load_and_check(None, overrides)
+        trainer = MegatronTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+        batch = _grouped(training_batch(trainer.hf_config.vocab_size))
+        rows = trainer._rows(batch)
+        assert (rows.packed is not None) == pack
+        positions = rows.ids.numel()
+        outputs = trainer.forward(batch, ("log_probs", "entropy"), 1.0)
+        assert trainer.model.rotary_pos_emb.positions is None  # per-token positions for that pass only
+        passes, make_rows = [], trainer._rows
+        trainer._rows = lambda micro: passes.append(len(micro)) or make_rows(micro)
+        metrics = update(trainer, batch, ActorObjective.from_config(cfg.algorithm, cfg.rollout),
+                         UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train))
+        results.append((positions, outputs, metrics, full_weights(trainer), passes))
+    (packed_positions, packed, packed_metrics, packed_weights, packed_passes), (
+        padded_positions, padded, metrics, weights, padded_passes) = results
+    assert packed_positions < padded_positions
+    widths = []
+    for settings in ("{}", "{pack_max_length: 9}"):  # unset: packed; the widest sample is 9 tokens
+        trainer.role_config = load_config(None, [f"roles.actor_train={settings}"]).roles.actor_train
+        widths.append(type(trainer)._rows(trainer, batch).ids.shape[1])  # not the pass counter
+    assert widths[1] == 9 < widths[0]
+    assert padded_passes == [2] * 8  # 2 epochs x 2 mini-batches x micro-batches of 2
+    assert (packed_passes == padded_passes) == (budget is None)  # else sized by tokens
+    for name in ("log_probs", "entropy"):
+        torch.testing.assert_close(packed[name], padded[name], atol=1e-5, rtol=0, msg=name)
+    for key in ("train/pg_loss", "train/kl", "train/entropy", "train/grad_norm"):
+        assert packed_metrics[key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
+    for name, value in weights.items():
+        torch.testing.assert_close(packed_weights[name], value, atol=1e-5, rtol=1e-4, msg=name)
+
+
 CRITIC = UPDATE + ["algorithm.advantage_estimator=gae", "roles.critic.strategy=megatron",
                    "roles.critic.micro_batch_size=2"]
 CRITIC_METRICS = ("critic/value_loss", "critic/abs_error", "critic/grad_norm")

@@ -22,7 +22,7 @@ it, then narrowed while the rows stay as few: attention is computed densely over
 transformers passes such a mask through as given, as a boolean mask to ``sdpa`` and an additive one to
 ``eager``.
 
-Used by the torch strategies' forward passes (``hf``, ``fsdp2``, ``deepspeed``) when a role's
+Used by the torch strategies' forward passes (``hf``, ``fsdp2``, ``deepspeed``, roll-megatron's) when a role's
 ``pack_sequences`` is on (the default where the strategy supports it). Measured in
 ``docs/benchmarks.md`` (``benchmarks/bench_packing.py``).
 """

@@ -9,11 +9,15 @@ Attention masks follow Megatron's convention (``True`` = masked out) and combine
 with the sequences' padding (:func:`attention_mask`). Rotary positions count from each row's first
 column, not its first real token as Hugging Face's ``position_ids`` do; RoPE only sees the distance
 between a query and a key, and real tokens never attend to padding, so the outputs are the same.
+Packed rows (:mod:`roll_core.strategies.packing`) are the exception: a response that follows
+another one in its row must be rotated by its own positions, which :func:`positions_in` hands to
+the rotary embedding for one forward pass.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -143,21 +147,47 @@ def build_gpt_model(hf_config, config, pre_process: bool, post_process: bool, de
         position_embedding_type="rope", rotary_base=int(rope_base(hf_config)))
     if value_head and post_process:
         model.output_layer = ValueHead(config.hidden_size, config.params_dtype)
-    if device.type == "cpu":
-        _rotary_stays_on_cpu(model.rotary_pos_emb)
+    _rotary_by_position(model.rotary_pos_emb, device)
     return model.to(device)
 
 
-def _rotary_stays_on_cpu(rope) -> None:
-    """Megatron's ``RotaryEmbedding.get_emb`` moves its frequencies to CUDA on first use; on CPU the
-    same embedding is computed where the frequencies are."""
+def _rotary_by_position(rope, device: torch.device) -> None:
+    """Megatron's rotary embedding (``get_emb``: ``[S, 1, 1, D]``, one position per column) made to
+    rotate each token by its own position while :func:`positions_in` sets them (``[S, B, 1, D]``).
+    On CPU the embedding is also computed where the frequencies are: Megatron's ``get_emb`` moves
+    them to CUDA on first use."""
     assert not rope.rotary_interleaved  # Llama and Qwen2 rotate halves
+    by_column = rope.get_emb
+    rope.positions = None
 
     def get_emb(max_seq_len: int, offset: int = 0) -> torch.Tensor:
-        freqs = rope.get_freqs_non_repeated(max_seq_len, offset)
-        return torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
+        positions = rope.positions  # a token's position is at most its column: max_seq_len covers them
+        if device.type == "cpu":
+            freqs = rope.get_freqs_non_repeated(max_seq_len, offset)
+            table = torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
+        else:
+            table = by_column(max_seq_len, offset)
+        if positions is None:
+            return table
+        return table[:, 0, 0][positions.t().to(table.device)][:, :, None, :]  # [S, B, 1, D]
 
-    rope.get_emb = get_emb
+    def forward(max_seq_len: int, offset: int = 0, packed_seq: bool = False, cp_group=None) -> torch.Tensor:
+        if rope.positions is None:  # Megatron's own, whose results it caches by length
+            return type(rope).forward(rope, max_seq_len, offset, packed_seq, cp_group)
+        return get_emb(max_seq_len, offset)  # per token: never from (or into) that cache
+
+    rope.get_emb, rope.forward = get_emb, forward
+
+
+@contextlib.contextmanager
+def positions_in(model, positions: torch.Tensor | None) -> Iterator[None]:
+    """Within the block, ``model``'s rotary embedding rotates token ``(b, s)`` by ``positions[b, s]``
+    (None: by its column, Megatron's own)."""
+    model.rotary_pos_emb.positions = positions
+    try:
+        yield
+    finally:
+        model.rotary_pos_emb.positions = None
 
 
 def attention_mask(mask: torch.Tensor) -> torch.Tensor:

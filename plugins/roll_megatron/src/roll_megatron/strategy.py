@@ -8,6 +8,9 @@ and go back to Hugging Face names for the weight sync and the exported model.
 
 The engine primitives, on any device (CPU over gloo here, GPUs over nccl):
 
+* rows: each micro-batch (``micro_batch_size`` samples, or ``max_tokens_per_micro_batch`` tokens) is
+  packed as the torch strategies pack it (:mod:`roll_core.strategies.packing`: no padding, a
+  group's prompt once), unless ``pack_sequences: false``; every stage makes the same rows.
 * ``forward`` / ``forward_backward``: each micro-batch goes through the pipeline stages in turn,
   hidden states sent forward and their gradients back with point-to-point ``send``/``recv`` (one
   micro-batch in flight; Megatron's interleaved schedules allocate on CUDA). The last stage gathers
@@ -36,6 +39,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection, Iterator
 
@@ -48,12 +52,14 @@ from roll_core.strategies import lora as core_lora
 from roll_core.strategies.engines import check_engine_version, import_engine
 from roll_core.strategies.hf import TorchOffloading, TorchPrimitives, fused_adamw
 from roll_core.strategies.models import default_device, fresh_value_head, full_sequence, safetensors_files
-from roll_core.strategies.sequences import causal_lm_outputs
+from roll_core.strategies.packing import PackedSequences, pack_sequences
+from roll_core.strategies.sequences import response_outputs
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy
+from roll_core.training import micro_batches
 from roll_megatron import SUPPORTED_MEGATRON
 from roll_megatron import lora as megatron_lora
 from roll_megatron.convert import Layout
-from roll_megatron.model import attention_mask, build_gpt_model, gather_vocabulary, transformer_config
+from roll_megatron.model import attention_mask, build_gpt_model, gather_vocabulary, positions_in, transformer_config
 from roll_megatron.options import MegatronOptions
 
 
@@ -83,6 +89,25 @@ def hf_tensors(model_path: str) -> dict[str, torch.Tensor]:
     for path in safetensors_files(model_path):
         tensors.update(load_file(str(path)))
     return tensors
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A micro-batch as the model takes it: token ids ``[N, W]``, Megatron's attention mask
+    ``[N, 1, W, W]`` (``True`` = masked out), and for packed rows (``packed``) each token's rotary
+    position ``[N, W]`` (None: padded rows, rotated by column)."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor | None
+    packed: PackedSequences | None
+
+    def at_responses(self, per_position: torch.Tensor, micro: Batch) -> torch.Tensor:
+        """``[N, W, ...]`` -> ``[B, R, ...]``: the values at the positions that predict each of
+        ``micro``'s response tokens (on padded rows, the one before it)."""
+        if self.packed is None:
+            return per_position[:, -micro["responses"].shape[1] - 1:-1]
+        return self.packed.at_responses(per_position)
 
 
 class _MegatronModel(TorchOffloading):
@@ -140,33 +165,45 @@ class _MegatronModel(TorchOffloading):
         return self.ps.get_data_parallel_group()
 
     # -- the pipeline ------------------------------------------------------------------------
-    def _stage_forward(self, micro: Batch, received: torch.Tensor | None) -> torch.Tensor:
-        """This stage's output for ``micro``: the output layer's ``[B, S, V / tp]`` (a value head's
-        ``[B, S, 1]``) on the last stage, hidden states ``[S, B, H]`` on the others (``received`` is
+    def _rows(self, micro: Batch) -> _Rows:
+        """``micro`` as the model takes it: packed when the role packs sequences (``pack_sequences``
+        on or unset), else padded. Every stage makes the same rows from the same micro-batch."""
+        if getattr(self.role_config, "pack_sequences", None) is False:
+            ids, mask = full_sequence(micro)
+            return _Rows(ids, attention_mask(mask), None, None)
+        packed = pack_sequences(micro["prompt_ids"], micro["prompt_mask"], micro["responses"], micro["response_mask"],
+                                max_length=int(getattr(self.role_config, "pack_max_length", 1024)),
+                                pad_token_id=self.hf_config.pad_token_id or 0)
+        return _Rows(packed.input_ids, ~packed.attention_mask("sdpa", self.config.params_dtype), packed.position_ids,
+                     packed)
+
+    def _stage_forward(self, rows: _Rows, received: torch.Tensor | None) -> torch.Tensor:
+        """This stage's output for ``rows``: the output layer's ``[N, W, V / tp]`` (a value head's
+        ``[N, W, 1]``) on the last stage, hidden states ``[W, N, H]`` on the others (``received`` is
         the previous stage's)."""
-        ids, mask = (t.to(self.device) for t in full_sequence(micro))
-        positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+        ids = rows.ids.to(self.device)
         if not self.first:
             self.model.set_input_tensor(received)
-        return self.model(input_ids=ids, position_ids=positions, attention_mask=attention_mask(mask))
+        with positions_in(self.model, rows.positions):
+            return self.model(input_ids=ids, position_ids=torch.arange(ids.shape[1], device=self.device).expand_as(ids),
+                              attention_mask=rows.mask.to(self.device))
 
-    def _outputs(self, out: torch.Tensor, micro: Batch, outputs: Collection[str],
+    def _outputs(self, out: torch.Tensor, rows: _Rows, micro: Batch, outputs: Collection[str],
                  temperature: float) -> dict[str, torch.Tensor]:
-        """roll's ``outputs`` from the last stage's ``out`` for ``micro`` (its tensors on the device):
-        a value model's ``values`` ``[B, R]``, read at the position before each response token, as
-        ``hf``'s critic reads them; else the log-probs, entropy or distributions of the responses
-        from the gathered vocabulary."""
-        responses = micro["responses"].shape[1]
+        """roll's ``outputs`` for ``micro`` (its tensors on the device) from the last stage's ``out``
+        over ``rows``, at the positions that predict each response token: a value model's
+        ``values`` ``[B, R]`` (read there, as ``hf``'s critic reads them); else the log-probs, entropy
+        or distributions of the responses from the gathered vocabulary."""
         if self.value_model:
-            return {"values": out[:, -responses - 1:-1, 0]}
-        ids = torch.cat([micro["prompt_ids"], micro["responses"]], 1)
-        return causal_lm_outputs(gather_vocabulary(out), ids, responses, outputs, temperature)
+            return {"values": rows.at_responses(out[..., 0], micro)}
+        return response_outputs(rows.at_responses(gather_vocabulary(out), micro), micro["responses"], outputs,
+                                temperature)
 
     def _on_device(self, batch: Batch) -> Batch:
         return Batch({k: v.to(self.device) for k, v in batch.tensors.items()}, batch.non_tensors)
 
-    def _hidden_shape(self, micro: Batch) -> tuple[int, int, int]:
-        return (micro["prompt_ids"].shape[1] + micro["responses"].shape[1], len(micro), self.config.hidden_size)
+    def _hidden_shape(self, rows: _Rows) -> tuple[int, int, int]:
+        return (rows.ids.shape[1], rows.ids.shape[0], self.config.hidden_size)
 
     def _recv(self, shape, src: int) -> torch.Tensor:
         buffer = torch.empty(shape, dtype=self.config.params_dtype, device=self.device)
@@ -185,11 +222,14 @@ class _MegatronModel(TorchOffloading):
     @torch.no_grad()
     def forward(self, batch: Batch, outputs: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
         self.model.eval()
-        received = None if self.first else self._recv(self._hidden_shape(batch), self.ps.get_pipeline_model_parallel_prev_rank())
-        out = self._stage_forward(batch, received)
+        rows = self._rows(batch)
+        received = None
+        if not self.first:
+            received = self._recv(self._hidden_shape(rows), self.ps.get_pipeline_model_parallel_prev_rank())
+        out = self._stage_forward(rows, received)
         result = None
         if self.last:
-            found = self._outputs(out, self._on_device(batch), outputs, temperature)
+            found = self._outputs(out, rows, self._on_device(batch), outputs, temperature)
             rmask = batch["response_mask"].to(self.device)
             result = {k: (v * (rmask[..., None] if v.dim() == 3 else rmask)).cpu() for k, v in found.items()}
         else:
@@ -265,15 +305,16 @@ class _MegatronTrainable(_MegatronModel, TorchPrimitives):
         self.model.train()
         prev, nxt = self.ps.get_pipeline_model_parallel_prev_rank(), self.ps.get_pipeline_model_parallel_next_rank()
         per_micro = []
-        for micro in mini.split(micro_batch_size):
-            received = None
+        max_tokens = getattr(self.role_config, "max_tokens_per_micro_batch", None)
+        for micro in micro_batches(mini, micro_batch_size, max_tokens, self.data_parallel_group()):
+            rows, received = self._rows(micro), None
             if not self.first:
-                received = self._recv(self._hidden_shape(micro), prev).requires_grad_()
-            out = self._stage_forward(micro, received)
+                received = self._recv(self._hidden_shape(rows), prev).requires_grad_()
+            out = self._stage_forward(rows, received)
             metrics = None
             if self.last:
                 on_device = self._on_device(micro)
-                found = self._outputs(out, on_device, loss_fn.outputs, loss_fn.temperature)
+                found = self._outputs(out, rows, on_device, loss_fn.outputs, loss_fn.temperature)
                 loss, metrics = loss_fn(found, on_device, *denominators)
                 loss.backward()
             else:
