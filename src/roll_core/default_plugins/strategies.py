@@ -1,5 +1,5 @@
 """Built-in strategies: ``hf`` (transformers + torch) for training and inference; ``fsdp2``
-(the ``hf`` trainer sharded with torch's ``fully_shard``) for data-parallel training."""
+(the ``hf`` trainer and critic sharded with torch's ``fully_shard``) for data-parallel training."""
 
 from roll_core.hookspecs import hookimpl
 
@@ -22,3 +22,6 @@ def roll_register_strategies(register):
     register("fsdp2", "roll_core.strategies.fsdp2:FSDP2TrainStrategy", kind="train", lora=True, packed_sequences=True,
              compiles=True, options=_OPTIONS,
              description="transformers + torch FSDP2 (fully_shard) over the role's workers, AdamW")
+    register("fsdp2", "roll_core.strategies.fsdp2:FSDP2CriticStrategy", kind="critic", packed_sequences=True,
+             compiles=True, options=_OPTIONS,
+             description="the hf critic's value model sharded with torch FSDP2 (fully_shard), AdamW")

@@ -1,4 +1,5 @@
-"""``fsdp2``: the ``hf`` training strategy with its model sharded by torch's FSDP2 (``fully_shard``).
+"""``fsdp2``: the ``hf`` training and critic strategies with their model sharded by torch's FSDP2
+(``fully_shard``).
 
 Each decoder layer (the model's ``_no_split_modules``) and then the whole model become FSDP units
 over the role's data-parallel group: parameters, gradients and Adam moments are split across the
@@ -13,7 +14,11 @@ LoRA (``roles.actor_train.lora``) works as under ``hf``: peft wraps the model be
 so the adapters are FSDP parameters too (trainable beside the frozen base in the same units), and
 what reads or writes a whole adapter or weight gathers or shards it (:mod:`roll_core.strategies.lora`).
 
-Use it: ``roles.actor_train.strategy=fsdp2 roles.actor_train.num_workers=2``.
+The critic (PPO's value model, ``roles.critic.strategy: fsdp2``) is the ``hf`` critic's value model
+sharded the same way; its checkpoints hold the same ``...ForTokenClassification`` ``model/``.
+
+Use it: ``roles.actor_train.strategy=fsdp2 roles.actor_train.num_workers=2`` (and the same keys
+under ``roles.critic``).
 """
 
 from __future__ import annotations
@@ -26,12 +31,18 @@ import torch.distributed as dist
 
 from roll_core.runtime.distributed import ensure_process_group, rank_world
 from roll_core.strategies import lora
-from roll_core.strategies.hf import HFTrainStrategy
-from roll_core.strategies.models import load_causal_lm
+from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
+from roll_core.strategies.models import load_causal_lm, load_value_model
 
 
-class FSDP2TrainStrategy(HFTrainStrategy):
-    """AdamW over FSDP2-sharded parameters (one shard per data-parallel rank)."""
+class _FSDP2Units:
+    """What FSDP2 changes in an ``hf`` strategy, the policy's or the critic's: the model sharded in
+    units before its optimizer is built, gradients summed by the units' reduce-scatter, and whole
+    model and optimizer states gathered (every rank takes part) for checkpoints."""
+
+    model: Any
+    device: torch.device
+    optimizers: dict[str, torch.optim.Optimizer]
 
     def prepare_model(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh
@@ -59,6 +70,27 @@ class FSDP2TrainStrategy(HFTrainStrategy):
 
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
+    def _full_optimizer_state(self) -> dict[str, Any]:
+        """The default optimizer's states, whole, on CPU (gathered: every rank calls it)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizers["default"],
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def _load_states(self, model_state: dict[str, Any] | None, optimizer_state: dict[str, Any]) -> None:
+        """Whole model (None: leave it) and optimizer states, each rank keeping its shards."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        full = StateDictOptions(full_state_dict=True)
+        if model_state is not None:
+            set_model_state_dict(self.model, model_state, options=full)
+        set_optimizer_state_dict(self.model, self.optimizers["default"], optim_state_dict=optimizer_state, options=full)
+
+
+class FSDP2TrainStrategy(_FSDP2Units, HFTrainStrategy):
+    """AdamW over FSDP2-sharded parameters (one shard per data-parallel rank)."""
+
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self.lora is not None:  # hf's merge, which gathers each weight and adapter it reads
             yield from super().full_parameters()
@@ -71,14 +103,11 @@ class FSDP2TrainStrategy(HFTrainStrategy):
         return dict(self.full_parameters()) if self.lora is not None else self._full_state_dict()
 
     def save_checkpoint(self, path: str) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
         root = Path(path)
         if self.lora is None or self.lora.save == "merged":
             self.export_model(str(root / "model"))  # every rank gathers
         adapter = lora.adapter_state(self.model) if self.lora is not None else None
-        optim_state = get_optimizer_state_dict(self.model, self.optimizers["default"],
-                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        optim_state = self._full_optimizer_state()
         if rank_world()[0] == 0:
             if adapter is not None:
                 lora.save_adapter(self.model, root / "adapter", adapter)
@@ -86,15 +115,31 @@ class FSDP2TrainStrategy(HFTrainStrategy):
         dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
-
         root = Path(path)
-        full = StateDictOptions(full_state_dict=True)
         if self.lora is not None:
             lora.load_adapter(self.model, root / "adapter")
-        else:
-            set_model_state_dict(self.model, load_causal_lm(str(root / "model")).state_dict(), options=full)
+        model = None if self.lora is not None else load_causal_lm(str(root / "model")).state_dict()
         state = torch.load(root / "train_state.pt", weights_only=False)
-        set_optimizer_state_dict(self.model, self.optimizers["default"], optim_state_dict=state["optimizer"], options=full)
+        self._load_states(model, state["optimizer"])
         self.generator.set_state(state["generator"])
+
+
+class FSDP2CriticStrategy(_FSDP2Units, HFCriticStrategy):
+    """PPO's value model with FSDP2-sharded parameters: the ``hf`` critic's model, passes and
+    ``model/`` (``...ForTokenClassification``), the optimizer's states split over the ranks."""
+
+    def _plain_model_state(self) -> dict[str, Any]:
+        return self._full_state_dict()  # gathered on every rank (export_model: rank 0 writes it)
+
+    def save_checkpoint(self, path: str) -> None:
+        root = Path(path)
+        self.export_model(str(root / "model"))
+        optim_state = self._full_optimizer_state()
+        if rank_world()[0] == 0:
+            torch.save({"optimizer": optim_state}, root / "train_state.pt")
+        dist.barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        root = Path(path)
+        model = load_value_model(str(root / "model"), torch.device("cpu"), seed=0).state_dict()  # its trained head
+        self._load_states(model, torch.load(root / "train_state.pt", weights_only=False)["optimizer"])

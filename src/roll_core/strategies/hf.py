@@ -214,6 +214,9 @@ class TorchPrimitives:
     _outputs: Callable[[Batch, Collection[str], float], dict[str, torch.Tensor]]  # the model's outputs
     data_parallel_group: Callable[[], Any]  # the Trainable's
 
+    def prepare_model(self) -> None:
+        """Hook for subclasses that wrap or shard the model before the optimizer is built."""
+
     def _build_optimizers(self) -> None:
         self.optimizers = {"default": self._new_optimizer(lr=self.role_config.lr,
                                                           weight_decay=self.role_config.weight_decay)}
@@ -313,9 +316,6 @@ class HFTrainStrategy(PlainExport, TorchPrimitives, _Sampling, TrainStrategy):
             compile_layers(self.model)  # under LoRA, the layers with their adapters
         self._build_optimizers()
 
-    def prepare_model(self) -> None:
-        """Hook for subclasses that wrap or shard the model before the optimizer is built."""
-
     # how LoRA's functions read and write whole parameters (a backend that partitions them says how)
     whole_parameters: WholeParameters = TENSORS
 
@@ -395,6 +395,7 @@ class HFCriticStrategy(PlainExport, TorchPrimitives, TorchOffloading, precision.
         self.model = load_value_model(model_path, self.device, seed)
         cpu_matmul.adopt(self.model)  # runtime.cpu_matmul
         float32_attention.adopt(self.model, self.precision, self.device)  # bf16 on the CPU
+        self.prepare_model()
         if getattr(role_config, "compile", False):
             compile_layers(self.model)
         self._build_optimizers()
