@@ -56,7 +56,7 @@ def test_default_plugins_are_listed_with_what_they_provide():
         ["ppo_clip", "dual_clip", "vanilla_pg", "gspo", "tis", "topr", "cispo", "kimi"])
     assert provides["kl_estimators"] == ["abs", "full", "k1", "k2", "k3"]
     assert plugins["core.strategies"]["provides"] == {
-        "train_strategies": ["fsdp2", "hf"], "infer_strategies": ["hf"], "critic_strategies": ["hf"]}
+        "train_strategies": ["fsdp2", "hf"], "infer_strategies": ["hf"], "critic_strategies": ["fsdp2", "hf"]}
     assert full["python"]["version"].count(".") == 2 and full["python"]["executable"]
 
 
