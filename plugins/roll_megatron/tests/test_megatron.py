@@ -525,6 +525,29 @@ def test_packed_rows_compute_what_padded_rows_compute(tiny_model_path, budget):
         torch.testing.assert_close(packed_weights[name], value, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_the_warm_ups_packed_demonstrations_score_as_under_hf(tiny_model_path):
+    """warmup.packing's rows (examples side by side, positions restarting) are taken as they come:
+    each example attends to itself only, as transformers does for hf, and the log-probs are hf's."""
+    from roll_core.pipelines.batches import demonstration_batch, packed_demonstration_batch
+    from roll_core.pipelines.runtime import load_tokenizer
+    from roll_megatron.strategy import MegatronTrainStrategy
+
+    rows = [{"prompt": "12+34=", "demonstration": "46"}, {"prompt": "1+1=", "demonstration": "2"},
+            {"prompt": "99+1=", "demonstration": "100"}, {"prompt": "7+8=", "demonstration": "15"}]
+    tokenizer = load_tokenizer(str(tiny_model_path))
+    batch = packed_demonstration_batch(tokenizer, rows, max_length=16)
+    assert batch["position_ids"].shape == (2, 16)  # two examples in each row
+    cfg = load_and_check(None, ["roles.actor_train.strategy=megatron", "warmup.packing=true"])
+    trainer = MegatronTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_model_path), hf_role(cfg.roles.actor_train), seed=0)
+    mask = batch["response_mask"]
+    got, expected = (s.compute_log_probs(batch, 1.0) * mask for s in (trainer, reference))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    alone = demonstration_batch(tokenizer, rows[2:3])  # "99+1=" "100</s>", row 1's first example, on its own
+    answer = got[1][mask[1].bool()][:4]  # row 1's targets: "100</s>", then "2</s>"
+    torch.testing.assert_close(answer, trainer.compute_log_probs(alone, 1.0)[0], atol=1e-5, rtol=0)
+
+
 CRITIC = UPDATE + ["algorithm.advantage_estimator=gae", "roles.critic.strategy=megatron",
                    "roles.critic.micro_batch_size=2"]
 CRITIC_METRICS = ("critic/value_loss", "critic/abs_error", "critic/grad_norm")

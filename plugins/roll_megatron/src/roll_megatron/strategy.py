@@ -167,7 +167,14 @@ class _MegatronModel(TorchOffloading):
     # -- the pipeline ------------------------------------------------------------------------
     def _rows(self, micro: Batch) -> _Rows:
         """``micro`` as the model takes it: packed when the role packs sequences (``pack_sequences``
-        on or unset), else padded. Every stage makes the same rows from the same micro-batch."""
+        on or unset), else padded; the warm-up's packed demonstrations (``warmup.packing``) as they
+        come. Every stage makes the same rows from the same micro-batch."""
+        if "position_ids" in micro:  # examples side by side, each restarting its positions at 0
+            ids, positions = torch.cat([micro["prompt_ids"], micro["responses"]], 1), micro["position_ids"]
+            example = (positions == 0).cumsum(-1)
+            causal = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()
+            allowed = causal[None] & (example[:, :, None] == example[:, None, :])  # within its own example
+            return _Rows(ids, ~allowed[:, None], None, None)  # by column: RoPE sees distances within one example
         if getattr(self.role_config, "pack_sequences", None) is False:
             ids, mask = full_sequence(micro)
             return _Rows(ids, attention_mask(mask), None, None)
