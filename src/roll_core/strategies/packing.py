@@ -237,9 +237,14 @@ def packed_inputs(model, batch, role_config) -> PackedSequences | None:
             raise ValueError(f"pack_sequences: true, but a sequence of {longest} tokens passes the model's sliding "
                              f"window ({window}), which the packed mask would not apply. Set pack_sequences: false")
         return None
+    return pack_batch(batch, role_config, config.pad_token_id)
+
+
+def pack_batch(batch, role_config, pad_token_id: int | None) -> PackedSequences:
+    """``batch``'s padded layout packed as ``role_config`` says (``pack_max_length``), padding with
+    ``pad_token_id`` (0 where the model has none): what a strategy that has decided to pack calls."""
     return pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
-                          max_length=int(getattr(role_config, "pack_max_length", 1024)),
-                          pad_token_id=config.pad_token_id or 0)
+                          max_length=int(getattr(role_config, "pack_max_length", 1024)), pad_token_id=pad_token_id or 0)
 
 
 def packed_forward(model, packed: PackedSequences, device: torch.device):

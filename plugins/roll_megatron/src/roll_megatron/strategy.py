@@ -52,7 +52,7 @@ from roll_core.strategies import lora as core_lora
 from roll_core.strategies.engines import check_engine_version, import_engine
 from roll_core.strategies.hf import TorchOffloading, TorchPrimitives, fused_adamw
 from roll_core.strategies.models import default_device, fresh_value_head, full_sequence, safetensors_files
-from roll_core.strategies.packing import PackedSequences, pack_sequences
+from roll_core.strategies.packing import PackedSequences, pack_batch
 from roll_core.strategies.sequences import response_outputs
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy
 from roll_core.training import micro_batches
@@ -178,9 +178,7 @@ class _MegatronModel(TorchOffloading):
         if getattr(self.role_config, "pack_sequences", None) is False:
             ids, mask = full_sequence(micro)
             return _Rows(ids, attention_mask(mask), None, None)
-        packed = pack_sequences(micro["prompt_ids"], micro["prompt_mask"], micro["responses"], micro["response_mask"],
-                                max_length=int(getattr(self.role_config, "pack_max_length", 1024)),
-                                pad_token_id=self.hf_config.pad_token_id or 0)
+        packed = pack_batch(micro, self.role_config, self.hf_config.pad_token_id)
         return _Rows(packed.input_ids, ~packed.attention_mask("sdpa", self.config.params_dtype), packed.position_ids,
                      packed)
 
