@@ -178,14 +178,6 @@ CRITIC = ["executor=local", "algorithm.advantage_estimator=gae", "roles.critic.s
           "algorithm.ppo_epochs=2", "algorithm.ppo_mini_batch_size=4", "roles.critic.micro_batch_size=2"]
 
 
-def _critic_update(critic, cfg, batch) -> dict:
-    from roll_core.algorithms.objective import CriticObjective
-    from roll_core.training import UpdateSpec, update
-
-    return update(critic, batch, CriticObjective.from_config(cfg.algorithm, cfg.rollout),
-                  UpdateSpec.from_config(cfg.algorithm, cfg.roles.critic, prefix="critic"))
-
-
 def test_the_critic_shards_its_units_and_computes_saves_and_resumes_what_hf_does(tiny_model_path, tmp_path,
                                                                                process_group):
     """roles.critic on fsdp2 (one rank): every decoder layer an FSDP unit; the hf critic's values,
@@ -196,7 +188,7 @@ def test_the_critic_shards_its_units_and_computes_saves_and_resumes_what_hf_does
     from roll_core.strategies.compiled import decoder_layers
     from roll_core.strategies.fsdp2 import FSDP2CriticStrategy
     from roll_core.strategies.hf import HFCriticStrategy
-    from roll_core.testing import hf_role, training_batch
+    from roll_core.testing import critic_update, hf_role, training_batch
 
     cfg = load_config(None, CRITIC)
     critic = FSDP2CriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=3)
@@ -204,7 +196,7 @@ def test_the_critic_shards_its_units_and_computes_saves_and_resumes_what_hf_does
     reference = HFCriticStrategy(str(tiny_model_path), hf_role(cfg.roles.critic), seed=3)
     batch = training_batch(reference.model.config.vocab_size)
     torch.testing.assert_close(critic.compute_values(batch), reference.compute_values(batch), atol=1e-6, rtol=0)
-    ours, theirs = _critic_update(critic, cfg, batch), _critic_update(reference, cfg, batch)
+    ours, theirs = critic_update(critic, cfg, batch), critic_update(reference, cfg, batch)
     for key in ("critic/value_loss", "critic/abs_error", "critic/grad_norm"):
         assert ours[key] == pytest.approx(theirs[key], rel=1e-5), key
     after = reference.compute_values(batch)
@@ -213,10 +205,10 @@ def test_the_critic_shards_its_units_and_computes_saves_and_resumes_what_hf_does
     critic.save_checkpoint(str(tmp_path / "ckpt"))
     exported = HFCriticStrategy(str(tmp_path / "ckpt" / "model"), hf_role(cfg.roles.critic), seed=4)
     torch.testing.assert_close(exported.compute_values(batch), after, atol=1e-5, rtol=0)
-    _critic_update(critic, cfg, batch)
+    critic_update(critic, cfg, batch)
     resumed = FSDP2CriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=4)
     resumed.load_checkpoint(str(tmp_path / "ckpt"))
-    _critic_update(resumed, cfg, batch)
+    critic_update(resumed, cfg, batch)
     assert torch.equal(resumed.compute_values(batch), critic.compute_values(batch))
 
 
@@ -226,14 +218,14 @@ def _critic_on_two_ranks(rank: int, port: int, model_path: str, out_dir: str) ->
     from roll_core.data import dp_shards
     from roll_core.runtime import distributed
     from roll_core.strategies.fsdp2 import FSDP2CriticStrategy
-    from roll_core.testing import training_batch
+    from roll_core.testing import critic_update, training_batch
 
     torch.set_num_threads(1)
     distributed.init_data_parallel(("127.0.0.1", port), rank, 2, timeout_s=120)
     cfg = load_config(None, CRITIC + ["roles.critic.num_workers=2", "executor=ray"])
     critic = FSDP2CriticStrategy(model_path, cfg.roles.critic, seed=3)
     batch = training_batch(critic.model.config.vocab_size)
-    metrics = _critic_update(critic, cfg, dp_shards(batch, 2, cfg.algorithm.ppo_mini_batch_size)[rank])
+    metrics = critic_update(critic, cfg, dp_shards(batch, 2, cfg.algorithm.ppo_mini_batch_size)[rank])
     shard = next(p for p in critic.model.parameters() if p.dim() == 2).to_local().shape
     torch.save({"metrics": metrics, "values": critic.compute_values(batch), "shard": shard}, f"{out_dir}/{rank}.pt")
     critic.save_checkpoint(f"{out_dir}/ckpt")
@@ -243,13 +235,13 @@ def _critic_on_two_ranks(rank: int, port: int, model_path: str, out_dir: str) ->
 def test_the_critic_on_two_fsdp2_ranks_trains_as_one_hf_critic_on_the_whole_batch(tiny_model_path, tmp_path):
     from roll_core.runtime.distributed import node_address
     from roll_core.strategies.hf import HFCriticStrategy
-    from roll_core.testing import hf_role, training_batch
+    from roll_core.testing import critic_update, hf_role, training_batch
 
     mp.spawn(_critic_on_two_ranks, args=(node_address()[1], str(tiny_model_path), str(tmp_path)), nprocs=2, join=True)
     cfg = load_config(None, CRITIC)
     reference = HFCriticStrategy(str(tiny_model_path), hf_role(cfg.roles.critic), seed=3)
     batch = training_batch(reference.model.config.vocab_size)
-    expected = _critic_update(reference, cfg, batch)
+    expected = critic_update(reference, cfg, batch)
     after = reference.compute_values(batch)
     ranks = [torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in (0, 1)]
     for got in ranks:

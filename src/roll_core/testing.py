@@ -229,6 +229,17 @@ def full_weights(trainer) -> dict:
     return {name: tensor for bucket in trainer.weight_buckets(1 << 40) for name, tensor in bucket}
 
 
+def critic_update(critic, cfg, batch) -> dict[str, float]:
+    """One core update (:func:`roll_core.training.update`) of a critic strategy on ``batch`` with
+    ``cfg``'s (a ``RollConfig``) value loss, epochs and mini-batches: what PPO's critic step does.
+    Returns its ``critic/`` metrics."""
+    from roll_core.algorithms.objective import CriticObjective
+    from roll_core.training import UpdateSpec, update
+
+    loss_fn: Any = CriticObjective.from_config(cfg.algorithm, cfg.rollout)  # a LossFn (structural)
+    return update(critic, batch, loss_fn, UpdateSpec.from_config(cfg.algorithm, cfg.roles.critic, prefix="critic"))
+
+
 def hf_role(role_config):
     """``role_config`` for the ``hf`` strategy, the reference a backend is checked against: the
     role's ``strategy_options`` are the backend's own (DeepSpeed's ZeRO stage, say), not ``hf``'s."""

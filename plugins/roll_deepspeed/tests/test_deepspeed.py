@@ -15,13 +15,13 @@ import warnings
 import pytest
 import torch
 
-from roll_core.algorithms.objective import ActorObjective, CriticObjective
+from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_and_check, load_config
 from roll_core.errors import ConfigError
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_core.testing import (assert_checkpoint_resumes_exactly, assert_registered_lazily,
-                               assert_run_survives_a_killed_worker, assert_trainer_matches_hf, data_parallel_update,
-                               full_weights, hf_role, training_batch)
+                               assert_run_survives_a_killed_worker, assert_trainer_matches_hf, critic_update,
+                               data_parallel_update, full_weights, hf_role, training_batch)
 from roll_core.training import UpdateSpec, update
 
 pytest.importorskip("deepspeed", reason="roll-deepspeed's tests need DeepSpeed: pip install roll-deepspeed")
@@ -149,9 +149,7 @@ def test_the_critic_computes_what_hf_computes(tiny_model_path):
     mask = batch["response_mask"]
     torch.testing.assert_close(critic.compute_values(batch) * mask, reference.compute_values(batch) * mask,
                                atol=1e-5, rtol=0)
-    loss_fn = CriticObjective.from_config(cfg.algorithm, cfg.rollout)
-    spec = UpdateSpec.from_config(cfg.algorithm, cfg.roles.critic, prefix="critic")
-    ours, theirs = update(critic, batch, loss_fn, spec), update(reference, batch, loss_fn, spec)
+    ours, theirs = critic_update(critic, cfg, batch), critic_update(reference, cfg, batch)
     assert ours["critic/value_loss"] == pytest.approx(theirs["critic/value_loss"], rel=1e-4)
     torch.testing.assert_close(critic.compute_values(batch) * mask, reference.compute_values(batch) * mask,
                                atol=1e-4, rtol=0)
@@ -173,8 +171,7 @@ def test_the_critic_trains_on_packed_rows_as_on_padded_ones(tiny_model_path, mon
         critic = DeepSpeedCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=0)
         batch, before = training_batch(critic.module.config.vocab_size), len(packed_passes)
         values = critic.compute_values(batch)
-        metrics = update(critic, batch, CriticObjective.from_config(cfg.algorithm, cfg.rollout),
-                         UpdateSpec.from_config(cfg.algorithm, cfg.roles.critic, prefix="critic"))
+        metrics = critic_update(critic, cfg, batch)
         results[pack] = (values, critic.compute_values(batch), metrics["critic/value_loss"], len(packed_passes) - before)
     (packed, packed_after, packed_loss, passes), (padded, padded_after, padded_loss, none) = results[True], results[False]
     assert passes > 0 and none == 0

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from roll_core.algorithms.objective import ActorObjective, CriticObjective
+from roll_core.algorithms.objective import ActorObjective
 from roll_core.config import load_and_check, load_config
 from roll_core.errors import ConfigError
 from roll_core.strategies import lora
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_core.testing import (assert_checkpoint_resumes_exactly, assert_registered_lazily, assert_trainer_matches_hf,
-                               assert_run_survives_a_killed_worker, data_parallel_update, full_weights, hf_role,
-                               training_batch)
+                               assert_run_survives_a_killed_worker, critic_update, data_parallel_update, full_weights,
+                               hf_role, training_batch)
 from roll_core.training import UpdateSpec, update
 
 pytest.importorskip("megatron.core", reason="roll-megatron's tests need megatron-core: pip install roll-megatron")
@@ -553,16 +553,11 @@ CRITIC = UPDATE + ["algorithm.advantage_estimator=gae", "roles.critic.strategy=m
 CRITIC_METRICS = ("critic/value_loss", "critic/abs_error", "critic/grad_norm")
 
 
-def _critic_update(critic, cfg, batch) -> dict:
-    return update(critic, batch, CriticObjective.from_config(cfg.algorithm, cfg.rollout),
-                  UpdateSpec.from_config(cfg.algorithm, cfg.roles.critic, prefix="critic"))
-
-
 def _hf_critic_values(model_path: str, cfg, batch) -> dict:
     """The ``hf`` critic's values for ``batch`` before and after one update, and that update's metrics."""
     reference = HFCriticStrategy(model_path, hf_role(cfg.roles.critic), seed=3)
     before = reference.compute_values(batch)
-    metrics = _critic_update(reference, cfg, batch)
+    metrics = critic_update(reference, cfg, batch)
     after = reference.compute_values(batch)
     assert float((after - before).abs().max()) > 1e-3  # the update moved the values
     return {"before": before, "after": after, "metrics": {k: metrics[k] for k in CRITIC_METRICS}}
@@ -580,7 +575,7 @@ def test_the_critic_computes_saves_and_resumes_what_hf_does(tiny_model_path, tmp
     batch = training_batch(critic.hf_config.vocab_size)
     expected = _hf_critic_values(str(tiny_model_path), cfg, batch)
     torch.testing.assert_close(critic.compute_values(batch), expected["before"], atol=1e-5, rtol=0)
-    metrics = _critic_update(critic, cfg, batch)
+    metrics = critic_update(critic, cfg, batch)
     for key, value in expected["metrics"].items():
         assert metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     torch.testing.assert_close(critic.compute_values(batch), expected["after"], atol=1e-5, rtol=0)
@@ -592,10 +587,10 @@ def test_the_critic_computes_saves_and_resumes_what_hf_does(tiny_model_path, tmp
     for strategy, role in ((HFCriticStrategy, hf_role(cfg.roles.critic)), (MegatronCriticStrategy, cfg.roles.critic)):
         exported = strategy(str(tmp_path / "ckpt" / "model"), role, seed=4)  # a value model: its trained head
         torch.testing.assert_close(exported.compute_values(batch), expected["after"], atol=1e-5, rtol=0)
-    _critic_update(critic, cfg, batch)
+    critic_update(critic, cfg, batch)
     resumed = MegatronCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=4)
     resumed.load_checkpoint(str(tmp_path / "ckpt"))
-    _critic_update(resumed, cfg, batch)
+    critic_update(resumed, cfg, batch)
     assert torch.equal(resumed.compute_values(batch), critic.compute_values(batch))
 
 
@@ -614,7 +609,7 @@ def _critic_rank(rank: int, port: int, model_path: str, layout: str, directory: 
         critic = MegatronCriticStrategy(model_path, cfg.roles.critic, seed=3)
         batch = training_batch(critic.hf_config.vocab_size)
         before = torch.allclose(critic.compute_values(batch), expected["before"], atol=1e-5, rtol=0)
-        got = _critic_update(critic, cfg, batch)
+        got = critic_update(critic, cfg, batch)
         metrics = all(got[k] == pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in expected["metrics"].items())
         after = torch.allclose(critic.compute_values(batch), expected["after"], atol=1e-4, rtol=0)
         names = sorted(dict(critic.hf_parameters()))  # a collective: every rank calls it
