@@ -94,13 +94,18 @@ def hf_tensors(model_path: str) -> dict[str, torch.Tensor]:
 @dataclass(frozen=True)
 class _Rows:
     """A micro-batch as the model takes it: token ids ``[N, W]``, Megatron's attention mask
-    ``[N, 1, W, W]`` (``True`` = masked out), and for packed rows (``packed``) each token's rotary
-    position ``[N, W]`` (None: padded rows, rotated by column)."""
+    ``[N, 1, W, W]`` (``True`` = masked out), and the packing that made them (None: padded rows, or
+    the warm-up's demonstrations, each row's own layout)."""
 
     ids: torch.Tensor
     mask: torch.Tensor
-    positions: torch.Tensor | None
     packed: PackedSequences | None
+
+    @property
+    def positions(self) -> torch.Tensor | None:
+        """Each token's rotary position ``[N, W]`` on packed rows, where a response follows another
+        one; None elsewhere: rotated by column, as only distances within one sample count there."""
+        return None if self.packed is None else self.packed.position_ids
 
     def at_responses(self, per_position: torch.Tensor, micro: Batch) -> torch.Tensor:
         """``[N, W, ...]`` -> ``[B, R, ...]``: the values at the positions that predict each of
@@ -174,13 +179,12 @@ class _MegatronModel(TorchOffloading):
             example = (positions == 0).cumsum(-1)
             causal = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()
             allowed = causal[None] & (example[:, :, None] == example[:, None, :])  # within its own example
-            return _Rows(ids, ~allowed[:, None], None, None)  # by column: RoPE sees distances within one example
+            return _Rows(ids, ~allowed[:, None], None)
         if getattr(self.role_config, "pack_sequences", None) is False:
             ids, mask = full_sequence(micro)
-            return _Rows(ids, attention_mask(mask), None, None)
+            return _Rows(ids, attention_mask(mask), None)
         packed = pack_batch(micro, self.role_config, self.hf_config.pad_token_id)
-        return _Rows(packed.input_ids, ~packed.attention_mask("sdpa", self.config.params_dtype), packed.position_ids,
-                     packed)
+        return _Rows(packed.input_ids, ~packed.attention_mask("sdpa", self.config.params_dtype), packed)
 
     def _stage_forward(self, rows: _Rows, received: torch.Tensor | None) -> torch.Tensor:
         """This stage's output for ``rows``: the output layer's ``[N, W, V / tp]`` (a value head's
