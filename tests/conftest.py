@@ -109,17 +109,6 @@ def two_prompt_groups():
                   "response_mask": torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])})
 
 
-def grouped_training_batch(vocab: int = 90):
-    """training_batch's 8 samples with samples 0-3 and 4-5 sharing a prompt (two GRPO groups)."""
-    from roll_core.testing import training_batch
-
-    batch = training_batch(vocab)
-    for tensor in (batch["prompt_ids"], batch["prompt_mask"]):
-        tensor[1:4] = tensor[0]
-        tensor[5] = tensor[4]
-    return batch
-
-
 def packed_rows(batch, max_length: int = 1024):
     """``batch``'s padded layout packed into rows of at most ``max_length`` (pad id 0)."""
     from roll_core.strategies.packing import pack_sequences

@@ -15,10 +15,10 @@ from roll_core.config.schema import AlgorithmConfig, CriticRoleConfig, InferRole
 from roll_core.strategies import float32_attention, packed_attention
 from roll_core.strategies.hf import HFCriticStrategy, HFInferStrategy, HFTrainStrategy
 from roll_core.strategies.kv_cache import GrowingLayer
-from roll_core.testing import left_padded_prompts
+from roll_core.testing import grouped_training_batch, left_padded_prompts
 from roll_core.training import UpdateSpec, update
 
-from conftest import grouped_training_batch, packed_rows
+from conftest import packed_rows
 
 CPU = torch.device("cpu")
 on_the_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the strategies put the model on the GPU, "

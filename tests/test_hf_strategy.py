@@ -22,9 +22,9 @@ from roll_core.config.schema import CriticRoleConfig, TrainRoleConfig
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_core.strategies.models import full_sequence
 from roll_core.strategies.sequences import position_ids_from_mask
-from roll_core.testing import training_batch
+from roll_core.testing import grouped_training_batch, training_batch
 
-from conftest import grouped_training_batch, resume_hf_style_checkpoint
+from conftest import resume_hf_style_checkpoint
 
 
 def test_a_full_weight_checkpoint_resumes_exactly_and_exports_safetensors(tiny_model_path, tmp_path):

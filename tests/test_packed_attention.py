@@ -13,8 +13,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from roll_core.config.schema import TrainRoleConfig
 from roll_core.strategies import packed_attention
 from roll_core.strategies.hf import HFTrainStrategy
+from roll_core.testing import grouped_training_batch
 
-from conftest import grouped_training_batch, packed_rows, two_prompt_groups
+from conftest import packed_rows, two_prompt_groups
 
 _attend_pieces = packed_attention._attend_pieces  # the real one, for spies that wrap it
 

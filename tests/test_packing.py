@@ -22,9 +22,9 @@ from roll_core.data import Batch
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_core.strategies.models import load_causal_lm
 from roll_core.strategies.packing import model_config, pack_sequences, packed_forward, packed_inputs
-from roll_core.testing import full_weights
+from roll_core.testing import full_weights, grouped_training_batch
 
-from conftest import grouped_training_batch, packed_rows, two_prompt_groups
+from conftest import packed_rows, two_prompt_groups
 from roll_core.training import UpdateSpec, micro_batches, update
 
 ROWS = [{"prompt": "12+34=", "demonstration": "46"}, {"prompt": "1+1=", "demonstration": "2"},

@@ -223,6 +223,17 @@ def training_batch(vocab: int):
     })
 
 
+def grouped_training_batch(vocab: int = 90):
+    """:func:`training_batch`'s 8 samples with samples 0-3 and 4-5 sharing a prompt (two GRPO
+    groups): packed (:mod:`roll_core.strategies.packing`), a group's responses follow each other
+    after one copy of its prompt."""
+    batch = training_batch(vocab)
+    for tensor in (batch["prompt_ids"], batch["prompt_mask"]):
+        tensor[1:4] = tensor[0]
+        tensor[5] = tensor[4]
+    return batch
+
+
 def full_weights(trainer) -> dict:
     """Every weight a training strategy sends to the inference engines, ``{hf name: tensor}``
     (what rank 0 of a data-parallel group yields; under tensor or pipeline parallelism, this rank's)."""

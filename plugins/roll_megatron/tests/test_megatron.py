@@ -23,7 +23,7 @@ from roll_core.strategies import lora
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_core.testing import (assert_checkpoint_resumes_exactly, assert_registered_lazily, assert_trainer_matches_hf,
                                assert_run_survives_a_killed_worker, critic_update, data_parallel_update, full_weights,
-                               hf_role, training_batch)
+                               grouped_training_batch, hf_role, training_batch)
 from roll_core.training import UpdateSpec, update
 
 pytest.importorskip("megatron.core", reason="roll-megatron's tests need megatron-core: pip install roll-megatron")
@@ -473,15 +473,6 @@ def test_a_lora_warm_up_folds_into_the_base_the_reference_and_the_engines_use(tm
     assert resumed.lora_base == str(run / "warm-model")
 
 
-def _grouped(batch):
-    """training_batch's samples 0-3 and 4-5 sharing a prompt (GRPO groups): packed, a group's
-    responses follow each other after one copy of the prompt."""
-    for tensor in (batch["prompt_ids"], batch["prompt_mask"]):
-        tensor[1:4] = tensor[0]
-        tensor[5] = tensor[4]
-    return batch
-
-
 @pytest.mark.parametrize("budget", [None, 12], ids=["micro-batches-of-2", "max-tokens-12"])
 def test_packed_rows_compute_what_padded_rows_compute(tiny_model_path, budget):
     """pack_sequences (on unless set false): fewer positions than the padded rows, each response
@@ -496,7 +487,7 @@ def test_packed_rows_compute_what_padded_rows_compute(tiny_model_path, budget):
         overrides += [f"roles.actor_train.max_tokens_per_micro_batch={budget}"] if budget and pack else []
         cfg = load_and_check(None, overrides)
         trainer = MegatronTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
-        batch = _grouped(training_batch(trainer.hf_config.vocab_size))
+        batch = grouped_training_batch(trainer.hf_config.vocab_size)
         rows = trainer._rows(batch)
         assert (rows.packed is not None) == pack
         positions = rows.ids.numel()
