@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "backends.md"
 TABLE = re.compile(r"<!-- backends:matrix -->\n(.*?)\n\n", re.DOTALL)
 HEADER = ["| strategy | package | `actor_train` | `critic` | `actor_infer` | `reference` | LoRA | packed rows "
-          "| `compile` | `strategy_options` |", "|---|---|---|---|---|---|---|---|---|---|"]
+          "| `compile` | images | `strategy_options` |", "|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def _registrations() -> list[tuple[str, str, dict]]:
@@ -89,7 +89,7 @@ def _rows() -> list[str]:
             f"| `{name}`", entries[0][0], yes("train" in kinds), yes("critic" in kinds),
             yes(infer is not None and infer.get("generates", True)), yes(infer is not None),
             yes(bool(kinds.get("train", {}).get("lora"))), which("packed_sequences"), which("compiles"),
-            _options(kinds)]) + " |")
+            which("images"), _options(kinds)]) + " |")
     return rows
 
 

@@ -251,3 +251,22 @@ def test_the_critic_on_two_fsdp2_ranks_trains_as_one_hf_critic_on_the_whole_batc
         torch.testing.assert_close(got["values"], after, atol=1e-5, rtol=0)
     exported = HFCriticStrategy(str(tmp_path / "ckpt" / "model"), hf_role(cfg.roles.critic), seed=4)
     torch.testing.assert_close(exported.compute_values(batch), after, atol=1e-5, rtol=0)
+
+
+def test_fsdp2_trains_an_image_text_model_as_hf_does(tiny_vlm_path, process_group):
+    """The tiny model with its vision tower: FSDP2 units are the decoder's and the encoder's layers,
+    and the image prompts' log-probs, metrics and updated weights (the vision tower's too) are hf's."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from roll_core.strategies.fsdp2 import FSDP2TrainStrategy
+    from roll_core.strategies.hf import HFTrainStrategy
+    from roll_core.testing import assert_trainer_matches_hf, hf_role, image_training_batch
+
+    cfg = load_config(None, ["executor=local", "roles.actor_train.strategy=fsdp2", "algorithm.kl_loss_coef=0.1",
+                             "algorithm.ppo_mini_batch_size=4", "roles.actor_train.micro_batch_size=2"])
+    sharded = FSDP2TrainStrategy(str(tiny_vlm_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_vlm_path), hf_role(cfg.roles.actor_train), seed=0)
+    units = {type(m).__name__ for m in sharded.model.modules() if isinstance(m, FSDPModule)}
+    assert {"FSDPLlamaDecoderLayer", "FSDPSiglipEncoderLayer"} <= units
+    assert_trainer_matches_hf(sharded, reference, cfg, log_prob_atol=1e-6, weight_atol=1e-6,
+                              batch=image_training_batch(tiny_vlm_path))

@@ -375,3 +375,19 @@ def test_an_adapter_of_other_layers_is_refused_on_load(tiny_model_path, tmp_path
     with pytest.raises(ValueError, match="adapter weights this model does not have") as refused:
         narrower.load_checkpoint(str(tmp_path / "ckpt"))
     assert len(ast.literal_eval(str(refused.value).rsplit(": ", 1)[1])) == 5  # the first five of many
+
+
+def test_the_merge_finds_weights_a_checkpoint_keeps_under_older_names(tiny_vlm_path):
+    """transformers saves LLaVA's weights as ``vision_tower...``/``language_model.model...`` and
+    loads them as ``model.vision_tower...``/``model.language_model...``: the base comes from the
+    loaded model where the checkpoint lacks the module's name."""
+    from roll_core.strategies.models import load_causal_lm
+
+    weights = dict(load_causal_lm(str(tiny_vlm_path)).named_parameters())
+    merger = AdapterMerger(str(tiny_vlm_path))
+    for module in ("model.vision_tower.encoder.layers.0.self_attn.k_proj", "model.language_model.layers.1.mlp.up_proj"):
+        base = weights[module + ".weight"].detach()
+        a, b = torch.ones(2, base.shape[1]), torch.full((base.shape[0], 2), 0.5)
+        ((name, merged),) = merger.merge([(module + ".lora_A", a), (module + ".lora_B", b)])
+        assert name == module + ".weight"
+        torch.testing.assert_close(merged, base + b @ a)

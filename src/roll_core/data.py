@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from roll_core.errors import ConfigError
+from roll_core.multimodal import resolve_paths
 
 
 def even_slices(length: int, n: int) -> list[slice]:
@@ -132,7 +133,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
                 raise ConfigError(f"data file '{path}' line {lineno}: invalid JSON ({exc.msg})") from None
             if "prompt" not in row and "messages" not in row:
                 raise ConfigError(f"data file '{path}' line {lineno}: missing key 'prompt' (or 'messages', a conversation)")
-            rows.append(row)
+            rows.append(resolve_paths(row, Path(path).parent))
     if not rows:
         raise ConfigError(f"data file '{path}' has no rows")
     return rows

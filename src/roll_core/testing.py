@@ -65,6 +65,16 @@ def tiny_model_path(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("roll-tiny") / "model")
 
 
+@pytest.fixture(scope="session")
+def tiny_vlm_path(tmp_path_factory):
+    """The embedded model with its vision tower (``model.tiny.vision`` at its defaults)."""
+    from roll_core.config.schema import TinyModelConfig, TinyVisionConfig
+    from roll_core.embedded.model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("roll-tiny-vlm") / "model",
+                            TinyModelConfig(vision=TinyVisionConfig()))
+
+
 @pytest.fixture
 def tiny_config(tmp_path):
     """A factory for small, fast configs: a handful of steps on a handful of prompts."""
@@ -223,6 +233,21 @@ def training_batch(vocab: int):
     })
 
 
+def image_training_batch(model_path):
+    """:func:`training_batch`'s fields over image prompts of ``color_shapes`` for the image-reading
+    model at ``model_path``: samples 0-3 one prompt (the same image), 4 and 5 the same text over two
+    different images (two prompts, which only the images tell apart), 6 and 7 others."""
+    from roll_core.embedded.tasks import ColorShapesTask
+    from roll_core.multimodal import encode_prompts
+    from roll_core.pipelines.runtime import load_tokenizer
+
+    tokenizer = load_tokenizer(str(model_path))
+    rows = ColorShapesTask().eval_rows()
+    batch = training_batch(tokenizer.convert_tokens_to_ids("<image>"))  # response ids below the image token
+    prompts = encode_prompts(tokenizer, [rows[0]] * 4 + rows[1:5])
+    return batch.update(**prompts)
+
+
 def grouped_training_batch(vocab: int = 90):
     """:func:`training_batch`'s 8 samples with samples 0-3 and 4-5 sharing a prompt (two GRPO
     groups): packed (:mod:`roll_core.strategies.packing`), a group's responses follow each other
@@ -258,8 +283,10 @@ def hf_role(role_config):
 
 
 def assert_trainer_matches_hf(trainer, reference, cfg, *, log_prob_atol: float = 1e-4, weight_atol: float = 1e-5,
-                              metric_keys=("train/pg_loss", "train/kl", "train/entropy", "train/grad_norm")):
-    """A training backend computes what the ``hf`` strategy computes, on :func:`training_batch`.
+                              metric_keys=("train/pg_loss", "train/kl", "train/entropy", "train/grad_norm"),
+                              batch=None):
+    """A training backend computes what the ``hf`` strategy computes, on ``batch`` (default:
+    :func:`training_batch`).
 
     ``trainer`` and ``reference`` (an ``HFTrainStrategy``) start from the same checkpoint and
     ``cfg`` (a ``RollConfig``) gives the objective and the update (``ppo_epochs`` x mini-batches).
@@ -271,7 +298,7 @@ def assert_trainer_matches_hf(trainer, reference, cfg, *, log_prob_atol: float =
     from roll_core.algorithms.objective import ActorObjective
     from roll_core.training import UpdateSpec, update
 
-    batch = training_batch(reference.model.config.vocab_size)
+    batch = batch if batch is not None else training_batch(reference.model.config.vocab_size)
     mask = batch["response_mask"]
     for name in ("log_probs", "entropy"):
         got, expected = (s.forward(batch, (name,), 1.0)[name] for s in (trainer, reference))

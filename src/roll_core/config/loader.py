@@ -9,6 +9,7 @@ the key (and the file), says what is wrong and, for misspellings, suggests the r
 from __future__ import annotations
 
 import importlib.util
+import json
 import inspect
 from pathlib import Path
 from typing import Any
@@ -285,6 +286,42 @@ def _packing_requirements(cfg: RollConfig, plugins) -> list[str]:
                   getattr(role, "max_tokens_per_micro_batch", None) is not None)]
     return [problem for key, name, asked in asks if asked
             for problem in _strategy_lacks(plugins, key, roles[name], "packed_sequences", "take packed sequences")]
+
+
+def _image_sources(cfg: RollConfig, plugins) -> list[str]:
+    """The data sources whose rows have images: a dataset registered with ``images=True``, a JSONL
+    file whose first row has ``images`` (``data``, or each of ``data.domains``)."""
+    found = []
+    for key, source in (cfg.data.domains.items() if cfg.data.domains else [("data", cfg.data)]):
+        where = key if key == "data" else f"data.domains.{key}"
+        if source.train_file:
+            if _first_row(source.train_file).get("images"):
+                found.append(f"{where}.train_file {source.train_file}")
+        elif source.dataset in _registered_with(plugins, "datasets", "images"):
+            found.append(f"{where}.dataset '{source.dataset}'")
+    return found
+
+
+def _first_row(path: str) -> dict:
+    """The first JSON row of a JSONL file ({} where there is none to read: the data loader reports it)."""
+    try:
+        with open(path) as f:
+            line = next((line for line in f if line.strip()), "{}")
+        row = json.loads(line)
+    except (OSError, ValueError):
+        return {}
+    return row if isinstance(row, dict) else {}
+
+
+def _image_requirements(cfg: RollConfig, plugins) -> list[str]:
+    """Data with images (:mod:`roll_core.multimodal`) needs every role that runs the model on its
+    prompts on a strategy registered with ``images=True``."""
+    sources = _image_sources(cfg, plugins)
+    if not sources:
+        return []
+    return [problem for name, role in cfg.model_roles().items()
+            for problem in _strategy_lacks(plugins, f"roles.{name}.strategy", role, "images",
+                                           f"read images (the data has them: {sources[0]})")]
 
 
 def _strategy_lacks(plugins, key: str, role, flag: str, ability: str) -> list[str]:
@@ -565,6 +602,7 @@ def check_registry_names(cfg: RollConfig, plugins=None, where: str = "the config
     problems += _top_k_requirements(cfg, plugins)
     problems += _lora_requirements(cfg, plugins)
     problems += _packing_requirements(cfg, plugins)
+    problems += _image_requirements(cfg, plugins)
     problems += _compile_requirements(cfg, plugins)
     problems += _reward_options(cfg, plugins)
     problems += _env_options(cfg, plugins)

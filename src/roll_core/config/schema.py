@@ -20,6 +20,23 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class TinyVisionConfig(Strict):
+    """Shape of the embedded model's vision tower (``model.tiny.vision``), a SigLIP encoder."""
+
+    image_size: int = Field(16, ge=2, description="images are resized to image_size x image_size pixels")
+    patch_size: int = Field(4, ge=1, description="pixels per patch side; each patch is one image token")
+    hidden_size: int = Field(64, description="width of the encoder")
+    num_layers: int = Field(2, description="encoder layers")
+    num_heads: int = Field(4, description="encoder attention heads")
+    intermediate_size: int = Field(128, description="width of each encoder layer's MLP")
+
+    @model_validator(mode="after")
+    def _whole_patches(self):
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        return self
+
+
 class TinyModelConfig(Strict):
     """Shape of the embedded model (a Llama-architecture decoder). Defaults fit a 2-core CPU."""
 
@@ -29,6 +46,8 @@ class TinyModelConfig(Strict):
     intermediate_size: int = Field(512, description="width of each layer's MLP")
     max_position_embeddings: int = Field(64, description="longest sequence, prompt and response, in tokens")
     init_seed: int = Field(0, description="seed of the random initial weights")
+    vision: TinyVisionConfig | None = Field(None, description="a vision tower: the model reads images (LLaVA-style: "
+                                            "a SigLIP encoder whose patches, projected, stand in the prompt)")
 
 
 class ModelConfig(Strict):

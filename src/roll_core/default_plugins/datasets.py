@@ -9,3 +9,6 @@ def roll_register_datasets(register):
              description="2-digit sums, demonstrations from a teacher that forgets carries")
     register("python_expr", "roll_core.embedded.tasks:PythonExprTask.from_options",
              description="linear functions as Python lambdas, checked by running tests (reward: code)")
+    register("color_shapes", "roll_core.embedded.tasks:ColorShapesTask.from_options", images=True,
+             description="the colour of a shape in an image, demonstrations from a teacher that confuses two "
+                         "(model.tiny.vision)")

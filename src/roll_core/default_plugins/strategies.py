@@ -11,16 +11,16 @@ _INFER_OPTIONS = "roll_core.strategies.cuda_graph:InferOptions"  # those and str
 @hookimpl
 def roll_register_strategies(register):
     register("hf", "roll_core.strategies.hf:HFTrainStrategy", kind="train", lora=True, packed_sequences=True,
-             compiles=True, options=_OPTIONS,
+             compiles=True, images=True, options=_OPTIONS,
              description="transformers + torch, AdamW (full or LoRA adapters), one process, fp32 or bf16 autocast")
-    register("hf", "roll_core.strategies.hf:HFInferStrategy", kind="infer", packed_sequences=True,
+    register("hf", "roll_core.strategies.hf:HFInferStrategy", kind="infer", packed_sequences=True, images=True,
              options=_INFER_OPTIONS,
              description="transformers + torch, KV-cached sampling (CUDA graphs on a GPU), fp32 or bf16 autocast")
     register("hf", "roll_core.strategies.hf:HFCriticStrategy", kind="critic", packed_sequences=True,
              compiles=True, options=_OPTIONS,
              description="transformers token-classification head (one value per token), AdamW")
     register("fsdp2", "roll_core.strategies.fsdp2:FSDP2TrainStrategy", kind="train", lora=True, packed_sequences=True,
-             compiles=True, options=_OPTIONS,
+             compiles=True, images=True, options=_OPTIONS,
              description="transformers + torch FSDP2 (fully_shard) over the role's workers, AdamW")
     register("fsdp2", "roll_core.strategies.fsdp2:FSDP2CriticStrategy", kind="critic", packed_sequences=True,
              compiles=True, options=_OPTIONS,

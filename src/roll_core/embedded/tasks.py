@@ -152,3 +152,78 @@ class PythonExprTask:
 
     def eval_rows(self) -> list[dict]:
         return [self._row(a, b) for a, b in self._eval]
+
+
+# name -> RGB of the shapes ``color_shapes`` draws; the careless teacher names ORANGE and PURPLE by
+# their neighbours
+COLORS = {"red": (220, 40, 40), "orange": (240, 140, 20), "yellow": (230, 220, 40), "green": (40, 180, 60),
+          "blue": (40, 80, 220), "purple": (150, 60, 200)}
+CONFUSED = {"orange": "red", "purple": "blue"}
+
+
+class ColorShapesConfig(BaseModel):
+    """Options of the ``color_shapes`` task."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image_size: int = Field(16, ge=4, description="images are image_size x image_size pixels")
+    num_train: int = Field(3000, ge=1, description="training images")
+    num_eval: int = Field(300, ge=1, description="held-out images, drawn apart from the training ones")
+    teacher_confusion: float = Field(
+        0.8, ge=0.0, le=1.0, description="probability the teacher calls orange 'red' and purple 'blue'")
+    seed: int = 2468
+
+
+class ColorShapesTask:
+    """``color_shapes``: the image-text task (for ``model.tiny.vision``). Each prompt is an image
+    of one filled rectangle on black, of random size, place and shade, and the question
+    ``"<image>color:"``; the answer is the rectangle's colour, one of :data:`COLORS`.
+
+    As in ``carry_addition``, the demonstrations come from a careless teacher: with probability
+    ``teacher_confusion`` it calls an orange shape "red" and a purple one "blue". Imitation answers
+    those two colours wrong under greedy decoding (about a third of the held-out images), and a
+    reward that checks the answer against the image's true colour lets RL fix what imitation
+    could not. The images are ``[H, W, 3]`` uint8 arrays, drawn from ``seed`` alone.
+    """
+
+    name = "color_shapes"
+    PROMPT = "<image>color:"
+
+    def __init__(self, config: ColorShapesConfig | None = None):
+        import numpy as np
+
+        self.config = cfg = config or ColorShapesConfig()
+        rng = np.random.default_rng(cfg.seed)
+        names = list(COLORS)
+        total = cfg.num_train + cfg.num_eval
+        self._colors = [names[i] for i in rng.integers(len(names), size=total)]
+        self._images = [self._draw(rng, COLORS[c]) for c in self._colors]
+        self._confused = rng.random(cfg.num_train) < cfg.teacher_confusion
+
+    def _draw(self, rng, rgb):
+        import numpy as np
+
+        size = self.config.image_size
+        image = np.zeros((size, size, 3), dtype=np.uint8)
+        h, w = (int(v) for v in rng.integers(max(2, size // 4), size // 2 + 2, size=2))
+        top, left = int(rng.integers(0, size - h + 1)), int(rng.integers(0, size - w + 1))
+        shade = np.clip(np.array(rgb) + rng.integers(-25, 26, size=3), 0, 255)
+        image[top:top + h, left:left + w] = shade
+        return image
+
+    @classmethod
+    def from_options(cls, options: dict) -> "ColorShapesTask":
+        return cls(ColorShapesConfig.model_validate(options))
+
+    def _row(self, i: int, confused: bool | None = None) -> dict:
+        color = self._colors[i]
+        row = {"prompt": self.PROMPT, "images": [self._images[i]], "ground_truth": color, "domain": "vision"}
+        if confused is not None:
+            row["demonstration"] = CONFUSED.get(color, color) if confused else color
+        return row
+
+    def train_rows(self) -> list[dict]:
+        return [self._row(i, bool(c)) for i, c in enumerate(self._confused)]
+
+    def eval_rows(self) -> list[dict]:
+        return [self._row(i) for i in range(self.config.num_train, self.config.num_train + self.config.num_eval)]

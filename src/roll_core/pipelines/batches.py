@@ -11,19 +11,19 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
-from roll_core.rollout.sync import tokenize_prompts
+from roll_core.multimodal import encode_prompts, has_images
 
 
 def demonstration_batch(tokenizer, rows: list[dict], target: str = "demonstration") -> Batch:
-    """Left-padded prompts and right-padded ``row[target] + EOS`` responses (the supervised targets)."""
-    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, [r["prompt"] for r in rows])
+    """Left-padded prompts (and their images) and right-padded ``row[target] + EOS`` responses (the
+    supervised targets)."""
+    prompts = encode_prompts(tokenizer, rows)
     # EOS ends each target, unless a chat template's end of turn already put it there
     texts = [r[target] if r[target].rstrip().endswith(tokenizer.eos_token) else r[target] + tokenizer.eos_token
              for r in rows]
     resp = tokenizer(texts, return_tensors="pt",
                      padding=True, add_special_tokens=False, padding_side="right")
-    return Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
-                  "responses": resp["input_ids"], "response_mask": resp["attention_mask"]})
+    return Batch({**prompts, "responses": resp["input_ids"], "response_mask": resp["attention_mask"]})
 
 
 def packed_demonstration_batch(tokenizer, rows: list[dict], max_length: int, multiple_of: int = 1) -> Batch:
@@ -34,6 +34,9 @@ def packed_demonstration_batch(tokenizer, rows: list[dict], max_length: int, mul
     a row apart: with no attention mask, transformers makes each attend to itself only. The loss
     mask (``response_mask``) covers the demonstrations; the prompt is each row's first token only.
     Rows of padding alone make the row count a multiple of ``multiple_of`` (data-parallel ranks)."""
+    if has_images(rows):
+        raise ConfigError("warmup.packing does not take rows with images yet (each example's images would have "
+                          "to follow it into its packed row); set warmup.packing: false")
     padded = demonstration_batch(tokenizer, rows)
     examples = []
     for p_ids, p_mask, r_ids, r_mask in zip(padded["prompt_ids"], padded["prompt_mask"], padded["responses"],

@@ -22,10 +22,10 @@ from roll_core.algorithms.distill import forward_kl
 from roll_core.algorithms.objective import DistillObjective
 from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
+from roll_core.multimodal import encode_prompts
 from roll_core.pipelines.batches import demonstration_batch
 from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, load_tokenizer, log_probs, start_update
 from roll_core.pipelines.sources import load_rows
-from roll_core.rollout.sync import tokenize_prompts
 from roll_core.training import UpdateSpec
 
 
@@ -74,9 +74,8 @@ class DistillPipeline(ActorLoop):
     def _responses(self, rows: list[dict]) -> Batch:
         if self.config.distill.responses == "given":
             return demonstration_batch(self.tokenizer, _given(rows), target="target")
-        prompt_ids, prompt_mask = tokenize_prompts(self.tokenizer, [r["prompt"] for r in rows])
         parts = self.executor.get(self.teacher.per_replica(
-            "generate", Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask}), **self.config.rollout.sampling()))
+            "generate", Batch(encode_prompts(self.tokenizer, rows)), **self.config.rollout.sampling()))
         return Batch.concat(parts)
 
     def _with_teacher(self, batch: Batch) -> Batch:

@@ -51,7 +51,8 @@ def load_pairs(pipeline: str, data, plugins, tokenizer) -> tuple[list[dict], lis
 def pair_batch(tokenizer, pairs: list[dict]) -> Batch:
     """Each pair as two consecutive rows, chosen then rejected, tagged with ``pair`` and ``chosen``
     so the loss can check that no split separated them."""
-    rows = [{"prompt": p["prompt"], "target": p[side]} for p in pairs for side in ("chosen", "rejected")]
+    rows = [{"prompt": p["prompt"], "images": p.get("images"), "target": p[side]}
+            for p in pairs for side in ("chosen", "rejected")]
     batch = demonstration_batch(tokenizer, rows, target="target")
     return batch.update(**pair_tags(len(pairs)))
 

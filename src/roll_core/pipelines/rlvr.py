@@ -26,6 +26,7 @@ from roll_core.algorithms.objective import (CriticObjective, distributions_neede
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.config.loader import group_baseline_problems
 from roll_core.data import Batch, DomainMixer, PromptStream
+from roll_core.multimodal import encode_prompts
 from roll_core.pipelines import mismatch
 from roll_core.pipelines.runtime import (PolicyGradientLoop, log_probs, save_tokenizer_beside, start_update, values,
                                         warn_if_oversubscribed)
@@ -33,7 +34,6 @@ from roll_core.pipelines.sft import DemonstrationSource, WarmStart
 from roll_core.pipelines.sources import check_domains, check_ground_truth, load_rows
 from roll_core.rollout import overlaps_training
 from roll_core.rollout.metrics import accuracy_summary, batch_metrics, heldout_accuracy, idle_times
-from roll_core.rollout.sync import tokenize_prompts
 from roll_core.runtime import weight_sync
 from roll_core.runtime.executor import WorkerGroup
 from roll_core.training import UpdateSpec, policy_gradient_update
@@ -123,9 +123,8 @@ class RLVRPipeline(WarmStart, PolicyGradientLoop):
         ``trainer.max_initial_mismatch`` (:mod:`roll_core.pipelines.mismatch`)."""
         if not self.eval_rows:
             return {}
-        ids, mask = tokenize_prompts(self.tokenizer, [r["prompt"] for r in self.eval_rows[:mismatch.PROMPTS]])
-        gap = mismatch.initial_mismatch(self.executor, self.infer, self.actor,
-                                        Batch({"prompt_ids": ids, "prompt_mask": mask}), self.config.rollout,
+        prompts = encode_prompts(self.tokenizer, self.eval_rows[:mismatch.PROMPTS])
+        gap = mismatch.initial_mismatch(self.executor, self.infer, self.actor, Batch(prompts), self.config.rollout,
                                         use=self.roles.use)
         mismatch.check_mismatch(gap, self.config.trainer.max_initial_mismatch)
         return {"train/infer_log_prob_gap": gap}

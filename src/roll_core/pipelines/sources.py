@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from roll_core.chat import render_rows
 from roll_core.data import read_jsonl
+from roll_core.multimodal import check_rows, has_images, processor_for
 from roll_core.errors import ConfigError, did_you_mean
 
 
@@ -39,6 +40,10 @@ def load_rows(data, plugins, tokenizer) -> tuple[list[dict], list[dict]]:
             t, e = read_source(source, f"data.domains.{domain}", plugins)
             train += [{**row, "domain": domain} for row in t]
             evals += [{**row, "domain": domain} for row in cut(e)]
+    for rows, where in ((train, "training"), (evals, "held-out")):
+        if has_images(rows):  # before any worker starts: the counts, and a model that reads images
+            check_rows(rows, where)
+            processor_for(tokenizer.name_or_path)
     return (render_rows(tokenizer, train, apply_to_prompts=data.apply_chat_template),
             render_rows(tokenizer, evals, apply_to_prompts=data.apply_chat_template))
 

@@ -19,13 +19,15 @@ from typing import Any, Callable, Collection, Iterator
 import torch
 
 from roll_core.data import Batch
+from roll_core.multimodal import batch_images, model_images
 from roll_core.runtime.distributed import barrier, bucketed, rank_world, sum_gradients
 from roll_core.strategies import cpu_matmul, cuda_graph, float32_attention, lora, precision
 from roll_core.strategies.compiled import compile_layers
 from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
-from roll_core.strategies.packing import packed_forward, packed_inputs
+from roll_core.strategies.packing import model_config, packed_forward, packed_inputs
 from roll_core.strategies.sequences import (causal_lm_outputs, end_token_ids, padding_id, position_ids_from_mask,
-                                            response_end_ids, response_outputs, sample_responses, token_ids)
+                                            never_drawn, response_end_ids, response_outputs, sample_responses,
+                                            token_ids)
 from roll_core.strategies.sharded import TENSORS, WholeParameters
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy, request_cancelled
 from roll_core.training import micro_batches
@@ -82,15 +84,16 @@ class _Sampling(TorchOffloading, precision.Autocasting):
 
     def _model_outputs(self, batch: Batch, wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
         packed = None if "position_ids" in batch else packed_inputs(self.model, batch, self.role_config)
+        images = batch_images(batch)
         if packed is not None:
-            logits = packed_forward(self.model, packed, self.device).logits
+            logits = packed_forward(self.model, packed, self.device, images).logits
             return response_outputs(packed.at_responses(logits), self._to(batch["responses"]), wanted, temperature)
         ids, mask = (self._to(t) for t in full_sequence(batch))
         if "position_ids" in batch:  # packed rows: no mask, so each example attends to itself (its positions restart)
             logits = self.model(input_ids=ids, position_ids=self._to(batch["position_ids"]), use_cache=False).logits
         else:
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                                use_cache=False).logits
+                                use_cache=False, **model_images(images, self.device)).logits
         return causal_lm_outputs(logits, ids, batch["responses"].shape[1], wanted, temperature)
 
     @torch.no_grad()
@@ -131,20 +134,23 @@ class HFInferStrategy(_Sampling, InferStrategy):
     def end_ids(self) -> list[int]:
         """The ids at which a response ends (:func:`~roll_core.strategies.sequences.response_end_ids`),
         with those of the loaded configs, which name them for a model loaded by its hub name too."""
-        cfg, generation = self.model.config, getattr(self.model, "generation_config", None)
+        cfg, generation = model_config(self.model), getattr(self.model, "generation_config", None)
         return token_ids(response_end_ids(self.model_path), end_token_ids(cfg, generation))
 
     @torch.no_grad()
     def generate(self, batch: Batch, *, max_new_tokens: int, temperature: float, top_p: float,
                  top_k: int = 0) -> Batch:
         self.model.eval()
-        cfg, generation = self.model.config, getattr(self.model, "generation_config", None)
+        cfg, generation = model_config(self.model), getattr(self.model, "generation_config", None)
         prompts = (self._to(batch["prompt_ids"]), self._to(batch["prompt_mask"]))
+        images = batch_images(batch)
         sampling: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens, eos_token_id=self.end_ids, pad_token_id=padding_id(cfg, generation),
             temperature=temperature, top_p=top_p, top_k=top_k, generator=self.generator, should_stop=request_cancelled)
+        if images is not None:  # CUDA graphs replay text-only steps: image prompts decode eagerly
+            sampling.update(images=self._to(images), never=never_drawn(self.model.config))
         with precision.autocast(self.device, self.precision):  # sampling itself is on float32 logits
-            out = self._graphed(prompts, sampling)
+            out = None if images is not None else self._graphed(prompts, sampling)
             if out is None:  # eager decoding; on CPU from packed weights (runtime.pack_decoding_weights)
                 with cpu_matmul.packed_for_decoding(self.model):
                     out = sample_responses(self.model, *prompts, **sampling)

@@ -276,6 +276,7 @@ class AdapterMerger:
         self.base: dict[str, torch.Tensor] = {}
         self.pending: dict[str, dict[str, torch.Tensor]] = {}  # module -> {"A": ..., "B": ...}
         self._files: dict[str, Path] | None = None
+        self._loaded: dict[str, torch.Tensor] | None = None  # the model's weights by module name (_renamed)
 
     def merge(self, bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
         out = []
@@ -307,10 +308,28 @@ class AdapterMerger:
 
             path = self._checkpoint_files().get(weight)
             if path is None:
-                raise KeyError(f"{self.model_path} has no weight {weight!r} to merge an adapter onto")
-            with safe_open(str(path), framework="pt") as f:
-                self.base[weight] = f.get_tensor(weight).float()
+                self.base[weight] = self._renamed(weight)
+            else:
+                with safe_open(str(path), framework="pt") as f:
+                    self.base[weight] = f.get_tensor(weight).float()
         return self.base[weight]
+
+    def _renamed(self, weight: str) -> torch.Tensor:
+        """A weight whose checkpoint key is not its module's name (transformers saves some image-text
+        models, LLaVA's among them, under older names and renames them on loading): read through
+        the loaded model, once, keeping only the weights asked for."""
+        if self._loaded is None:
+            from roll_core.strategies.models import load_causal_lm
+
+            try:
+                model = load_causal_lm(self.model_path)
+            except (OSError, ValueError):  # not a model transformers loads: the checkpoint's names are all there is
+                self._loaded = {}
+            else:
+                self._loaded = {name: value.detach() for name, value in model.state_dict().items()}
+        if weight not in self._loaded:
+            raise KeyError(f"{self.model_path} has no weight {weight!r} to merge an adapter onto")
+        return self._loaded.pop(weight).float()
 
     def _checkpoint_files(self) -> dict[str, Path]:
         """Which safetensors file holds each weight (read from the files' headers once)."""

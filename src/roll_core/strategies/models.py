@@ -30,10 +30,13 @@ def safetensors_files(model_path: str) -> list[Path]:
 
 
 def load_causal_lm(model_path: str, device: torch.device | None = None) -> Any:
-    """``AutoModelForCausalLM`` in float32 on ``device`` (CPU when None)."""
-    from transformers import AutoModelForCausalLM
+    """``AutoModelForCausalLM`` in float32 on ``device`` (CPU when None); an image-text model
+    (a config with a ``vision_config``) as ``AutoModelForImageTextToText``, which generates text too."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    reads_images = getattr(AutoConfig.from_pretrained(model_path), "vision_config", None) is not None
+    auto = AutoModelForImageTextToText if reads_images else AutoModelForCausalLM
+    model: Any = auto.from_pretrained(model_path, dtype=torch.float32)
     return model.to(device or torch.device("cpu"))
 
 

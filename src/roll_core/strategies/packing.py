@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from roll_core.multimodal import batch_images, image_keys, model_images
 from roll_core.strategies import packed_attention
 
 # transformers' attention implementations that take a custom 4-D mask (roll's piece-by-piece one is
@@ -50,7 +51,9 @@ class PackedSequences:
     padded layout, the flat index (row * W + column) of the position whose logits predict it; a
     token the batch does not have (``response_mask`` 0) points at position 0 and must stay masked.
     ``pieces`` ``[G, 4]``: each unit's prompt and each response as a run of positions (flat start,
-    length) with its unit's prompt (flat start, length; 0 on a prompt), for attention piece by piece."""
+    length) with its unit's prompt (flat start, length; 0 on a prompt), for attention piece by piece.
+    ``unit_samples`` ``[U]``: for each unit, in the order units come (row by row), a sample whose
+    prompt it carries: the one whose images the unit's image tokens stand for."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -58,6 +61,7 @@ class PackedSequences:
     branches: torch.Tensor
     source: torch.Tensor
     pieces: torch.Tensor
+    unit_samples: torch.Tensor
 
     @property
     def tokens(self) -> int:
@@ -90,12 +94,15 @@ class PackedSequences:
 
 
 def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
-                   response_mask: torch.Tensor, *, max_length: int, pad_token_id: int) -> PackedSequences:
+                   response_mask: torch.Tensor, *, max_length: int, pad_token_id: int,
+                   prompt_keys: torch.Tensor | None = None) -> PackedSequences:
     """Pack left-padded prompts ``[B, P]`` and right-padded responses ``[B, R]`` (the padded layout)
     into rows of at most ``W = max(longest sample, min(max_length, largest group))`` tokens; where
     the last rows would be part empty, the rows are narrowed as far as their number stays the same.
 
-    Samples with equal prompt tokens share one prompt per unit, in the order they come. Groups go
+    Samples with equal prompt tokens (and equal ``prompt_keys`` ``[B]`` where given: which images
+    the prompt reads, :func:`roll_core.multimodal.image_keys`) share one prompt per unit, in the
+    order they come. Groups go
     longest first; each response joins its group's open unit while that row has room, and otherwise
     opens a unit (the prompt repeated) in the first row with room for both. The inputs may be on any
     device; the packed tensors are on the CPU (:func:`packed_forward` moves them)."""
@@ -112,24 +119,27 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
     if bool((prompt_lengths == 0).any()):
         raise ValueError("every sample needs a prompt of at least one token (the first response token's logits)")
     # Python lists once: slicing them is far cheaper than one tensor index per sample
-    prompts = [tuple(row[width_p - n:]) for row, n in zip(prompt_ids.tolist(), prompt_lengths.tolist())]
+    tokens = [tuple(row[width_p - n:]) for row, n in zip(prompt_ids.tolist(), prompt_lengths.tolist())]
     answers = [row[:n] for row, n in zip(responses.tolist(), lengths.tolist())]
+    # a group is keyed by its prompt's tokens, and by the images they read where given
+    prompts = tokens if prompt_keys is None else [(*t, -1 - k) for t, k in zip(tokens, prompt_keys.tolist())]
     groups: dict[tuple[int, ...], list[int]] = {}
     for b, prompt in enumerate(prompts):
         groups.setdefault(prompt, []).append(b)
-    alone = max(len(p) + len(a) for p, a in zip(prompts, answers))
-    together = max(len(p) + sum(len(answers[b]) for b in members) for p, members in groups.items())
+    length = {prompt: len(tokens[members[0]]) for prompt, members in groups.items()}
+    alone = max(len(p) + len(a) for p, a in zip(tokens, answers))
+    together = max(length[p] + sum(len(answers[b]) for b in members) for p, members in groups.items())
     width = max(alone, min(max_length, together))
 
-    totals = {prompt: len(prompt) + sum(len(answers[b]) for b in members) for prompt, members in groups.items()}
+    totals = {prompt: length[prompt] + sum(len(answers[b]) for b in members) for prompt, members in groups.items()}
     order = sorted(groups, key=lambda p: -totals[p])
-    rows = _fill_rows(order, groups, answers, width)
+    rows = _fill_rows(order, groups, answers, width, length)
     content = sum(totals.values())
     if len(rows) * width > 1.05 * content:  # the last rows are part empty: narrow every row while as few suffice
         low = max(alone, -(-content // len(rows)))
         while low < width:
             middle = (low + width) // 2
-            narrower = _fill_rows(order, groups, answers, middle)
+            narrower = _fill_rows(order, groups, answers, middle, length)
             if len(narrower) <= len(rows):
                 rows, width = narrower, middle
             else:
@@ -137,6 +147,7 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
 
     ids, positions, unit_of, branch_of = [], [], [], []
     pieces: list[tuple[int, int, int, int]] = []
+    unit_samples: list[int] = []
     source = [[0] * width_r for _ in range(batch)]
     next_unit = 0
     for r, row in enumerate(rows):
@@ -144,8 +155,10 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
         row_pos: list[int] = []
         row_unit: list[int] = []
         row_branch: list[int] = []
-        for prompt, members in row:
+        for _, members in row:
+            prompt = tokens[members[0]]
             unit_id, next_unit = next_unit, next_unit + 1
+            unit_samples.append(members[0])
             prompt_start = r * width + len(row_ids)
             pieces.append((prompt_start, len(prompt), prompt_start, 0))
             row_ids += prompt
@@ -174,15 +187,16 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
                            units=torch.tensor(unit_of, dtype=torch.long),
                            branches=torch.tensor(branch_of, dtype=torch.long),
                            source=torch.tensor(source, dtype=torch.long),
-                           pieces=torch.tensor(pieces, dtype=torch.long))
+                           pieces=torch.tensor(pieces, dtype=torch.long),
+                           unit_samples=torch.tensor(unit_samples, dtype=torch.long))
 
 
 def _fill_rows(order: list[tuple[int, ...]], groups: dict[tuple[int, ...], list[int]], answers: list[list[int]],
-               width: int) -> list[list[tuple[tuple[int, ...], list[int]]]]:
+               width: int, length: dict[tuple[int, ...], int]) -> list[list[tuple[tuple[int, ...], list[int]]]]:
     """Each row's units ``(prompt, samples)``, first fit response by response: a group's responses
     join its open unit while its row has room; the next one opens a unit (its prompt repeated) in the
     first row with room for both, so groups of uneven length share rows instead of each padding a
-    row to the widest. Groups are taken in ``order``."""
+    row to the widest. Groups are taken in ``order``; ``length`` is each group's prompt length."""
     rows: list[list[tuple[tuple[int, ...], list[int]]]] = []
     used: list[int] = []
     for prompt in order:
@@ -193,7 +207,7 @@ def _fill_rows(order: list[tuple[int, ...]], groups: dict[tuple[int, ...], list[
                 rows[open_row][-1][1].append(b)  # the row's last unit: this group's, opened just before
                 used[open_row] += n
                 continue
-            need = len(prompt) + n
+            need = length[prompt] + n
             open_row = next((r for r, filled in enumerate(used) if filled + need <= width), None)
             if open_row is None:
                 open_row = len(rows)
@@ -205,12 +219,13 @@ def _fill_rows(order: list[tuple[int, ...]], groups: dict[tuple[int, ...], list[
 
 
 def model_config(model):
-    """The Hugging Face config of ``model``, or of the model an engine wraps (DeepSpeed's engine has
-    a ``config`` of its own and the model in ``module``)."""
+    """The Hugging Face config of ``model``'s text decoder (an image-text model's ``text_config``),
+    or of the model an engine wraps (DeepSpeed's engine has a ``config`` of its own and the model in
+    ``module``)."""
     config = getattr(model, "config", None)
-    if not hasattr(config, "pad_token_id") and hasattr(model, "module"):
+    if not (hasattr(config, "pad_token_id") or hasattr(config, "get_text_config")) and hasattr(model, "module"):
         return model_config(model.module)
-    return config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def _attention(model) -> str:
@@ -243,14 +258,17 @@ def packed_inputs(model, batch, role_config) -> PackedSequences | None:
 def pack_batch(batch, role_config, pad_token_id: int | None) -> PackedSequences:
     """``batch``'s padded layout packed as ``role_config`` says (``pack_max_length``), padding with
     ``pad_token_id`` (0 where the model has none): what a strategy that has decided to pack calls."""
+    images = batch_images(batch)
     return pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
-                          max_length=int(getattr(role_config, "pack_max_length", 1024)), pad_token_id=pad_token_id or 0)
+                          max_length=int(getattr(role_config, "pack_max_length", 1024)), pad_token_id=pad_token_id or 0,
+                          prompt_keys=None if images is None else image_keys(images))
 
 
-def packed_forward(model, packed: PackedSequences, device: torch.device):
+def packed_forward(model, packed: PackedSequences, device: torch.device, images: torch.Tensor | None = None):
     """The model's output on ``packed``'s rows (``use_cache`` off). A model on ``sdpa`` attends piece
     by piece (:mod:`roll_core.strategies.packed_attention`) where that pays (wide rows, on the CPU);
-    the dense mask goes along for layers that cannot."""
+    the dense mask goes along for layers that cannot. ``images`` ``[B, K, C, H, W]``: the batch's
+    (:mod:`roll_core.multimodal`), of which each unit's prompt reads its sample's."""
     plan = {}
     dtype = next(model.parameters()).dtype
     rows, width = packed.input_ids.shape
@@ -259,5 +277,6 @@ def packed_forward(model, packed: PackedSequences, device: torch.device):
         plan[packed_attention.PLAN_KEYWORD] = (packed_attention.attention_plan(packed.pieces, packed.tokens)
                                                .to(device, dtype))
     mask = packed.attention_mask(_attention(model), dtype)
+    pixels = model_images(None if images is None else images[packed.unit_samples], device)
     return model(input_ids=packed.input_ids.to(device), attention_mask=mask.to(device),
-                 position_ids=packed.position_ids.to(device), use_cache=False, **plan)
+                 position_ids=packed.position_ids.to(device), use_cache=False, **plan, **pixels)

@@ -18,6 +18,7 @@ from typing import Callable, Collection
 import torch
 import torch.nn.functional as F
 
+from roll_core.multimodal import image_keys, model_images
 from roll_core.strategies import float32_attention
 from roll_core.strategies.kv_cache import in_place_cache
 
@@ -41,26 +42,32 @@ def cache_keyword(model) -> str:
     return "cache" if "cache" in forward_parameters(model) else "past_key_values"
 
 
-def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_tokens: int = 0):
-    """The KV cache of left-padded prompts ``[B, P]`` and the logits of each one's next token ``[B, V]``.
+def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_tokens: int = 0,
+            images: torch.Tensor | None = None):
+    """The KV cache of left-padded prompts ``[B, P]`` and the logits of each one's next token ``[B, V]``;
+    ``images`` ``[B, K, C, H, W]``: each prompt's images (:mod:`roll_core.multimodal`), read here only.
 
     The cache takes the ``new_tokens`` that follow in place (:mod:`roll_core.strategies.kv_cache`), in
     float32 where the decoding steps attend in float32 (:mod:`roll_core.strategies.float32_attention`).
 
-    A prompt that comes several times (the samples of a GRPO group) is computed once and its cache
-    copied to every sample: the same values, ``num_return_sequences`` times less prompt compute. Only
-    the last position's logits are computed where the model takes ``logits_to_keep`` (a full
-    vocabulary at every prompt position is most of the memory of a long prompt)."""
+    A prompt that comes several times (the samples of a GRPO group: the same tokens and images) is
+    computed once and its cache copied to every sample: the same values, ``num_return_sequences``
+    times less prompt compute. Only the last position's logits are computed where the model takes
+    ``logits_to_keep`` (a full vocabulary at every prompt position is most of the memory of a long prompt)."""
     keep = {"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}
-    distinct, inverse = torch.unique(torch.where(prompt_mask.bool(), prompt_ids, -1), dim=0, return_inverse=True)
+    key = torch.where(prompt_mask.bool(), prompt_ids, -1)
+    if images is not None:  # the same text over other images is another prompt
+        key = torch.cat([key, image_keys(images).to(key.device)[:, None]], dim=1)
+    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
     shared = len(distinct) < len(prompt_ids)
     if shared:  # the first sample of each distinct prompt stands for all of them
         order = torch.arange(len(prompt_ids), device=prompt_ids.device)
         first = torch.full((len(distinct),), len(prompt_ids), device=prompt_ids.device).scatter_reduce(
             0, inverse, order, reduce="amin")
         prompt_ids, prompt_mask = prompt_ids[first], prompt_mask[first]
+        images = None if images is None else images[first]
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
-                use_cache=True, **keep)
+                use_cache=True, **keep, **model_images(images))
     dtype = float32_attention.cache_dtype(model, prompt_ids.device)
     past = in_place_cache(out[cache_keyword(model)], new_tokens, dtype)
     logits = out.logits[:, -1, :].float()
@@ -351,6 +358,13 @@ def response_end_ids(directory, tokenizer=None) -> list[int]:
     return token_ids(eos, model_end_token_ids(directory))
 
 
+def never_drawn(config) -> list[int]:
+    """Ids a response must not contain: an image-text model's image token (``image_token_id``), which
+    stands for an image's features wherever it is, so a response holding one would not fit its
+    images. The model's full ``config``, not the text decoder's."""
+    return token_ids(getattr(config, "image_token_id", None))
+
+
 def padding_id(config, generation_config=None) -> int:
     """The id that right-pads responses (always masked out): the ``pad_token_id`` of ``config``, else
     of ``generation_config``, else the first id that ends a response, else 0. Many models name no
@@ -374,11 +388,16 @@ def sample_responses(
     top_k: int = 0,
     generator: torch.Generator | None = None,
     should_stop=None,
+    images: torch.Tensor | None = None,
+    never: Collection[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Generate responses for left-padded prompts.
 
     Args:
         prompt_ids, prompt_mask: ``[B, P]`` left-padded prompts.
+        images: ``[B, K, C, H, W]``, each prompt's images (None: text only); see :func:`prefill`.
+        never: ids never drawn (an image-text model's image token, :func:`never_drawn`): their
+            logits are -inf, so the log-probs are those of the distribution without them.
         eos_token_id: the id, or ids, that end a response (:func:`end_token_ids`); None: none do.
         temperature: 0 means greedy decoding.
         top_p, top_k: the nucleus and the number of heaviest tokens each draw keeps (1.0 and 0: all);
@@ -392,11 +411,12 @@ def sample_responses(
     """
     batch = prompt_ids.shape[0]
     mask = prompt_mask.long()
-    past, logits = prefill(model, prompt_ids, mask, max_new_tokens)
+    past, logits = prefill(model, prompt_ids, mask, max_new_tokens, images)
     cache = cache_keyword(model)  # once: the signature does not change between decoding steps
     next_pos = mask.sum(-1, keepdim=True)
     device = prompt_ids.device
     ends = torch.tensor(token_ids(eos_token_id), dtype=torch.long, device=device)
+    banned = torch.tensor(list(never), dtype=torch.long, device=device) if never else None
     # Finished rows leave the decoding batch (and its KV cache): ``rows`` maps the rows still decoding
     # to their place in the output, which starts as padding. The rows' order in the batch is free, so
     # the cache moves as few as it can (surviving_rows).
@@ -406,6 +426,8 @@ def sample_responses(
     lengths = torch.zeros(batch, dtype=torch.long, device=device)
     steps = 0
     for step in range(max_new_tokens):
+        if banned is not None:
+            logits.index_fill_(1, banned, float("-inf"))
         token, logp = next_tokens(logits, temperature, top_p, generator, top_k)  # logits: this step's own
         tokens[rows, step], logps[rows, step], lengths[rows] = token, logp, step + 1
         steps = step + 1

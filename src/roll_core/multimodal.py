@@ -1,0 +1,151 @@
+"""Image prompts: rows that carry ``images``, the model's processor that turns them into inputs, and
+the one batch tensor that takes them from the driver to every pass over a prompt.
+
+Why one tensor: a batch moves between roles as tensors that share their first dimension (samples),
+and every step of the pipeline (grouping, chunking to workers, micro-batches, dynamic sampling)
+selects rows. Sample ``b``'s images as ``pixel_values[b]`` (``[B, K, C, H, W]``, ``K`` images per
+prompt) go wherever its prompt goes with no bookkeeping of their own. A model pass that reads
+prompts (generation's prefill, the log-prob, reference and training passes, padded or packed) hands
+the images of the prompts it computes to the model, in the order their image tokens come.
+
+A row with images::
+
+    {"prompt": "<image>What color is the shape?", "images": ["shapes/0001.png"], "ground_truth": "red"}
+
+``<image>`` marks where each image goes, one per image, in order; roll puts the model's own image
+token there and its processor repeats it as many times as the image has features. ``images`` are
+file paths (relative to the JSONL file), PIL images or ``[H, W, 3]`` uint8 arrays. Every row of a
+data set has the same number of images.
+
+The models: LLaVA-style image-text models, whose processor gives ``pixel_values`` per image and
+whose forward takes them beside ``input_ids`` (transformers' ``...ForConditionalGeneration`` under
+``AutoModelForImageTextToText``). The embedded tiny model has such a variant (``model.tiny.vision``).
+Models whose processor returns more image inputs (Qwen2-VL's ``image_grid_thw``) are refused by name.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from roll_core.errors import ConfigError
+
+IMAGE_PLACEHOLDER = "<image>"  # where an image goes in a row's prompt
+IMAGES = "pixel_values"  # the batch key: [B, K, C, H, W]
+_TEXT_KEYS = ("input_ids", "attention_mask")
+
+
+def has_images(rows: Sequence[dict]) -> bool:
+    return any(row.get("images") for row in rows)
+
+
+def resolve_paths(row: dict, base: Path) -> dict:
+    """``row`` with its relative image paths made relative to ``base`` (the JSONL file's directory)."""
+    if not row.get("images"):
+        return row
+    images = [str(base / image) if isinstance(image, str) and not Path(image).is_absolute() else image
+              for image in row["images"]]
+    return {**row, "images": images}
+
+
+def load_image(image: Any):
+    """One image as a PIL RGB image: from a file path, a PIL image or an ``[H, W, 3]`` uint8 array."""
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    if isinstance(image, (str, Path)):
+        try:
+            with Image.open(image) as opened:
+                return opened.convert("RGB")
+        except OSError as exc:
+            raise ConfigError(f"image '{image}' cannot be read: {exc}") from None
+    array = np.asarray(image)
+    if array.ndim != 3 or array.shape[-1] != 3 or array.dtype != np.uint8:
+        raise ConfigError(f"an image given as an array must be [H, W, 3] uint8; got {array.shape} {array.dtype}")
+    return Image.fromarray(array)
+
+
+@functools.lru_cache(maxsize=4)
+def processor_for(model_path: str):
+    """The processor of the model at ``model_path`` (``AutoProcessor``), which must read images."""
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(model_path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"the data has images, but the model at {model_path} has no processor that reads them "
+                          f"({exc})") from None
+    if getattr(processor, "image_processor", None) is None:
+        raise ConfigError(f"the data has images, but the model at {model_path} has no image processor "
+                          f"(processor {type(processor).__name__}); use an image-text model")
+    return processor
+
+
+def check_rows(rows: Sequence[dict], where: str) -> None:
+    """Every row has as many images as placeholders, and all rows the same number."""
+    counts = {len(row.get("images") or []) for row in rows}
+    if len(counts) > 1:
+        raise ConfigError(f"{where} rows have different numbers of images ({', '.join(map(str, sorted(counts)))}); "
+                          f"every row of a data set needs the same number")
+    for i, row in enumerate(rows):
+        n, marked = len(row.get("images") or []), row["prompt"].count(IMAGE_PLACEHOLDER)
+        if n != marked:
+            raise ConfigError(f"{where} row {i} has {n} image(s) and {marked} '{IMAGE_PLACEHOLDER}' placeholder(s) "
+                              f"in its prompt; put one where each image goes")
+
+
+def tokenize_texts(tokenizer, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``[B, P]`` ids and mask of text prompts, without BOS/EOS (used verbatim)."""
+    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False, padding_side="left")
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def encode_prompts(tokenizer, rows: Sequence[dict]) -> dict[str, torch.Tensor]:
+    """Rows' prompts as left-padded ``prompt_ids``, ``prompt_mask`` ``[B, P]``, without BOS/EOS, and,
+    where the rows have images, their ``pixel_values`` ``[B, K, C, H, W]`` from the model's processor
+    (which also repeats each image token once per image feature)."""
+    prompts = [row["prompt"] for row in rows]
+    if not has_images(rows):
+        ids, mask = tokenize_texts(tokenizer, prompts)
+        return {"prompt_ids": ids, "prompt_mask": mask}
+    check_rows(rows, "these")
+    processor = processor_for(tokenizer.name_or_path)
+    token = getattr(processor, "image_token", None) or IMAGE_PLACEHOLDER
+    if token != IMAGE_PLACEHOLDER:
+        prompts = [p.replace(IMAGE_PLACEHOLDER, token) for p in prompts]
+    images = [load_image(image) for row in rows for image in row["images"]]
+    enc = processor(text=prompts, images=images, return_tensors="pt", padding=True, add_special_tokens=False,
+                    padding_side="left")
+    extra = sorted(set(enc) - {*_TEXT_KEYS, IMAGES})
+    if extra:
+        raise ConfigError(f"the model's processor ({type(processor).__name__}) gives image inputs roll does not pass "
+                          f"on yet ({', '.join(extra)}); roll takes models whose images are pixel_values alone "
+                          f"(LLaVA-style)")
+    pixels = enc[IMAGES]
+    return {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
+            IMAGES: pixels.reshape(len(rows), len(images) // len(rows), *pixels.shape[1:])}
+
+
+def model_images(images: torch.Tensor | None, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """The keyword a model pass takes ``[B, K, C, H, W]`` images by (``pixel_values``, ``[B * K, C, H, W]``),
+    or nothing for a text-only batch."""
+    if images is None:
+        return {}
+    flat = images.flatten(0, 1)
+    return {IMAGES: flat if device is None else flat.to(device)}
+
+
+def batch_images(batch) -> torch.Tensor | None:
+    """``batch``'s images ``[B, K, C, H, W]``, or None for a text-only batch."""
+    return batch[IMAGES] if IMAGES in batch else None
+
+
+def image_keys(images: torch.Tensor) -> torch.Tensor:
+    """``[B]``: one integer per sample, equal exactly where two samples have the same images. With the
+    prompt's tokens it tells which samples share a prompt (one prefill, one packed prompt)."""
+    return torch.unique(images.flatten(1), dim=0, return_inverse=True)[1]

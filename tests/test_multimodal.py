@@ -1,0 +1,228 @@
+"""Image prompts (:mod:`roll_core.multimodal`): rows to model inputs, the embedded image-reading model
+and its task, every pass over an image prompt (prefill, padded, packed, sharded) against the model's
+own forward, responses that never hold the image token, and the checks that refuse image data
+before any worker starts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from roll_core.errors import ConfigError
+from roll_core.multimodal import (IMAGES, check_rows, encode_prompts, image_keys, load_image, model_images,
+                                  processor_for)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_vlm_path):
+    from roll_core.pipelines.runtime import load_tokenizer
+
+    return load_tokenizer(str(tiny_vlm_path))
+
+
+@pytest.fixture(scope="module")
+def model(tiny_vlm_path):
+    from roll_core.strategies.models import load_causal_lm
+
+    return load_causal_lm(str(tiny_vlm_path)).eval()
+
+
+def _image(value: int) -> np.ndarray:
+    return np.full((16, 16, 3), value, dtype=np.uint8)
+
+
+def test_the_tiny_vlm_is_a_llava_model_with_its_processor(tiny_vlm_path, model, tokenizer):
+    processor = processor_for(str(tiny_vlm_path))
+    assert type(model).__name__ == "LlavaForConditionalGeneration"
+    assert model.config.image_token_id == tokenizer.convert_tokens_to_ids("<image>") == processor.image_token_id
+    assert model.config.image_seq_length == 16  # (16 / 4) ** 2 patches
+    assert model.config.text_config.vocab_size == len(tokenizer)
+
+
+def test_an_image_prompt_holds_one_token_per_patch_and_its_pixels_scaled_to_plus_minus_one(tokenizer):
+    rows = [{"prompt": "<image>color:", "images": [_image(255)]}, {"prompt": "<image>c", "images": [_image(0)]}]
+    out = encode_prompts(tokenizer, rows)
+    image_id = tokenizer.convert_tokens_to_ids("<image>")
+    assert (out["prompt_ids"] == image_id).sum(-1).tolist() == [16, 16]
+    assert out["prompt_mask"].sum(-1).tolist() == [16 + 6, 16 + 1]  # left padded, text verbatim
+    assert out["prompt_ids"][1, :5].tolist() == [tokenizer.pad_token_id] * 5
+    assert out[IMAGES].shape == (2, 1, 3, 16, 16)
+    torch.testing.assert_close(out[IMAGES][0], torch.ones(1, 3, 16, 16))  # (255 / 255 - 0.5) / 0.5
+    torch.testing.assert_close(out[IMAGES][1], -torch.ones(1, 3, 16, 16))
+
+
+def test_text_rows_encode_as_plain_prompts(tokenizer):
+    out = encode_prompts(tokenizer, [{"prompt": "12+3="}, {"prompt": "4="}])
+    assert set(out) == {"prompt_ids", "prompt_mask"}
+    assert out["prompt_mask"].tolist() == [[1] * 5, [0, 0, 0, 1, 1]]
+
+
+def test_images_are_read_from_files_arrays_and_pil_images(tmp_path):
+    from PIL import Image
+
+    array = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
+    Image.fromarray(array).save(tmp_path / "a.png")
+    for given in (str(tmp_path / "a.png"), array, Image.fromarray(array).convert("L").convert("RGB")):
+        image = load_image(given)
+        assert image.mode == "RGB" and image.size == (4, 4)
+    assert np.array_equal(np.asarray(load_image(str(tmp_path / "a.png"))), array)
+    with pytest.raises(ConfigError, match=r"\[H, W, 3\] uint8"):
+        load_image(np.zeros((4, 4), dtype=np.uint8))
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_image(str(tmp_path / "missing.png"))
+
+
+def test_a_jsonl_file_names_images_relative_to_itself(tmp_path):
+    from roll_core.data import read_jsonl
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "rows.jsonl").write_text(json.dumps({"prompt": "<image>x", "images": ["img/1.png"]}) + "\n"
+                                                 + json.dumps({"prompt": "y", "images": ["/abs/2.png"]}) + "\n")
+    rows = read_jsonl(tmp_path / "data" / "rows.jsonl")
+    assert rows[0]["images"] == [str(tmp_path / "data" / "img" / "1.png")]
+    assert rows[1]["images"] == ["/abs/2.png"]
+
+
+def test_rows_need_a_placeholder_per_image_and_the_same_number_of_images():
+    check_rows([{"prompt": "<image><image>q", "images": [1, 2]}], "training")
+    with pytest.raises(ConfigError, match="training row 0 has 2 image.*1 '<image>' placeholder"):
+        check_rows([{"prompt": "<image>q", "images": [1, 2]}], "training")
+    with pytest.raises(ConfigError, match=r"different numbers of images \(1, 2\)"):
+        check_rows([{"prompt": "<image>q", "images": [1]}, {"prompt": "<image><image>q", "images": [1, 2]}], "held-out")
+
+
+def test_a_model_without_an_image_processor_is_refused_by_path(tiny_model_path, tokenizer):
+    from roll_core.pipelines.runtime import load_tokenizer
+
+    text_only = load_tokenizer(str(tiny_model_path))
+    with pytest.raises(ConfigError, match=f"the model at {tiny_model_path} has no"):
+        encode_prompts(text_only, [{"prompt": "<image>q", "images": [_image(3)]}])
+
+
+def test_a_processor_with_more_image_inputs_is_refused_by_name(tokenizer, monkeypatch):
+    import roll_core.multimodal as multimodal
+
+    class QwenLike:
+        image_token = "<image>"
+
+        def __call__(self, **kwargs):
+            return {"input_ids": torch.zeros(1, 2), "attention_mask": torch.ones(1, 2),
+                    IMAGES: torch.zeros(4, 8), "image_grid_thw": torch.ones(1, 3)}
+
+    monkeypatch.setattr(multimodal, "processor_for", lambda path: QwenLike())
+    with pytest.raises(ConfigError, match=r"\(image_grid_thw\)"):
+        encode_prompts(tokenizer, [{"prompt": "<image>q", "images": [_image(3)]}])
+
+
+def test_image_keys_are_equal_exactly_for_equal_images():
+    images = torch.stack([torch.zeros(1, 3, 2, 2), torch.ones(1, 3, 2, 2), torch.zeros(1, 3, 2, 2)])
+    keys = image_keys(images)
+    assert keys[0] == keys[2] != keys[1]
+    assert model_images(None) == {}
+    assert model_images(images)[IMAGES].shape == (3, 3, 2, 2)
+
+
+def test_color_shapes_teacher_confuses_only_orange_and_purple():
+    from roll_core.embedded.tasks import CONFUSED, ColorShapesConfig, ColorShapesTask
+
+    task = ColorShapesTask(ColorShapesConfig(num_train=600, num_eval=50, teacher_confusion=0.5))
+    train, held_out = task.train_rows(), task.eval_rows()
+    assert len(train) == 600 and len(held_out) == 50
+    assert all("demonstration" not in r for r in held_out)
+    wrong = [r for r in train if r["demonstration"] != r["ground_truth"]]
+    assert wrong and {r["ground_truth"] for r in wrong} == set(CONFUSED)
+    assert all(r["demonstration"] == CONFUSED[r["ground_truth"]] for r in wrong)
+    confusable = [r for r in train if r["ground_truth"] in CONFUSED]
+    assert 0.4 < len(wrong) / len(confusable) < 0.6
+    image = train[0]["images"][0]
+    assert image.shape == (16, 16, 3) and image.dtype == np.uint8 and 0 < (image.sum(-1) > 0).mean() < 1
+    again = ColorShapesTask(ColorShapesConfig(num_train=600, num_eval=50, teacher_confusion=0.5)).train_rows()
+    assert all(np.array_equal(a["images"][0], b["images"][0]) for a, b in zip(train, again))  # from the seed alone
+
+
+def _model_log_probs(model, batch) -> torch.Tensor:
+    """Each sample alone through the model's own forward: the log-probs of its response tokens."""
+    out = []
+    for b in range(len(batch)):
+        prompt = batch["prompt_ids"][b][batch["prompt_mask"][b].bool()]
+        ids = torch.cat([prompt, batch["responses"][b]])[None]
+        with torch.no_grad():
+            logits = model(input_ids=ids, pixel_values=batch[IMAGES][b]).logits[0].float()
+        r = batch["responses"].shape[1]
+        logp = logits[len(prompt) - 1:-1].log_softmax(-1).gather(-1, batch["responses"][b][:, None])[:, 0]
+        out.append(logp[:r])
+    return torch.stack(out) * batch["response_mask"]
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_passes_give_each_sample_the_log_probs_of_its_own_images(tiny_vlm_path, model, packed):
+    from roll_core.config import load_config
+    from roll_core.strategies.hf import HFTrainStrategy
+    from roll_core.testing import image_training_batch
+
+    cfg = load_config(None, ["executor=local", f"roles.actor_train.pack_sequences={str(packed).lower()}"])
+    trainer = HFTrainStrategy(str(tiny_vlm_path), cfg.roles.actor_train, seed=0)
+    batch = image_training_batch(tiny_vlm_path)
+    got = trainer.compute_log_probs(batch, 1.0)
+    torch.testing.assert_close(got, _model_log_probs(model, batch), atol=2e-5, rtol=0)
+    # samples 4 and 5: the same text over different images, so different log-probs
+    assert not torch.allclose(got[4] * batch["response_mask"][5], got[5] * batch["response_mask"][4])
+
+
+def test_a_shared_prefill_is_shared_only_by_prompts_with_the_same_images(model, tiny_vlm_path):
+    from roll_core.strategies.sequences import prefill
+    from roll_core.testing import image_training_batch
+
+    batch = image_training_batch(tiny_vlm_path)
+    ids, mask, images = batch["prompt_ids"], batch["prompt_mask"], batch[IMAGES]
+    with torch.no_grad():
+        _, logits = prefill(model, ids, mask, images=images)
+        for b in range(len(batch)):
+            alone = model(input_ids=ids[b][mask[b].bool()][None], pixel_values=images[b]).logits[0, -1]
+            torch.testing.assert_close(logits[b], alone.float(), atol=2e-5, rtol=0)
+
+
+def test_responses_never_hold_the_image_token_and_their_log_probs_leave_it_out(model, tiny_vlm_path):
+    from roll_core.strategies.sequences import never_drawn, sample_responses
+    from roll_core.testing import image_training_batch
+
+    batch = image_training_batch(tiny_vlm_path)
+    image_id = model.config.image_token_id
+    assert never_drawn(model.config) == [image_id] and never_drawn(model.config.text_config) == []
+    head = model.get_output_embeddings()
+    saved = head.weight.data[image_id].clone()
+    head.weight.data[image_id] = model.get_input_embeddings().weight.data.mean(0) * 0 + 50.0  # the image token would win
+    try:
+        tokens, _, logp = sample_responses(model, batch["prompt_ids"], batch["prompt_mask"], images=batch[IMAGES],
+                                           never=[image_id], max_new_tokens=4, eos_token_id=None, pad_token_id=0,
+                                           temperature=1.0, generator=torch.Generator().manual_seed(0))
+        assert not bool((tokens == image_id).any())
+        with torch.no_grad():
+            first = model(input_ids=batch["prompt_ids"][:1][batch["prompt_mask"][:1].bool()][None],
+                          pixel_values=batch[IMAGES][0]).logits[0, -1].float()
+        first[image_id] = float("-inf")
+        torch.testing.assert_close(logp[0, 0], first.log_softmax(-1)[tokens[0, 0]], atol=1e-5, rtol=0)
+    finally:
+        head.weight.data[image_id] = saved
+
+
+def test_image_data_needs_strategies_that_read_images(tmp_path):
+    from roll_core.config.loader import load_and_check
+    from roll_core.plugins import get_plugins
+
+    def load_config(path, overrides):
+        return load_and_check(path, overrides, get_plugins())
+
+    with pytest.raises(ConfigError, match=r"roles.critic.strategy.*critic strategy 'hf' does not read images "
+                                          r"\(the data has them: data.dataset 'color_shapes'\)"):
+        load_config(None, ["data.dataset=color_shapes", "roles.critic={strategy: hf}",
+                           "algorithm.advantage_estimator=gae"])
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "<image>q", "images": ["a.png"], "ground_truth": "x"}) + "\n")
+    with pytest.raises(ConfigError, match=f"data.train_file {rows}"):
+        load_config(None, [f"data.train_file={rows}", "roles.critic={strategy: hf}",
+                           "algorithm.advantage_estimator=gae"])
+    load_config(None, ["data.dataset=color_shapes", "model.tiny.vision={}"])  # hf reads images
