@@ -54,6 +54,33 @@ def test_an_image_prompt_holds_one_token_per_patch_and_its_pixels_scaled_to_plus
     torch.testing.assert_close(out[IMAGES][1], -torch.ones(1, 3, 16, 16))
 
 
+def test_several_images_per_prompt_stay_with_their_sample_in_order(tokenizer):
+    rows = [{"prompt": "<image>a<image>", "images": [_image(255), _image(0)]},
+            {"prompt": "<image><image>b", "images": [_image(0), _image(255)]}]
+    out = encode_prompts(tokenizer, rows)
+    assert out[IMAGES].shape == (2, 2, 3, 16, 16)
+    assert out[IMAGES][:, :, 0, 0, 0].tolist() == [[1.0, -1.0], [-1.0, 1.0]]
+    assert (out["prompt_ids"] == tokenizer.convert_tokens_to_ids("<image>")).sum(-1).tolist() == [32, 32]
+    flat = model_images(out[IMAGES])[IMAGES]  # the model's order: sample by sample, each one's in order
+    assert flat.shape == (4, 3, 16, 16) and flat[:, 0, 0, 0].tolist() == [1.0, -1.0, -1.0, 1.0]
+
+
+def test_a_group_repeats_its_prompt_with_its_images_and_the_warm_up_pads_them(tokenizer):
+    from roll_core.pipelines.batches import demonstration_batch, packed_demonstration_batch
+    from roll_core.rollout.sync import expand_rows
+
+    rows = [{"prompt": "<image>c:", "images": [_image(255)], "ground_truth": "red", "demonstration": "red"},
+            {"prompt": "<image>c:", "images": [_image(0)], "ground_truth": "blue", "demonstration": "blue"}]
+    batch = expand_rows(tokenizer, rows, 3)
+    assert batch[IMAGES].shape == (6, 1, 3, 16, 16)
+    assert batch[IMAGES][:, 0, 0, 0, 0].tolist() == [1.0] * 3 + [-1.0] * 3
+    assert batch["ground_truth"] == ["red"] * 3 + ["blue"] * 3
+    supervised = demonstration_batch(tokenizer, rows)
+    assert supervised[IMAGES][:, 0, 0, 0, 0].tolist() == [1.0, -1.0]
+    with pytest.raises(ConfigError, match="warmup.packing does not take rows with images"):
+        packed_demonstration_batch(tokenizer, rows, max_length=64)
+
+
 def test_text_rows_encode_as_plain_prompts(tokenizer):
     out = encode_prompts(tokenizer, [{"prompt": "12+3="}, {"prompt": "4="}])
     assert set(out) == {"prompt_ids", "prompt_mask"}
@@ -65,12 +92,14 @@ def test_images_are_read_from_files_arrays_and_pil_images(tmp_path):
 
     array = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
     Image.fromarray(array).save(tmp_path / "a.png")
-    for given in (str(tmp_path / "a.png"), array, Image.fromarray(array).convert("L").convert("RGB")):
+    Image.fromarray(array).convert("L").save(tmp_path / "grey.png")
+    for given in (str(tmp_path / "a.png"), array, Image.fromarray(array).convert("RGBA"), str(tmp_path / "grey.png")):
         image = load_image(given)
         assert image.mode == "RGB" and image.size == (4, 4)
     assert np.array_equal(np.asarray(load_image(str(tmp_path / "a.png"))), array)
-    with pytest.raises(ConfigError, match=r"\[H, W, 3\] uint8"):
-        load_image(np.zeros((4, 4), dtype=np.uint8))
+    for wrong in (np.zeros((4, 4), dtype=np.uint8), np.zeros((4, 4, 4), dtype=np.uint8), np.zeros((4, 4, 3))):
+        with pytest.raises(ConfigError, match=r"\[H, W, 3\] uint8"):
+            load_image(wrong)
     with pytest.raises(ConfigError, match="cannot be read"):
         load_image(str(tmp_path / "missing.png"))
 
@@ -106,15 +135,19 @@ def test_a_processor_with_more_image_inputs_is_refused_by_name(tokenizer, monkey
     import roll_core.multimodal as multimodal
 
     class QwenLike:
-        image_token = "<image>"
+        image_token = "<|image_pad|>"
+        text: list[str] = []
 
-        def __call__(self, **kwargs):
+        def __call__(self, text, **kwargs):
+            self.text += text
             return {"input_ids": torch.zeros(1, 2), "attention_mask": torch.ones(1, 2),
                     IMAGES: torch.zeros(4, 8), "image_grid_thw": torch.ones(1, 3)}
 
-    monkeypatch.setattr(multimodal, "processor_for", lambda path: QwenLike())
+    processor = QwenLike()
+    monkeypatch.setattr(multimodal, "processor_for", lambda path: processor)
     with pytest.raises(ConfigError, match=r"\(image_grid_thw\)"):
-        encode_prompts(tokenizer, [{"prompt": "<image>q", "images": [_image(3)]}])
+        encode_prompts(tokenizer, [{"prompt": "<image>q<image>", "images": [_image(3), _image(4)]}])
+    assert processor.text == ["<|image_pad|>q<|image_pad|>"]  # the model's own image token in the placeholders' place
 
 
 def test_image_keys_are_equal_exactly_for_equal_images():
@@ -128,7 +161,7 @@ def test_image_keys_are_equal_exactly_for_equal_images():
 def test_color_shapes_teacher_confuses_only_orange_and_purple():
     from roll_core.embedded.tasks import CONFUSED, ColorShapesConfig, ColorShapesTask
 
-    task = ColorShapesTask(ColorShapesConfig(num_train=600, num_eval=50, teacher_confusion=0.5))
+    task = ColorShapesTask(ColorShapesConfig(num_train=600, num_eval=50, teacher_confusion=0.75))
     train, held_out = task.train_rows(), task.eval_rows()
     assert len(train) == 600 and len(held_out) == 50
     assert all("demonstration" not in r for r in held_out)
@@ -136,10 +169,12 @@ def test_color_shapes_teacher_confuses_only_orange_and_purple():
     assert wrong and {r["ground_truth"] for r in wrong} == set(CONFUSED)
     assert all(r["demonstration"] == CONFUSED[r["ground_truth"]] for r in wrong)
     confusable = [r for r in train if r["ground_truth"] in CONFUSED]
-    assert 0.4 < len(wrong) / len(confusable) < 0.6
+    assert 0.65 < len(wrong) / len(confusable) < 0.85
+    # the held-out images are drawn after the training ones, not among them
+    assert not any(np.array_equal(h["images"][0], t["images"][0]) for h, t in zip(held_out, train))
     image = train[0]["images"][0]
     assert image.shape == (16, 16, 3) and image.dtype == np.uint8 and 0 < (image.sum(-1) > 0).mean() < 1
-    again = ColorShapesTask(ColorShapesConfig(num_train=600, num_eval=50, teacher_confusion=0.5)).train_rows()
+    again = ColorShapesTask(ColorShapesConfig(num_train=600, num_eval=50, teacher_confusion=0.75)).train_rows()
     assert all(np.array_equal(a["images"][0], b["images"][0]) for a, b in zip(train, again))  # from the seed alone
 
 
@@ -226,3 +261,33 @@ def test_image_data_needs_strategies_that_read_images(tmp_path):
         load_config(None, [f"data.train_file={rows}", "roles.critic={strategy: hf}",
                            "algorithm.advantage_estimator=gae"])
     load_config(None, ["data.dataset=color_shapes", "model.tiny.vision={}"])  # hf reads images
+
+
+def test_grpo_on_images_fixes_what_imitation_of_the_careless_teacher_could_not(tmp_path):
+    """``examples/vlm.yaml`` in this process (local executor), its RL cut to 25 steps: the warm-up
+    imitates a teacher that calls orange "red" and purple "blue", which leaves about a third of the
+    held-out images wrong; 25 GRPO steps on an exact-match reward against each image's colour bring
+    the held-out accuracy near 100% (measured: 69.7% -> 100%, in about 40 s)."""
+    from pathlib import Path
+
+    from roll_core.config import load_config
+    from roll_core.pipelines.rlvr import RLVRPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "vlm.yaml"
+    cfg = load_config(example, ["executor=local", f"output_dir={tmp_path}", "trainer.max_steps=25",
+                                "trainer.eval_every=25", "trainer.save_every=0", "trackers=[jsonl]"])
+    summary = RLVRPipeline(cfg, LocalExecutor()).run()
+    before, after = summary["before_rl"]["eval/accuracy"], summary["after_rl"]["eval/accuracy"]
+    assert 0.55 < before < 0.8, before  # the two confused colours of six, wrong under greedy decoding
+    assert after > 0.95, (before, after)
+
+
+def test_the_vision_tower_takes_whole_patches_only():
+    from pydantic import ValidationError
+
+    from roll_core.config.schema import TinyVisionConfig
+
+    with pytest.raises(ValidationError, match="image_size 10 is not a multiple of patch_size 4"):
+        TinyVisionConfig(image_size=10, patch_size=4)
+    assert TinyVisionConfig(image_size=12, patch_size=4).image_size == 12

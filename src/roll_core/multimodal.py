@@ -47,8 +47,7 @@ def resolve_paths(row: dict, base: Path) -> dict:
     """``row`` with its relative image paths made relative to ``base`` (the JSONL file's directory)."""
     if not row.get("images"):
         return row
-    images = [str(base / image) if isinstance(image, str) and not Path(image).is_absolute() else image
-              for image in row["images"]]
+    images = [str(base / image) if isinstance(image, str) else image for image in row["images"]]  # an absolute one stays
     return {**row, "images": images}
 
 
