@@ -65,6 +65,18 @@ def test_every_stage_computes_what_hf_computes(tiny_model_path, options):
     assert trainer.shared_parameters() is None  # ZeRO owns the tensors: a hybrid engine gets gathered copies
 
 
+@pytest.mark.parametrize("zero", [2, 3])
+def test_an_image_text_model_trains_as_hf_does(tiny_vlm_path, zero):
+    """The tiny model with its vision tower (roll_core.multimodal): image prompts' log-probs,
+    metrics and updated weights, the encoder's included, are hf's (stage 3 partitions them all)."""
+    from roll_core.testing import image_training_batch
+
+    cfg = load_config(None, UPDATE + [f"roles.actor_train.strategy_options={stage(zero)}"])
+    trainer = DeepSpeedTrainStrategy(str(tiny_vlm_path), cfg.roles.actor_train, seed=0)
+    reference = HFTrainStrategy(str(tiny_vlm_path), hf_role(cfg.roles.actor_train), seed=0)
+    assert_trainer_matches_hf(trainer, reference, cfg, batch=image_training_batch(tiny_vlm_path))
+
+
 def test_an_update_raises_no_warning_of_deepspeeds_deprecated_collective_names(tiny_model_path):
     """ZeRO calls torch's all_gather_into_tensor and reduce_scatter_tensor, which warn per call site in
     every worker of every run; the strategy silences those two and nothing else."""
