@@ -85,6 +85,14 @@ def processor_for(model_path: str):
     return processor
 
 
+def save_processor(model_path: str, directory) -> None:
+    """The image processor of the model at ``model_path`` into ``directory`` (an exported or
+    warmed-up model's), so the directory reads images as the original did; nothing for a model
+    without one. Call it before saving the run's tokenizer there, which it rewrites."""
+    if any((Path(model_path) / name).is_file() for name in ("processor_config.json", "preprocessor_config.json")):
+        processor_for(model_path).save_pretrained(directory)
+
+
 def check_rows(rows: Sequence[dict], where: str) -> None:
     """Every row has as many images as placeholders, and all rows the same number."""
     counts = {len(row.get("images") or []) for row in rows}

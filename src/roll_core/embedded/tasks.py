@@ -183,7 +183,9 @@ class ColorShapesTask:
     ``teacher_confusion`` it calls an orange shape "red" and a purple one "blue". Imitation answers
     those two colours wrong under greedy decoding (about a third of the held-out images), and a
     reward that checks the answer against the image's true colour lets RL fix what imitation
-    could not. The images are ``[H, W, 3]`` uint8 arrays, drawn from ``seed`` alone.
+    could not. An orange or purple shape's row also has ``rejected``, the teacher's name for it: with
+    ``ground_truth`` as the chosen answer, a preference pair for ``dpo``. The images are ``[H, W, 3]``
+    uint8 arrays, drawn from ``seed`` alone.
     """
 
     name = "color_shapes"
@@ -220,6 +222,8 @@ class ColorShapesTask:
         row = {"prompt": self.PROMPT, "images": [self._images[i]], "ground_truth": color, "domain": "vision"}
         if confused is not None:
             row["demonstration"] = CONFUSED.get(color, color) if confused else color
+        if color in CONFUSED:  # a preference pair for ``dpo``: the true colour over the teacher's
+            row["rejected"] = CONFUSED[color]
         return row
 
     def train_rows(self) -> list[dict]:

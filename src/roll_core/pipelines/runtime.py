@@ -38,6 +38,7 @@ from roll_core.config.resume import check_resume
 from roll_core.data import Batch
 from roll_core.embedded.model import build_tiny_model
 from roll_core.errors import ConfigError
+from roll_core.multimodal import save_processor
 from roll_core.pipelines import Pipeline
 from roll_core.pipelines.checkpoint import CheckpointManager
 from roll_core.pipelines.rollout_dump import write_dump
@@ -452,11 +453,18 @@ class PolicyGradientLoop(TrainingLoop):
 
 
 def save_tokenizer_beside(tokenizer, checkpoint: Path) -> None:
-    """The tokenizer into a trained role's checkpoint ``model/`` and ``adapter/``, so each loads whole
-    (transformers, peft)."""
+    """The tokenizer (and image processor) into a trained role's checkpoint ``model/`` and
+    ``adapter/``, so each loads whole (transformers, peft)."""
     for saved in ("model", "adapter"):
         if (checkpoint / saved).is_dir():
-            tokenizer.save_pretrained(checkpoint / saved)
+            save_tokenizer(tokenizer, checkpoint / saved)
+
+
+def save_tokenizer(tokenizer, directory: Path) -> None:
+    """``tokenizer`` (the run's, chat template included) into a model ``directory``, with the image
+    processor of the model it came from where that has one (:mod:`roll_core.multimodal`)."""
+    save_processor(tokenizer.name_or_path, directory)
+    tokenizer.save_pretrained(directory)
 
 
 def warn_if_oversubscribed(cfg) -> None:

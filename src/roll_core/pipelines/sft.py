@@ -24,7 +24,7 @@ from roll_core.data import Batch, PromptStream
 from roll_core.errors import ConfigError
 from roll_core.files import replace_dir
 from roll_core.pipelines.batches import demonstration_batch, packed_demonstration_batch
-from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, log_probs, start_update
+from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, log_probs, save_tokenizer, start_update
 from roll_core.pipelines.sources import load_rows
 from roll_core.runtime.executor import WorkerGroup
 from roll_core.trackers import progress_bar
@@ -73,7 +73,7 @@ class SupervisedTrainer:
         self.executor.get(self.actor.call("export_model", str(tmp / "model")))
         replace_dir(tmp / "model", directory)
         shutil.rmtree(tmp, ignore_errors=True)
-        self.tokenizer.save_pretrained(directory)
+        save_tokenizer(self.tokenizer, directory)
 
     def run(self, steps: int) -> dict[str, float]:
         """``steps`` steps with a progress bar; the last step's metrics."""
