@@ -179,13 +179,15 @@ def test_color_shapes_teacher_confuses_only_orange_and_purple():
 
 
 def _model_log_probs(model, batch) -> torch.Tensor:
-    """Each sample alone through the model's own forward: the log-probs of its response tokens."""
+    """Each sample alone through the model's own forward: the log-probs of its response tokens under
+    the distribution without the image token, which no response holds."""
     out = []
     for b in range(len(batch)):
         prompt = batch["prompt_ids"][b][batch["prompt_mask"][b].bool()]
         ids = torch.cat([prompt, batch["responses"][b]])[None]
         with torch.no_grad():
             logits = model(input_ids=ids, pixel_values=batch[IMAGES][b]).logits[0].float()
+        logits[:, model.config.image_token_id] = float("-inf")
         r = batch["responses"].shape[1]
         logp = logits[len(prompt) - 1:-1].log_softmax(-1).gather(-1, batch["responses"][b][:, None])[:, 0]
         out.append(logp[:r])
@@ -203,6 +205,7 @@ def test_the_passes_give_each_sample_the_log_probs_of_its_own_images(tiny_vlm_pa
     batch = image_training_batch(tiny_vlm_path)
     got = trainer.compute_log_probs(batch, 1.0)
     torch.testing.assert_close(got, _model_log_probs(model, batch), atol=2e-5, rtol=0)
+    assert bool(trainer.forward(batch, ("entropy",), 1.0)["entropy"].isfinite().all())  # 0 log 0 for the image token
     # samples 4 and 5: the same text over different images, so different log-probs
     assert not torch.allclose(got[4] * batch["response_mask"][5], got[5] * batch["response_mask"][4])
 
@@ -240,6 +243,15 @@ def test_responses_never_hold_the_image_token_and_their_log_probs_leave_it_out(m
                           pixel_values=batch[IMAGES][0]).logits[0, -1].float()
         first[image_id] = float("-inf")
         torch.testing.assert_close(logp[0, 0], first.log_softmax(-1)[tokens[0, 0]], atol=1e-5, rtol=0)
+        # the trainer's log-probs of those samples are the sampler's: the same distribution, without the image token
+        from roll_core.config import load_config
+        from roll_core.strategies.hf import HFTrainStrategy
+
+        trainer = HFTrainStrategy(str(tiny_vlm_path), load_config(None, []).roles.actor_train, seed=0)
+        trainer.model.load_state_dict(model.state_dict())
+        sampled = batch.select(list(range(len(batch))))
+        sampled.update(responses=tokens, response_mask=torch.ones_like(tokens))
+        torch.testing.assert_close(trainer.compute_log_probs(sampled, 1.0), logp, atol=2e-5, rtol=0)
     finally:
         head.weight.data[image_id] = saved
 
@@ -281,6 +293,39 @@ def test_grpo_on_images_fixes_what_imitation_of_the_careless_teacher_could_not(t
     before, after = summary["before_rl"]["eval/accuracy"], summary["after_rl"]["eval/accuracy"]
     assert 0.55 < before < 0.8, before  # the two confused colours of six, wrong under greedy decoding
     assert after > 0.95, (before, after)
+    first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["train/infer_log_prob_gap"] < 1e-5, first  # the engine's and the trainer's policy are one
+    # the warmed-up and the trained model read images as the original does: their processor is there
+    for exported in (tmp_path / "warm-model", tmp_path / "checkpoints" / "step_000025" / "actor_train" / "model"):
+        processor_for.cache_clear()
+        assert processor_for(str(exported)).image_token == "<image>", exported
+
+
+def test_dpo_and_distillation_take_image_prompts(tmp_path, tiny_vlm_path):
+    """The supervised pipelines build their batches with the prompts' images too: DPO on
+    color_shapes' pairs (the true colour over the teacher's) from the raw tiny model, and a
+    distillation whose teacher (the tiny model of another seed) writes and scores the responses."""
+    from pathlib import Path
+
+    from roll_core.config import load_config
+    from roll_core.config.schema import TinyModelConfig, TinyVisionConfig
+    from roll_core.embedded.model import build_tiny_model
+    from roll_core.pipelines.distill import DistillPipeline
+    from roll_core.pipelines.dpo import DPOPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "vlm.yaml"
+    common = ["executor=local", "trainer.save_every=0", "trackers=[jsonl]", "warmup.steps=0", "data.eval_size=64"]
+    cfg = load_config(example, common + ["pipeline=dpo", f"output_dir={tmp_path / 'dpo'}", "trainer.max_steps=20",
+                                         "trainer.eval_every=20", "roles.reference={strategy: hf}"])
+    dpo = DPOPipeline(cfg, LocalExecutor()).run()
+    assert dpo["before"]["eval/rewards/accuracy"] < 0.5 < 0.9 < dpo["after"]["eval/rewards/accuracy"], dpo
+    teacher = build_tiny_model(tmp_path / "teacher", TinyModelConfig(vision=TinyVisionConfig(), init_seed=1))
+    cfg = load_config(example, common + ["pipeline=distill", f"output_dir={tmp_path / 'distill'}",
+                                         "trainer.max_steps=10", "trainer.eval_every=10", "distill.responses=teacher",
+                                         f"roles.reference={{strategy: hf, model_path: {teacher}}}"])
+    distill = DistillPipeline(cfg, LocalExecutor()).run()
+    assert distill["after"]["eval/kl_to_teacher"] < 0.8 * distill["before"]["eval/kl_to_teacher"], distill
 
 
 def test_the_vision_tower_takes_whole_patches_only():
@@ -291,3 +336,23 @@ def test_the_vision_tower_takes_whole_patches_only():
     with pytest.raises(ValidationError, match="image_size 10 is not a multiple of patch_size 4"):
         TinyVisionConfig(image_size=10, patch_size=4)
     assert TinyVisionConfig(image_size=12, patch_size=4).image_size == 12
+
+
+def test_lora_adapters_on_both_towers_reach_the_engine_merged(tmp_path):
+    """LoRA on every linear layer (the encoder's too): after the warm-up's sync the engine's
+    log-probs are the trainer's, so every adapter was merged onto its base weight, those transformers
+    saves under older names included (AdapterMerger._renamed)."""
+    pytest.importorskip("peft")
+    from pathlib import Path
+
+    from roll_core.config import load_config
+    from roll_core.pipelines.rlvr import RLVRPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "vlm.yaml"
+    cfg = load_config(example, ["executor=local", f"output_dir={tmp_path}", "trainer.max_steps=1", "warmup.steps=10",
+                                "trainer.eval_every=0", "trainer.save_every=0", "trackers=[jsonl]",
+                                "roles.actor_train.lora={rank: 8, alpha: 16, target_modules: all-linear}"])
+    RLVRPipeline(cfg, LocalExecutor()).run()
+    first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["train/infer_log_prob_gap"] < 1e-5, first

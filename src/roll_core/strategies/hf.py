@@ -27,7 +27,7 @@ from roll_core.strategies.models import default_device, full_sequence, load_caus
 from roll_core.strategies.packing import model_config, packed_forward, packed_inputs
 from roll_core.strategies.sequences import (causal_lm_outputs, end_token_ids, padding_id, position_ids_from_mask,
                                             never_drawn, response_end_ids, response_outputs, sample_responses,
-                                            token_ids)
+                                            token_ids, without)
 from roll_core.strategies.sharded import TENSORS, WholeParameters
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy, request_cancelled
 from roll_core.training import micro_batches
@@ -71,6 +71,7 @@ class _Sampling(TorchOffloading, precision.Autocasting):
         cpu_matmul.adopt(self.model)  # runtime.cpu_matmul
         float32_attention.adopt(self.model, self.precision, self.device)  # bf16 on the CPU
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.never = never_drawn(self.model.config)  # an image-text model's image token: no mass in the policy
 
     def _to(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.device)
@@ -86,15 +87,15 @@ class _Sampling(TorchOffloading, precision.Autocasting):
         packed = None if "position_ids" in batch else packed_inputs(self.model, batch, self.role_config)
         images = batch_images(batch)
         if packed is not None:
-            logits = packed_forward(self.model, packed, self.device, images).logits
-            return response_outputs(packed.at_responses(logits), self._to(batch["responses"]), wanted, temperature)
+            logits = packed.at_responses(packed_forward(self.model, packed, self.device, images).logits)
+            return response_outputs(without(logits, self.never), self._to(batch["responses"]), wanted, temperature)
         ids, mask = (self._to(t) for t in full_sequence(batch))
         if "position_ids" in batch:  # packed rows: no mask, so each example attends to itself (its positions restart)
             logits = self.model(input_ids=ids, position_ids=self._to(batch["position_ids"]), use_cache=False).logits
         else:
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
                                 use_cache=False, **model_images(images, self.device)).logits
-        return causal_lm_outputs(logits, ids, batch["responses"].shape[1], wanted, temperature)
+        return causal_lm_outputs(without(logits, self.never), ids, batch["responses"].shape[1], wanted, temperature)
 
     @torch.no_grad()
     def forward(self, batch: Batch, outputs: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
@@ -148,7 +149,7 @@ class HFInferStrategy(_Sampling, InferStrategy):
             max_new_tokens=max_new_tokens, eos_token_id=self.end_ids, pad_token_id=padding_id(cfg, generation),
             temperature=temperature, top_p=top_p, top_k=top_k, generator=self.generator, should_stop=request_cancelled)
         if images is not None:  # CUDA graphs replay text-only steps: image prompts decode eagerly
-            sampling.update(images=self._to(images), never=never_drawn(self.model.config))
+            sampling.update(images=self._to(images), never=self.never)
         with precision.autocast(self.device, self.precision):  # sampling itself is on float32 logits
             out = None if images is not None else self._graphed(prompts, sampling)
             if out is None:  # eager decoding; on CPU from packed weights (runtime.pack_decoding_weights)

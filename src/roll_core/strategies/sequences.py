@@ -365,6 +365,19 @@ def never_drawn(config) -> list[int]:
     return token_ids(getattr(config, "image_token_id", None))
 
 
+NEVER_LOGIT = -1e9  # finite: entropy sums p * log p, and 0 * -inf would be nan; any temperature keeps it finite
+
+
+def without(logits: torch.Tensor, never: Collection[int]) -> torch.Tensor:
+    """``logits`` ``[..., V]`` with the ids in ``never`` (:func:`never_drawn`) at :data:`NEVER_LOGIT`,
+    so the log-probs, entropy and distributions computed from them are the sampler's, which never
+    draws those ids. A new tensor (an in-place write on a model's output would escape autograd's
+    and FSDP's hooks); the logits themselves where ``never`` is empty."""
+    if not never:
+        return logits
+    return logits.index_fill(-1, torch.tensor(list(never), device=logits.device), NEVER_LOGIT)
+
+
 def padding_id(config, generation_config=None) -> int:
     """The id that right-pads responses (always masked out): the ``pad_token_id`` of ``config``, else
     of ``generation_config``, else the first id that ends a response, else 0. Many models name no
@@ -397,7 +410,8 @@ def sample_responses(
         prompt_ids, prompt_mask: ``[B, P]`` left-padded prompts.
         images: ``[B, K, C, H, W]``, each prompt's images (None: text only); see :func:`prefill`.
         never: ids never drawn (an image-text model's image token, :func:`never_drawn`): their
-            logits are -inf, so the log-probs are those of the distribution without them.
+            logits are -inf, so the log-probs are those of the distribution without them, as the
+            trainer's are (:func:`without`).
         eos_token_id: the id, or ids, that end a response (:func:`end_token_ids`); None: none do.
         temperature: 0 means greedy decoding.
         top_p, top_k: the nucleus and the number of heaviest tokens each draw keeps (1.0 and 0: all);
