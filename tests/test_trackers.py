@@ -161,7 +161,6 @@ def test_the_live_line_prints_evaluations_above_it_and_finishes_before_the_run_e
     """In a terminal the stdout tracker keeps one rich progress line; an evaluation is printed above
     it with its step (rich must not read "[step 2]" as markup), and the bar stops at the last step."""
     import io
-    from types import SimpleNamespace
 
     from rich.console import Console
     from rich.progress import Progress, TextColumn
@@ -176,7 +175,7 @@ def test_the_live_line_prints_evaluations_above_it_and_finishes_before_the_run_e
         return progress, progress.add_task(description, total=total, info="")
 
     monkeypatch.setattr(trackers, "progress_bar", bar)
-    tracker = trackers.StdoutTracker(tmp_path, SimpleNamespace(trainer=SimpleNamespace(max_steps=3)))
+    tracker = trackers.StdoutTracker(tmp_path, _config(**{"trainer.max_steps": 3}))
     tracker.live = True
     tracker.log({"reward/mean": 0.5}, 1)
     tracker.log({"reward/mean": 0.6, "eval/accuracy": 0.7}, 2)
@@ -187,7 +186,7 @@ def test_the_live_line_prints_evaluations_above_it_and_finishes_before_the_run_e
     assert "[step 1]" not in text and "[step 3]" not in text  # only evaluations go above the line
     tracker.close()
 
-    early = trackers.StdoutTracker(tmp_path, SimpleNamespace(trainer=SimpleNamespace(max_steps=3)))
+    early = trackers.StdoutTracker(tmp_path, _config(**{"trainer.max_steps": 3}))
     early.live = True
     early.log({"reward/mean": 0.5}, 1)
     assert early.progress.live.is_started
@@ -313,3 +312,17 @@ def test_json_lines_are_written_whole_and_keep_values_json_cannot_hold_as_text(t
     write_json_lines(target, [{"path": Path("/x/y"), "n": 1}, {"n": 2}])
     assert [json.loads(line) for line in target.read_text().splitlines()] == [{"path": "/x/y", "n": 1}, {"n": 2}]
     assert [p.name for p in tmp_path.iterdir()] == ["rows.jsonl"]  # no temporary file left beside it
+
+
+def test_an_sft_run_counts_its_warm_up_steps_as_the_run_length(capsys, tmp_path):
+    """``pipeline=sft`` makes ``warmup.steps`` steps: the display counted ``trainer.max_steps``
+    (``[step 60/50] ... eta -1:39``), as did the ``roll run`` and ``roll validate`` lines."""
+    from roll_core.config import load_config
+    from roll_core.launch import describe_run
+    from roll_core.trackers import StdoutTracker
+
+    cfg = load_config(None, ["pipeline=sft", "warmup.steps=60", "trainer.max_steps=50"])
+    StdoutTracker(tmp_path, cfg).log({"warmup/loss": 0.5}, 60)
+    assert capsys.readouterr().out.startswith("[step 60/60] warmup/loss=0.5")
+    assert ", 60 steps -> " in describe_run(cfg)
+    assert ", 50 steps -> " in describe_run(load_config(None, ["warmup.steps=60", "trainer.max_steps=50"]))

@@ -106,9 +106,11 @@ def _cmd_check_plugin(args) -> int:
 def _cmd_validate(args) -> int:
     from roll_core.config import load_and_check
 
+    from roll_core.pipelines import pipeline_class
+
     cfg = load_and_check(args.config, args.overrides)
     print(f"{args.config or 'the embedded default'}: ok (pipeline '{cfg.pipeline}', executor '{cfg.executor}', "
-          f"{cfg.trainer.max_steps} steps, output_dir '{cfg.output_dir}')")
+          f"{pipeline_class(cfg).planned_steps(cfg)} steps, output_dir '{cfg.output_dir}')")
     return 0
 
 

@@ -99,4 +99,4 @@ def describe_run(config) -> str:
 
     executor = config.executor + (" (the controller inside its one worker)" if controller_in_worker(config) else "")
     return (f"roll run: pipeline {config.pipeline}, model {config.model.path}, {task}, executor {executor}, "
-            f"{config.trainer.max_steps} steps{compiling} -> {config.output_dir}")
+            f"{pipeline_class(config).planned_steps(config)} steps{compiling} -> {config.output_dir}")

@@ -88,6 +88,12 @@ class Pipeline(ABC):
         return ["actor_infer"]
 
     @classmethod
+    def planned_steps(cls, cfg) -> int:
+        """The steps a run makes (``trainer.max_steps``; ``sft`` makes ``warmup.steps``): what the
+        ``roll run`` line, the progress display and the loop count to."""
+        return cfg.trainer.max_steps
+
+    @classmethod
     def describe_task(cls, cfg) -> str:
         """What the run trains on, for the line ``roll run`` starts with."""
         return f"data {cfg.data.train_file or ', '.join(cfg.data.domains) or cfg.data.dataset}"

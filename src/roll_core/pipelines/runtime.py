@@ -267,7 +267,7 @@ class TrainingLoop(Pipeline):
     # -- what a pipeline says -------------------------------------------------------------------
     @property
     def max_steps(self) -> int:
-        return self.config.trainer.max_steps
+        return self.planned_steps(self.config)
 
     def saves_after(self, step: int) -> bool:
         """Whether a checkpoint is written after ``step`` (every ``trainer.save_every`` and the last)."""

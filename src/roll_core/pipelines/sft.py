@@ -150,9 +150,9 @@ class SFTPipeline(ActorLoop):
     headline = ("eval/loss", "held-out loss", "{:.3f}", "supervised steps")
     config_sections = frozenset({"warmup"})
 
-    @property
-    def max_steps(self) -> int:
-        return self.config.warmup.steps
+    @classmethod
+    def planned_steps(cls, cfg) -> int:
+        return cfg.warmup.steps
 
     def prepare(self) -> None:
         self.model, self.tokenizer = self.policy()

@@ -58,6 +58,12 @@ _STDOUT_KEYS = ("reward/mean", "episode/success_rate", "eval/accuracy", "eval/su
                 "time/step_s")
 
 
+def _planned_steps(config) -> int:
+    from roll_core.pipelines import pipeline_class
+
+    return pipeline_class(config).planned_steps(config)
+
+
 class StdoutTracker(Tracker):
     """The run's display on stdout: the key metrics (``_STDOUT_KEYS``) of a step and the time left.
 
@@ -68,7 +74,7 @@ class StdoutTracker(Tracker):
 
     def __init__(self, run_dir, config=None):
         super().__init__(run_dir, config)
-        self.total = config.trainer.max_steps if config is not None else None
+        self.total = _planned_steps(config) if config is not None else None
         self.every = max(1, self.total // 20) if self.total else 1
         self.live = sys.stdout.isatty() and bool(self.total)
         self.progress: Any = None
