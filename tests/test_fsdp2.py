@@ -178,23 +178,26 @@ CRITIC = ["executor=local", "algorithm.advantage_estimator=gae", "roles.critic.s
           "algorithm.ppo_epochs=2", "algorithm.ppo_mini_batch_size=4", "roles.critic.micro_batch_size=2"]
 
 
-def test_the_critic_shards_its_units_and_computes_saves_and_resumes_what_hf_does(tiny_model_path, tmp_path,
+@pytest.mark.parametrize("images", [False, True], ids=["text", "image-text"])
+def test_the_critic_shards_its_units_and_computes_saves_and_resumes_what_hf_does(images, request, tmp_path,
                                                                                process_group):
     """roles.critic on fsdp2 (one rank): every decoder layer an FSDP unit; the hf critic's values,
     one update's metrics and values after; model/ is a value model the hf critic loads; the
-    checkpoint resumes the next update bit for bit."""
+    checkpoint resumes the next update bit for bit. The same for the image-text model's critic on
+    image prompts."""
     from torch.distributed.fsdp import FSDPModule
 
     from roll_core.strategies.compiled import decoder_layers
     from roll_core.strategies.fsdp2 import FSDP2CriticStrategy
     from roll_core.strategies.hf import HFCriticStrategy
-    from roll_core.testing import critic_update, hf_role, training_batch
+    from roll_core.testing import critic_update, hf_role, image_training_batch, training_batch
 
+    tiny_model_path = request.getfixturevalue("tiny_vlm_path" if images else "tiny_model_path")
     cfg = load_config(None, CRITIC)
     critic = FSDP2CriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=3)
     assert all(isinstance(m, FSDPModule) for m in decoder_layers(critic.model) + [critic.model])
     reference = HFCriticStrategy(str(tiny_model_path), hf_role(cfg.roles.critic), seed=3)
-    batch = training_batch(reference.model.config.vocab_size)
+    batch = image_training_batch(tiny_model_path) if images else training_batch(reference.model.config.vocab_size)
     torch.testing.assert_close(critic.compute_values(batch), reference.compute_values(batch), atol=1e-6, rtol=0)
     ours, theirs = critic_update(critic, cfg, batch), critic_update(reference, cfg, batch)
     for key in ("critic/value_loss", "critic/abs_error", "critic/grad_norm"):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from roll_core.errors import ConfigError
+from roll_core.errors import ConfigError, RollError
 from roll_core.multimodal import (IMAGES, check_rows, encode_prompts, image_keys, load_image, model_images,
                                   processor_for)
 
@@ -206,6 +206,10 @@ def test_the_passes_give_each_sample_the_log_probs_of_its_own_images(tiny_vlm_pa
     got = trainer.compute_log_probs(batch, 1.0)
     torch.testing.assert_close(got, _model_log_probs(model, batch), atol=2e-5, rtol=0)
     assert bool(trainer.forward(batch, ("entropy",), 1.0)["entropy"].isfinite().all())  # 0 log 0 for the image token
+    blind = batch.select(list(range(len(batch))))
+    del blind.tensors[IMAGES]  # a batch built without its images: an error, not image tokens read as text
+    with pytest.raises(RollError, match="hold the model's image token .* no 'pixel_values'"):
+        trainer.compute_log_probs(blind, 1.0)
     # samples 4 and 5: the same text over different images, so different log-probs
     assert not torch.allclose(got[4] * batch["response_mask"][5], got[5] * batch["response_mask"][4])
 
@@ -256,23 +260,21 @@ def test_responses_never_hold_the_image_token_and_their_log_probs_leave_it_out(m
         head.weight.data[image_id] = saved
 
 
-def test_image_data_needs_strategies_that_read_images(tmp_path):
+def test_image_data_needs_strategies_that_read_images(tmp_path, plain_train_strategy):
     from roll_core.config.loader import load_and_check
-    from roll_core.plugins import get_plugins
 
-    def load_config(path, overrides):
-        return load_and_check(path, overrides, get_plugins())
-
-    with pytest.raises(ConfigError, match=r"roles.critic.strategy.*critic strategy 'hf' does not read images "
-                                          r"\(the data has them: data.dataset 'color_shapes'\)"):
-        load_config(None, ["data.dataset=color_shapes", "roles.critic={strategy: hf}",
-                           "algorithm.advantage_estimator=gae"])
+    plugins = plain_train_strategy  # the hf trainer registered without images=True
+    with pytest.raises(ConfigError, match=r"roles.actor_train.strategy.*train strategy 'plain' does not read images "
+                                          r"\(the data has them: data.dataset 'color_shapes'\); train strategies that "
+                                          r"do: .*hf"):
+        load_and_check(None, ["data.dataset=color_shapes", "roles.actor_train.strategy=plain"], plugins)
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"prompt": "<image>q", "images": ["a.png"], "ground_truth": "x"}) + "\n")
     with pytest.raises(ConfigError, match=f"data.train_file {rows}"):
-        load_config(None, [f"data.train_file={rows}", "roles.critic={strategy: hf}",
-                           "algorithm.advantage_estimator=gae"])
-    load_config(None, ["data.dataset=color_shapes", "model.tiny.vision={}"])  # hf reads images
+        load_and_check(None, [f"data.train_file={rows}", "roles.actor_train.strategy=plain"], plugins)
+    load_and_check(None, [f"data.train_file={rows}", "roles.critic={strategy: hf}", "algorithm.advantage_estimator=gae"],
+                   plugins)  # every built-in model role reads images
+    load_and_check(None, ["roles.actor_train.strategy=plain"], plugins)  # text data: any strategy
 
 
 def test_grpo_on_images_fixes_what_imitation_of_the_careless_teacher_could_not(tmp_path):
@@ -356,3 +358,55 @@ def test_lora_adapters_on_both_towers_reach_the_engine_merged(tmp_path):
     RLVRPipeline(cfg, LocalExecutor()).run()
     first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert first["train/infer_log_prob_gap"] < 1e-5, first
+
+
+def test_the_critic_reads_each_sample_s_images_and_resumes_its_head(tiny_vlm_path, tmp_path):
+    """PPO's value model for an image-text checkpoint (image_value_model.LlavaForTokenClassification):
+    the policy's LLaVA weights and a fresh head drawn as for text models; packed values are padded
+    ones; the same text over other images has other values; a checkpoint resumes it exactly."""
+    from roll_core.config import load_config
+    from roll_core.strategies.hf import HFCriticStrategy
+    from roll_core.strategies.models import fresh_value_head
+    from roll_core.testing import critic_update, image_training_batch
+
+    batch = image_training_batch(tiny_vlm_path)
+    values = {}
+    for packed in (True, False):
+        cfg = load_config(None, ["executor=local", "algorithm.advantage_estimator=gae",
+                                 f"roles.critic={{strategy: hf, pack_sequences: {str(packed).lower()}}}"])
+        critic = HFCriticStrategy(str(tiny_vlm_path), cfg.roles.critic, seed=3)
+        values[packed] = critic.compute_values(batch)
+    assert type(critic.model).__name__ == "LlavaForTokenClassification"
+    text = critic.model.config.text_config
+    torch.testing.assert_close(critic.model.score.weight.data,
+                               fresh_value_head(text.hidden_size, text.initializer_range, 3)["weight"])
+    torch.testing.assert_close(values[True], values[False], atol=2e-6, rtol=0)
+    both = batch["response_mask"][4] * batch["response_mask"][5]
+    assert not torch.allclose(values[False][4] * both, values[False][5] * both)
+    policy = load_causal_lm_weights(tiny_vlm_path)
+    tower = "model.vision_tower.encoder.layers.0.mlp.fc1.weight"
+    torch.testing.assert_close(dict(critic.model.named_parameters())[tower].data, policy[tower])
+    critic_update(critic, cfg, batch)
+    trained = critic.compute_values(batch)
+    critic.save_checkpoint(str(tmp_path / "critic"))
+    resumed = HFCriticStrategy(str(tiny_vlm_path), cfg.roles.critic, seed=4)
+    resumed.load_checkpoint(str(tmp_path / "critic"))
+    torch.testing.assert_close(resumed.compute_values(batch), trained, atol=0, rtol=0)
+    assert not torch.allclose(trained, values[False])
+
+
+def load_causal_lm_weights(path) -> dict[str, torch.Tensor]:
+    from roll_core.strategies.models import load_causal_lm
+
+    return {name: p.detach() for name, p in load_causal_lm(str(path)).named_parameters()}
+
+
+def test_a_reward_model_on_image_data_is_refused_before_any_worker(tmp_path):
+    """Its export is a transformers sequence classifier, which exists for text models only."""
+    from roll_core.config.loader import load_and_check
+    from roll_core.plugins import get_plugins
+
+    with pytest.raises(ConfigError, match="pipeline reward_model exports a Hugging Face sequence classifier.*"
+                                          r"\(data.dataset 'color_shapes'\)"):
+        load_and_check(None, ["pipeline=reward_model", "roles.critic={}", "data.dataset=color_shapes"], get_plugins())
+    load_and_check(None, ["pipeline=reward_model", "roles.critic={}"], get_plugins())

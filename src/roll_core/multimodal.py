@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from roll_core.errors import ConfigError
+from roll_core.errors import ConfigError, RollError
 
 IMAGE_PLACEHOLDER = "<image>"  # where an image goes in a row's prompt
 IMAGES = "pixel_values"  # the batch key: [B, K, C, H, W]
@@ -147,9 +147,17 @@ def model_images(images: torch.Tensor | None, device: torch.device | None = None
     return {IMAGES: flat if device is None else flat.to(device)}
 
 
-def batch_images(batch) -> torch.Tensor | None:
-    """``batch``'s images ``[B, K, C, H, W]``, or None for a text-only batch."""
-    return batch[IMAGES] if IMAGES in batch else None
+def batch_images(batch, config=None) -> torch.Tensor | None:
+    """``batch``'s images ``[B, K, C, H, W]``, or None for a text-only batch. With the model's
+    ``config``, a batch whose prompts hold its image token but carry no images is an error: the
+    model would read the image tokens as plain tokens and compute without a word of complaint."""
+    if IMAGES in batch:
+        return batch[IMAGES]
+    image_id = getattr(config, "image_token_id", None)
+    if image_id is not None and bool((batch["prompt_ids"] == image_id).any()):
+        raise RollError(f"the batch's prompts hold the model's image token ({image_id}) but the batch carries no "
+                        f"'{IMAGES}'; build prompt batches with roll_core.multimodal.encode_prompts")
+    return None
 
 
 def image_keys(images: torch.Tensor) -> torch.Tensor:

@@ -152,12 +152,17 @@ def test_a_checkpoint_resumes_exactly(tiny_model_path, tmp_path, zero):
         lambda seed: DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed), cfg, tmp_path / "ckpt")
 
 
-def test_the_critic_computes_what_hf_computes(tiny_model_path):
+@pytest.mark.parametrize("images", [False, True], ids=["text", "image-text"])
+def test_the_critic_computes_what_hf_computes(images, request):
+    """At ZeRO-3, the text model's critic and the image-text model's on image prompts."""
+    from roll_core.testing import image_training_batch
+
+    tiny_model_path = request.getfixturevalue("tiny_vlm_path" if images else "tiny_model_path")
     cfg = load_config(None, UPDATE + ["algorithm.advantage_estimator=gae", "roles.critic.micro_batch_size=2",
                                       f"roles.critic.strategy_options={stage(3)}"])
     critic = DeepSpeedCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=0)
     reference = HFCriticStrategy(str(tiny_model_path), hf_role(cfg.roles.critic), seed=0)
-    batch = training_batch(reference.model.config.vocab_size)
+    batch = image_training_batch(tiny_model_path) if images else training_batch(reference.model.config.vocab_size)
     mask = batch["response_mask"]
     torch.testing.assert_close(critic.compute_values(batch) * mask, reference.compute_values(batch) * mask,
                                atol=1e-5, rtol=0)

@@ -288,7 +288,7 @@ def _packing_requirements(cfg: RollConfig, plugins) -> list[str]:
             for problem in _strategy_lacks(plugins, key, roles[name], "packed_sequences", "take packed sequences")]
 
 
-def _image_sources(cfg: RollConfig, plugins) -> list[str]:
+def image_sources(cfg: RollConfig, plugins) -> list[str]:
     """The data sources whose rows have images: a dataset registered with ``images=True``, a JSONL
     file whose first row has ``images`` (``data``, or each of ``data.domains``)."""
     found = []
@@ -316,7 +316,7 @@ def _first_row(path: str) -> dict:
 def _image_requirements(cfg: RollConfig, plugins) -> list[str]:
     """Data with images (:mod:`roll_core.multimodal`) needs every role that runs the model on its
     prompts on a strategy registered with ``images=True``."""
-    sources = _image_sources(cfg, plugins)
+    sources = image_sources(cfg, plugins)
     if not sources:
         return []
     return [problem for name, role in cfg.model_roles().items()

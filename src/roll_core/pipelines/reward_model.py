@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from roll_core.config.loader import image_sources
 from roll_core.algorithms.objective import RewardModelObjective
 from roll_core.data import PromptStream
 from roll_core.pipelines.dpo import load_pairs, odd_micro_batch, pair_batch
@@ -44,6 +45,11 @@ class RewardModelPipeline(ActorLoop):
         if cfg.roles.critic is None:
             return problems + ["key 'roles.critic': pipeline reward_model trains roles.critic (the model with a score "
                                "head), which is not configured: add roles.critic={} (or its strategy, lr, ...)"]
+        images = image_sources(cfg, plugins)
+        if images:  # transformers has no sequence classifier for image-text models to export
+            problems.append(f"pipeline reward_model exports a Hugging Face sequence classifier, which transformers "
+                            f"builds for text models only, and the data has images ({images[0]}); train a reward "
+                            f"model on text data")
         return problems + odd_micro_batch(cfg, "critic")
 
     def prepare(self) -> None:

@@ -85,7 +85,10 @@ class _FSDP2Units:
         full = StateDictOptions(full_state_dict=True)
         if model_state is not None:
             set_model_state_dict(self.model, model_state, options=full)
-        set_optimizer_state_dict(self.model, self.optimizers["default"], optim_state_dict=optimizer_state, options=full)
+        # not strict: a parameter that never had a gradient has no Adam state to save (SigLIP's pooling
+        # head and last norm, which a LLaVA model never reads), and starts without one, as it was
+        set_optimizer_state_dict(self.model, self.optimizers["default"], optim_state_dict=optimizer_state,
+                                 options=StateDictOptions(full_state_dict=True, strict=False))
 
 
 class FSDP2TrainStrategy(_FSDP2Units, HFTrainStrategy):

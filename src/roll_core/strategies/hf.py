@@ -85,7 +85,7 @@ class _Sampling(TorchOffloading, precision.Autocasting):
 
     def _model_outputs(self, batch: Batch, wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
         packed = None if "position_ids" in batch else packed_inputs(self.model, batch, self.role_config)
-        images = batch_images(batch)
+        images = batch_images(batch, self.model.config)
         if packed is not None:
             logits = packed.at_responses(packed_forward(self.model, packed, self.device, images).logits)
             return response_outputs(without(logits, self.never), self._to(batch["responses"]), wanted, temperature)
@@ -144,7 +144,7 @@ class HFInferStrategy(_Sampling, InferStrategy):
         self.model.eval()
         cfg, generation = model_config(self.model), getattr(self.model, "generation_config", None)
         prompts = (self._to(batch["prompt_ids"]), self._to(batch["prompt_mask"]))
-        images = batch_images(batch)
+        images = batch_images(batch, self.model.config)
         sampling: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens, eos_token_id=self.end_ids, pad_token_id=padding_id(cfg, generation),
             temperature=temperature, top_p=top_p, top_k=top_k, generator=self.generator, should_stop=request_cancelled)
@@ -414,12 +414,14 @@ class HFCriticStrategy(PlainExport, TorchPrimitives, TorchOffloading, precision.
     def _values(self, batch: Batch) -> dict[str, torch.Tensor]:
         # V(s_t) is read where the log-prob of token t is: at the position before it.
         packed = packed_inputs(self.model, batch, self.role_config)
+        images = batch_images(batch, self.model.config)
         if packed is not None:
-            values = packed.at_responses(packed_forward(self.model, packed, self.device).logits[..., 0])
+            values = packed.at_responses(packed_forward(self.model, packed, self.device, images).logits[..., 0])
         else:
             ids, mask = full_sequence(batch)
             ids, mask = ids.to(self.device), mask.to(self.device)
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                             **model_images(images, self.device))
             values = out.logits[:, -batch["responses"].shape[1] - 1 : -1, 0]
         return {"values": values.float() * batch["response_mask"].to(self.device).float()}
 

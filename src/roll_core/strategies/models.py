@@ -43,7 +43,8 @@ def load_causal_lm(model_path: str, device: torch.device | None = None) -> Any:
 def load_value_model(model_path: str, device: torch.device, seed: int) -> Any:
     """A causal LM checkpoint as ``AutoModelForTokenClassification`` with one label: the backbone
     starts from the checkpoint and a fresh linear head (:func:`fresh_value_head`) gives ``V(s_t)``
-    per token. A value model's own checkpoint keeps its trained head.
+    per token. A value model's own checkpoint keeps its trained head. An image-text checkpoint
+    loads as roll's own such model for it (:mod:`roll_core.strategies.image_value_model`).
 
     The load runs in a forked global RNG, so the driver's RNG (``local`` executor) is untouched. The
     head's dropout (transformers defaults it to 0.1) is off: the values the update regresses must
@@ -53,9 +54,13 @@ def load_value_model(model_path: str, device: torch.device, seed: int) -> Any:
     with _expected_reports(), torch.random.fork_rng(devices=[]):  # "score head newly initialised"
         config = AutoConfig.from_pretrained(model_path, num_labels=1)
         config.classifier_dropout = 0.0
-        model, loading = AutoModelForTokenClassification.from_pretrained(
-            model_path, config=config, dtype=torch.float32, output_loading_info=True)
-    head = fresh_value_head(config.hidden_size, config.initializer_range, seed)
+        auto: Any = AutoModelForTokenClassification
+        if getattr(config, "vision_config", None) is not None:
+            from roll_core.strategies.image_value_model import LlavaForTokenClassification as auto
+        model, loading = auto.from_pretrained(model_path, config=config, dtype=torch.float32,
+                                              output_loading_info=True)
+    text = config.get_text_config()
+    head = fresh_value_head(text.hidden_size, text.initializer_range, seed)
     parameters = dict(model.named_parameters())
     drawn = {name: head.get(name.rsplit(".", 1)[1]) for name in loading["missing_keys"]}  # a causal LM has no head
     absent = sorted(name for name, value in drawn.items() if value is None or value.shape != parameters[name].shape)
