@@ -391,3 +391,7 @@ def test_the_merge_finds_weights_a_checkpoint_keeps_under_older_names(tiny_vlm_p
         ((name, merged),) = merger.merge([(module + ".lora_A", a), (module + ".lora_B", b)])
         assert name == module + ".weight"
         torch.testing.assert_close(merged, base + b @ a)
+    merger.finish()  # the sync ends: the loaded model's other weights are let go, the targets' bases kept
+    assert merger._loaded == {} and len(merger.base) == 2
+    ((_, again),) = merger.merge([(module + ".lora_A", a), (module + ".lora_B", b)])
+    torch.testing.assert_close(again, base + b @ a)

@@ -276,7 +276,7 @@ class AdapterMerger:
         self.base: dict[str, torch.Tensor] = {}
         self.pending: dict[str, dict[str, torch.Tensor]] = {}  # module -> {"A": ..., "B": ...}
         self._files: dict[str, Path] | None = None
-        self._loaded: dict[str, torch.Tensor] | None = None  # the model's weights by module name (_renamed)
+        self._loaded: dict[str, torch.Tensor] | None = None  # the model's weights by module name, in a first sync
 
     def merge(self, bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
         out = []
@@ -296,7 +296,10 @@ class AdapterMerger:
         return out
 
     def finish(self) -> None:
-        """End of a sync: every adapter came with its other half."""
+        """End of a sync: every adapter came with its other half. The loaded model's weights
+        (:meth:`_renamed`) go: those the adapters target are kept in ``base`` now."""
+        if self._loaded:
+            self._loaded = {}
         if self.pending:
             modules = sorted(self.pending)
             self.pending.clear()
@@ -317,7 +320,7 @@ class AdapterMerger:
     def _renamed(self, weight: str) -> torch.Tensor:
         """A weight whose checkpoint key is not its module's name (transformers saves some image-text
         models, LLaVA's among them, under older names and renames them on loading): read through
-        the loaded model, once, keeping only the weights asked for."""
+        the model loaded once, whose other weights are dropped when the sync ends (:meth:`finish`)."""
         if self._loaded is None:
             from roll_core.strategies.models import load_causal_lm
 
