@@ -234,9 +234,10 @@ def test_responses_never_hold_the_image_token_and_their_log_probs_leave_it_out(m
     batch = image_training_batch(tiny_vlm_path)
     image_id = model.config.image_token_id
     assert never_drawn(model.config) == [image_id] and never_drawn(model.config.text_config) == []
-    head = model.get_output_embeddings()
-    saved = head.weight.data[image_id].clone()
-    head.weight.data[image_id] = model.get_input_embeddings().weight.data.mean(0) * 0 + 50.0  # the image token would win
+    def image_token_wins(module, args, output):  # without the ban, every draw would be the image token
+        output.logits[..., image_id] = output.logits.max() + 50.0
+
+    hook = model.register_forward_hook(image_token_wins)
     try:
         tokens, _, logp = sample_responses(model, batch["prompt_ids"], batch["prompt_mask"], images=batch[IMAGES],
                                            never=[image_id], max_new_tokens=4, eos_token_id=None, pad_token_id=0,
@@ -257,7 +258,7 @@ def test_responses_never_hold_the_image_token_and_their_log_probs_leave_it_out(m
         sampled.update(responses=tokens, response_mask=torch.ones_like(tokens))
         torch.testing.assert_close(trainer.compute_log_probs(sampled, 1.0), logp, atol=2e-5, rtol=0)
     finally:
-        head.weight.data[image_id] = saved
+        hook.remove()
 
 
 def test_image_data_needs_strategies_that_read_images(tmp_path, plain_train_strategy):
@@ -272,8 +273,8 @@ def test_image_data_needs_strategies_that_read_images(tmp_path, plain_train_stra
     rows.write_text(json.dumps({"prompt": "<image>q", "images": ["a.png"], "ground_truth": "x"}) + "\n")
     with pytest.raises(ConfigError, match=f"data.train_file {rows}"):
         load_and_check(None, [f"data.train_file={rows}", "roles.actor_train.strategy=plain"], plugins)
-    load_and_check(None, [f"data.train_file={rows}", "roles.critic={strategy: hf}", "algorithm.advantage_estimator=gae"],
-                   plugins)  # every built-in model role reads images
+    load_and_check(None, [f"data.train_file={rows}", "roles.critic={strategy: hf}",
+                          "algorithm.advantage_estimator=gae"], plugins)  # every built-in model role reads images
     load_and_check(None, ["roles.actor_train.strategy=plain"], plugins)  # text data: any strategy
 
 

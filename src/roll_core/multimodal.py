@@ -47,7 +47,8 @@ def resolve_paths(row: dict, base: Path) -> dict:
     """``row`` with its relative image paths made relative to ``base`` (the JSONL file's directory)."""
     if not row.get("images"):
         return row
-    images = [str(base / image) if isinstance(image, str) else image for image in row["images"]]  # an absolute one stays
+    # base / an absolute path is that path
+    images = [str(base / image) if isinstance(image, str) else image for image in row["images"]]
     return {**row, "images": images}
 
 
