@@ -121,7 +121,7 @@ def encode_prompts(tokenizer, rows: Sequence[dict]) -> dict[str, torch.Tensor]:
     if not has_images(rows):
         ids, mask = tokenize_texts(tokenizer, prompts)
         return {"prompt_ids": ids, "prompt_mask": mask}
-    check_rows(rows, "these")
+    check_rows(rows, "the batch's")
     processor = processor_for(tokenizer.name_or_path)
     token = getattr(processor, "image_token", None) or IMAGE_PLACEHOLDER
     if token != IMAGE_PLACEHOLDER:

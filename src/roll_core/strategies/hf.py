@@ -27,7 +27,7 @@ from roll_core.strategies.models import default_device, full_sequence, load_caus
 from roll_core.strategies.packing import model_config, packed_forward, packed_inputs
 from roll_core.strategies.sequences import (causal_lm_outputs, end_token_ids, padding_id, position_ids_from_mask,
                                             never_drawn, response_end_ids, response_outputs, sample_responses,
-                                            token_ids, without)
+                                            token_ids)
 from roll_core.strategies.sharded import TENSORS, WholeParameters
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy, request_cancelled
 from roll_core.training import micro_batches
@@ -88,14 +88,14 @@ class _Sampling(TorchOffloading, precision.Autocasting):
         images = batch_images(batch, self.model.config)
         if packed is not None:
             logits = packed.at_responses(packed_forward(self.model, packed, self.device, images).logits)
-            return response_outputs(without(logits, self.never), self._to(batch["responses"]), wanted, temperature)
+            return response_outputs(logits, self._to(batch["responses"]), wanted, temperature, self.never)
         ids, mask = (self._to(t) for t in full_sequence(batch))
         if "position_ids" in batch:  # packed rows: no mask, so each example attends to itself (its positions restart)
             logits = self.model(input_ids=ids, position_ids=self._to(batch["position_ids"]), use_cache=False).logits
         else:
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
                                 use_cache=False, **model_images(images, self.device)).logits
-        return causal_lm_outputs(without(logits, self.never), ids, batch["responses"].shape[1], wanted, temperature)
+        return causal_lm_outputs(logits, ids, batch["responses"].shape[1], wanted, temperature, self.never)
 
     @torch.no_grad()
     def forward(self, batch: Batch, outputs: Collection[str], temperature: float) -> dict[str, torch.Tensor]:

@@ -528,19 +528,22 @@ def token_log_probs(
     return logp, entropy, (log_softmax if with_distribution else None)
 
 
-def causal_lm_outputs(logits: torch.Tensor, input_ids: torch.Tensor, response_length: int,
-                      wanted: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
+def causal_lm_outputs(logits: torch.Tensor, input_ids: torch.Tensor, response_length: int, wanted: Collection[str],
+                      temperature: float, never: Collection[int] = ()) -> dict[str, torch.Tensor]:
     """The outputs a training strategy's ``forward`` names (``log_probs``, ``entropy``,
-    ``log_dist``), as many as ``wanted`` asks for, from one pass's logits ``[B, P + R, V]``."""
+    ``log_dist``), as many as ``wanted`` asks for, from one pass's logits ``[B, P + R, V]``, with the
+    ids in ``never`` out of the distribution (:func:`without`)."""
     return response_outputs(logits[:, -response_length - 1 : -1, :], input_ids[:, -response_length:], wanted,
-                            temperature)
+                            temperature, never)
 
 
 def response_outputs(response_logits: torch.Tensor, responses: torch.Tensor, wanted: Collection[str],
-                     temperature: float) -> dict[str, torch.Tensor]:
+                     temperature: float, never: Collection[int] = ()) -> dict[str, torch.Tensor]:
     """:func:`causal_lm_outputs` from the logits that predict each response token ``[B, R, V]``
-    (a packed pass's, gathered back: :meth:`roll_core.strategies.packing.PackedSequences.at_responses`)."""
+    (a packed pass's, gathered back: :meth:`roll_core.strategies.packing.PackedSequences.at_responses`).
+    ``never`` is applied to these, the response positions' logits only (a copy of ``[B, R, V]``)."""
     extras = "entropy" in wanted or "log_dist" in wanted
+    response_logits = without(response_logits, never)
     out = token_log_probs(response_logits, responses, temperature,
                           with_entropy="entropy" in wanted, with_distribution="log_dist" in wanted)
     logp, entropy, log_dist = out if extras else (out, None, None)
