@@ -463,7 +463,9 @@ def save_tokenizer_beside(tokenizer, checkpoint: Path) -> None:
 def save_tokenizer(tokenizer, directory: Path) -> None:
     """``tokenizer`` (the run's, chat template included) into a model ``directory``, with the image
     processor of the model it came from where that has one (:mod:`roll_core.multimodal`)."""
-    save_processor(tokenizer.name_or_path, directory)
+    source = getattr(tokenizer, "name_or_path", "")  # where it was loaded from ("" for one built in memory)
+    if source:
+        save_processor(source, directory)
     tokenizer.save_pretrained(directory)
 
 
