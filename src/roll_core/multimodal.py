@@ -107,8 +107,9 @@ def check_rows(rows: Sequence[dict], where: str) -> None:
                               f"in its prompt; put one where each image goes")
 
 
-def tokenize_texts(tokenizer, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ``[B, P]`` ids and mask of text prompts, without BOS/EOS (used verbatim)."""
+def tokenize_prompts(tokenizer, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``[B, P]`` ids and mask of text prompts, without BOS/EOS (used verbatim); rows
+    with images go through :func:`encode_prompts`."""
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False, padding_side="left")
     return enc["input_ids"], enc["attention_mask"]
 
@@ -119,7 +120,7 @@ def encode_prompts(tokenizer, rows: Sequence[dict]) -> dict[str, torch.Tensor]:
     (which also repeats each image token once per image feature)."""
     prompts = [row["prompt"] for row in rows]
     if not has_images(rows):
-        ids, mask = tokenize_texts(tokenizer, prompts)
+        ids, mask = tokenize_prompts(tokenizer, prompts)
         return {"prompt_ids": ids, "prompt_mask": mask}
     check_rows(rows, "the batch's")
     processor = processor_for(tokenizer.name_or_path)

@@ -28,17 +28,12 @@ import torch
 
 from roll_core.algorithms.shaping import outcome_token_rewards
 from roll_core.data import Batch
-from roll_core.multimodal import encode_prompts, tokenize_texts
+from roll_core.multimodal import encode_prompts
+from roll_core.multimodal import tokenize_prompts as tokenize_prompts  # its home before images; plugins import it here
 from roll_core.rewards import RewardInput
 from roll_core.rollout import RolloutScheduler
 from roll_core.rollout.dynamic_sampling import DynamicSampling
 from roll_core.strategies.sequences import response_end_ids
-
-
-def tokenize_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ``[B, P]`` ids and mask, without BOS/EOS (prompts are used verbatim); rows with
-    images go through :func:`roll_core.multimodal.encode_prompts`."""
-    return tokenize_texts(tokenizer, prompts)
 
 
 def expand_rows(tokenizer, rows: list[dict], num_return_sequences: int) -> Batch:
