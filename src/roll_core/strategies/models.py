@@ -34,9 +34,9 @@ def load_causal_lm(model_path: str, device: torch.device | None = None) -> Any:
     (a config with a ``vision_config``) as ``AutoModelForImageTextToText``, which generates text too."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    reads_images = getattr(AutoConfig.from_pretrained(model_path), "vision_config", None) is not None
-    auto = AutoModelForImageTextToText if reads_images else AutoModelForCausalLM
-    model: Any = auto.from_pretrained(model_path, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(model_path)
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+    model: Any = auto.from_pretrained(model_path, config=config, dtype=torch.float32)
     return model.to(device or torch.device("cpu"))
 
 
@@ -56,7 +56,9 @@ def load_value_model(model_path: str, device: torch.device, seed: int) -> Any:
         config.classifier_dropout = 0.0
         auto: Any = AutoModelForTokenClassification
         if getattr(config, "vision_config", None) is not None:
-            from roll_core.strategies.image_value_model import LlavaForTokenClassification as auto
+            from roll_core.strategies import image_value_model
+
+            auto = image_value_model.LlavaForTokenClassification
         model, loading = auto.from_pretrained(model_path, config=config, dtype=torch.float32,
                                               output_loading_info=True)
     text = config.get_text_config()
