@@ -410,8 +410,8 @@ def sample_responses(
         prompt_ids, prompt_mask: ``[B, P]`` left-padded prompts.
         images: ``[B, K, C, H, W]``, each prompt's images (None: text only); see :func:`prefill`.
         never: ids never drawn (an image-text model's image token, :func:`never_drawn`): their
-            logits are -inf, so the log-probs are those of the distribution without them, as the
-            trainer's are (:func:`without`).
+            logits are :data:`NEVER_LOGIT`, so the log-probs are those of the distribution without
+            them, as the trainer's are (:func:`without`).
         eos_token_id: the id, or ids, that end a response (:func:`end_token_ids`); None: none do.
         temperature: 0 means greedy decoding.
         top_p, top_k: the nucleus and the number of heaviest tokens each draw keeps (1.0 and 0: all);
@@ -441,7 +441,7 @@ def sample_responses(
     steps = 0
     for step in range(max_new_tokens):
         if banned is not None:
-            logits.index_fill_(1, banned, float("-inf"))
+            logits.index_fill_(1, banned, NEVER_LOGIT)  # in place: this step's own logits, no autograd
         token, logp = next_tokens(logits, temperature, top_p, generator, top_k)  # logits: this step's own
         tokens[rows, step], logps[rows, step], lengths[rows] = token, logp, step + 1
         steps = step + 1
