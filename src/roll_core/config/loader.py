@@ -9,8 +9,8 @@ the key (and the file), says what is wrong and, for misspellings, suggests the r
 from __future__ import annotations
 
 import importlib.util
-import json
 import inspect
+import json
 from pathlib import Path
 from typing import Any
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from roll_core.config.loader import image_sources
 from roll_core.algorithms.objective import RewardModelObjective
+from roll_core.config.loader import image_sources
 from roll_core.data import PromptStream
 from roll_core.pipelines.dpo import load_pairs, odd_micro_batch, pair_batch
 from roll_core.pipelines.runtime import SEED_OFFSETS, ActorLoop, start_update, values

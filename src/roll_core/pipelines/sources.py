@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from roll_core.chat import render_rows
 from roll_core.data import read_jsonl
-from roll_core.multimodal import check_rows, has_images, processor_for
 from roll_core.errors import ConfigError, did_you_mean
+from roll_core.multimodal import check_rows, has_images, processor_for
 
 
 def read_source(source, key: str, plugins) -> tuple[list[dict], list[dict]]:
