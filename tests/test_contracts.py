@@ -191,6 +191,44 @@ def test_environments_are_checked_for_the_contract_and_determinism_under_a_seed(
     assert "step() must return 5 values" in failures[("envs:four", "episode")]
 
 
+def test_environments_with_image_observations_are_checked_by_their_pixels(roll_plugins):
+    import numpy as np
+
+    from roll_core.envs import Env, Observation
+
+    class Pictures(Env):
+        image_observations = True
+
+        def reset(self, seed=None):
+            self.rng = np.random.default_rng(seed)
+            return Observation("<image>", [self.rng.integers(0, 255, (4, 4, 3), dtype=np.uint8)]), {}
+
+        def step(self, action):
+            return Observation("<image>", [self.rng.integers(0, 255, (4, 4, 3), dtype=np.uint8)]), 0.0, True, False, {}
+
+    class Undeclared(Pictures):  # wrong: images without image_observations, which the run's checks read
+        image_observations = False
+
+    class Unmarked(Pictures):  # wrong: an image with no <image> in the text
+        def step(self, action):
+            return Observation("map", [np.zeros((4, 4, 3), np.uint8)]), 0.0, True, False, {}
+
+    class Noisy(Pictures):  # wrong: pixels from the global RNG, not the seed
+        def reset(self, seed=None):
+            self.rng = np.random.default_rng()
+            return super().step("")[0], {}
+
+    plugin = hooks(roll_register_envs=lambda register: (
+        register("good", Pictures), register("undeclared", Undeclared), register("unmarked", Unmarked),
+        register("noisy", Noisy)))
+    report = check_plugin("myenvs", roll_plugins(("myenvs", plugin)))
+    failures = {r.component: r.detail for r in report.results if r.status == "failed"}
+    assert set(failures) == {"envs:undeclared", "envs:unmarked", "envs:noisy"}, report.results
+    assert "does not set image_observations = True" in failures["envs:undeclared"]
+    assert "1 image(s) and 0 '<image>' placeholder(s)" in failures["envs:unmarked"]
+    assert "with seed 1234 and the same actions differ" in failures["envs:noisy"]
+
+
 def test_the_cli_exits_1_when_a_check_fails_and_checks_a_plugin_named_like_one_of_its_components(roll_plugins,
                                                                                                    capsys):
     from roll_core.cli import main

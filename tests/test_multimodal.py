@@ -16,18 +16,14 @@ from roll_core.multimodal import (IMAGES, check_rows, encode_prompts, image_keys
                                   processor_for)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_vlm_path):
-    from roll_core.pipelines.runtime import load_tokenizer
-
-    return load_tokenizer(str(tiny_vlm_path))
+@pytest.fixture
+def tokenizer(tiny_vlm_tokenizer):
+    return tiny_vlm_tokenizer
 
 
-@pytest.fixture(scope="module")
-def model(tiny_vlm_path):
-    from roll_core.strategies.models import load_causal_lm
-
-    return load_causal_lm(str(tiny_vlm_path)).eval()
+@pytest.fixture
+def model(tiny_vlm):
+    return tiny_vlm
 
 
 def _image(value: int) -> np.ndarray:

@@ -283,18 +283,37 @@ def _dataset_checks(target) -> list[tuple[str, Callable[[], str]]]:
 
 
 def _env_checks(target) -> list[tuple[str, Callable[[], str]]]:
-    from roll_core.envs import Env
+    from roll_core.envs import Env, Observation, observation_parts
+    from roll_core.multimodal import IMAGE_PLACEHOLDER, load_image
+
+    def _is_observation(obs) -> bool:
+        return isinstance(obs, (str, Observation))
+
+    def _comparable(obs):
+        """An observation as values ``==`` compares: its text and each image's pixels."""
+        text, images = observation_parts(obs)
+        return text, [load_image(image).tobytes() for image in images]
 
     def run():
         _expect(isinstance(target, type) and issubclass(target, Env), "must be a subclass of roll_core.envs.Env")
         _expect(not inspect.isabstract(target), f"abstract methods left: {sorted(target.__abstractmethods__)}")
         env = target()
         obs, info = env.reset(seed=0)
-        _expect(isinstance(obs, str) and isinstance(info, dict), "reset() must return (str, dict)")
+        _expect(_is_observation(obs) and isinstance(info, dict), "reset() must return (observation, dict), the "
+                                                                 "observation a str or a roll_core.envs.Observation")
         out = env.step("")
         _expect(isinstance(out, tuple) and len(out) == 5, "step() must return 5 values")
         _finite_number(out[1], "step() reward")
-        _expect(isinstance(out[0], str) and isinstance(out[4], dict), "step() must return (str, reward, bool, bool, dict)")
+        _expect(_is_observation(out[0]) and isinstance(out[4], dict),
+                "step() must return (observation, reward, bool, bool, dict)")
+        if env.image_observations or isinstance(obs, Observation):
+            _expect(env.image_observations, "reset() returned images, but the class does not set "
+                                            "image_observations = True (the run's checks read it)")
+            for o in (obs, out[0]):
+                text, images = observation_parts(o)
+                _expect(text.count(IMAGE_PLACEHOLDER) == len(images),
+                        f"an observation has {len(images)} image(s) and {text.count(IMAGE_PLACEHOLDER)} "
+                        f"'{IMAGE_PLACEHOLDER}' placeholder(s); put one where each image goes")
         return "reset and one step"
 
     def same_seed():
@@ -302,10 +321,10 @@ def _env_checks(target) -> list[tuple[str, Callable[[], str]]]:
         episodes = []
         for _ in range(2):
             env = target()
-            trace = [env.reset(seed=1234)[0]]
+            trace = [_comparable(env.reset(seed=1234)[0])]
             for action in actions:
                 obs, reward, terminated, truncated, _ = env.step(action)
-                trace.append((obs, reward, terminated, truncated))
+                trace.append((_comparable(obs), reward, terminated, truncated))
                 if terminated or truncated:
                     break
             env.close()

@@ -17,6 +17,11 @@ token there and its processor repeats it as many times as the image has features
 file paths (relative to the JSONL file), PIL images or ``[H, W, 3]`` uint8 arrays. Every row of a
 data set has the same number of images.
 
+Agentic episodes (an environment's :class:`~roll_core.envs.Observation` carries images) gather
+images turn by turn, so their samples hold different numbers: ``pixel_values`` is then padded to the
+most any sample has, and ``image_counts`` ``[B]`` says how many of each sample's are real. Their
+later images stand in the response (the environment's replies, context the loss never trains).
+
 The models: LLaVA-style image-text models, whose processor gives ``pixel_values`` per image and
 whose forward takes them beside ``input_ids`` (transformers' ``...ForConditionalGeneration`` under
 ``AutoModelForImageTextToText``). The embedded tiny model has such a variant (``model.tiny.vision``).
@@ -36,6 +41,7 @@ from roll_core.errors import ConfigError, RollError
 
 IMAGE_PLACEHOLDER = "<image>"  # where an image goes in a row's prompt
 IMAGES = "pixel_values"  # the batch key: [B, K, C, H, W]
+IMAGE_COUNTS = "image_counts"  # [B]: how many of IMAGES[b] are real, where samples differ (agentic episodes)
 _TEXT_KEYS = ("input_ids", "attention_mask")
 
 
@@ -78,10 +84,10 @@ def processor_for(model_path: str):
     try:
         processor = AutoProcessor.from_pretrained(model_path)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"the data has images, but the model at {model_path} has no processor that reads them "
+        raise ConfigError(f"the inputs have images, but the model at {model_path} has no processor that reads them "
                           f"({exc})") from None
     if getattr(processor, "image_processor", None) is None:
-        raise ConfigError(f"the data has images, but the model at {model_path} has no image processor "
+        raise ConfigError(f"the inputs have images, but the model at {model_path} has no image processor "
                           f"(processor {type(processor).__name__}); use an image-text model")
     return processor
 
@@ -123,29 +129,69 @@ def encode_prompts(tokenizer, rows: Sequence[dict]) -> dict[str, torch.Tensor]:
         ids, mask = tokenize_prompts(tokenizer, prompts)
         return {"prompt_ids": ids, "prompt_mask": mask}
     check_rows(rows, "the batch's")
-    processor = processor_for(tokenizer.name_or_path)
-    token = getattr(processor, "image_token", None) or IMAGE_PLACEHOLDER
-    if token != IMAGE_PLACEHOLDER:
-        prompts = [p.replace(IMAGE_PLACEHOLDER, token) for p in prompts]
-    images = [load_image(image) for row in rows for image in row["images"]]
-    enc = processor(text=prompts, images=images, return_tensors="pt", padding=True, add_special_tokens=False,
-                    padding_side="left")
-    extra = sorted(set(enc) - {*_TEXT_KEYS, IMAGES})
-    if extra:
-        raise ConfigError(f"the model's processor ({type(processor).__name__}) gives image inputs roll does not pass "
-                          f"on yet ({', '.join(extra)}); roll takes models whose images are pixel_values alone "
-                          f"(LLaVA-style)")
+    images = [image for row in rows for image in row["images"]]
+    enc = _processed(tokenizer, prompts, images, padding=True, padding_side="left")
     pixels = enc[IMAGES]
     return {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
             IMAGES: pixels.reshape(len(rows), len(images) // len(rows), *pixels.shape[1:])}
 
 
-def model_images(images: torch.Tensor | None, device: torch.device | None = None) -> dict[str, torch.Tensor]:
-    """The keyword a model pass takes ``[B, K, C, H, W]`` images by (``pixel_values``, ``[B * K, C, H, W]``),
-    or nothing for a text-only batch."""
+def encode_text(tokenizer, text: str, images: Sequence[Any] = ()) -> tuple[list[int], torch.Tensor | None]:
+    """One text's ids, without BOS/EOS, and its images' pixels ``[k, C, H, W]`` (None without images):
+    an agentic turn's observation (:class:`roll_core.envs.Observation`), through the model's
+    processor where it has images, so each ``<image>`` becomes the image tokens of its features."""
+    if not images:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"]), None
+    marked = text.count(IMAGE_PLACEHOLDER)
+    if marked != len(images):
+        raise ValueError(f"an observation has {len(images)} image(s) and {marked} '{IMAGE_PLACEHOLDER}' "
+                         f"placeholder(s) in its text; put one where each image goes")
+    enc = _processed(tokenizer, [text], list(images))
+    return enc["input_ids"][0].tolist(), enc[IMAGES]
+
+
+def _processed(tokenizer, texts: list[str], images: list, **padding) -> dict[str, torch.Tensor]:
+    """The model's processor on ``texts`` (``<image>`` in place of its image token) and ``images``."""
+    processor = processor_for(tokenizer.name_or_path)
+    token = getattr(processor, "image_token", None) or IMAGE_PLACEHOLDER
+    if token != IMAGE_PLACEHOLDER:
+        texts = [t.replace(IMAGE_PLACEHOLDER, token) for t in texts]
+    enc = processor(text=texts, images=[load_image(image) for image in images], return_tensors="pt",
+                    add_special_tokens=False, **padding)
+    extra = sorted(set(enc) - {*_TEXT_KEYS, IMAGES})
+    if extra:
+        raise ConfigError(f"the model's processor ({type(processor).__name__}) gives image inputs roll does not pass "
+                          f"on yet ({', '.join(extra)}); roll takes models whose images are pixel_values alone "
+                          f"(LLaVA-style)")
+    return enc
+
+
+def stack_images(per_sample: Sequence[torch.Tensor | None]) -> dict[str, torch.Tensor]:
+    """Samples' images (``[k_b, C, H, W]`` each, None for none) as the batch's ``pixel_values``
+    ``[B, K, C, H, W]``, zero past each sample's own, and ``image_counts`` ``[B]``; nothing when no
+    sample has any."""
+    present = [p for p in per_sample if p is not None and len(p)]
+    if not present:
+        return {}
+    counts = torch.tensor([0 if p is None else len(p) for p in per_sample], dtype=torch.long)
+    pixels = present[0].new_zeros(len(per_sample), int(counts.max()), *present[0].shape[1:])
+    for b, p in enumerate(per_sample):
+        if p is not None and len(p):
+            pixels[b, :len(p)] = p
+    return {IMAGES: pixels, IMAGE_COUNTS: counts}
+
+
+def model_images(images: torch.Tensor | None, device: torch.device | None = None,
+                 counts: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The keyword a model pass takes ``[B, K, C, H, W]`` images by (``pixel_values``, ``[B * K, C, H, W]``
+    in the order their image tokens come), or nothing for a text-only batch; with ``counts`` ``[B]``
+    (``image_counts``) only each sample's first ``counts[b]``."""
     if images is None:
         return {}
-    flat = images.flatten(0, 1)
+    if counts is None:
+        flat = images.flatten(0, 1)
+    else:
+        flat = images[torch.arange(images.shape[1], device=images.device)[None, :] < counts.to(images.device)[:, None]]
     return {IMAGES: flat if device is None else flat.to(device)}
 
 
@@ -160,6 +206,11 @@ def batch_images(batch, config=None) -> torch.Tensor | None:
         raise RollError(f"the batch's prompts hold the model's image token ({image_id}) but the batch carries no "
                         f"'{IMAGES}'; build prompt batches with roll_core.multimodal.encode_prompts")
     return None
+
+
+def image_counts(batch) -> torch.Tensor | None:
+    """``batch``'s ``image_counts`` ``[B]``, or None where every sample has all of its ``pixel_values``."""
+    return batch[IMAGE_COUNTS] if IMAGE_COUNTS in batch else None
 
 
 def image_keys(images: torch.Tensor) -> torch.Tensor:

@@ -75,6 +75,22 @@ def tiny_vlm_path(tmp_path_factory):
                             TinyModelConfig(vision=TinyVisionConfig()))
 
 
+@pytest.fixture(scope="session")
+def tiny_vlm_tokenizer(tiny_vlm_path):
+    """The tokenizer of :func:`tiny_vlm_path`'s model (its image token included)."""
+    from roll_core.pipelines.runtime import load_tokenizer
+
+    return load_tokenizer(str(tiny_vlm_path))
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm(tiny_vlm_path):
+    """:func:`tiny_vlm_path`'s model, loaded in eval mode (shared: tests must not change its weights)."""
+    from roll_core.strategies.models import load_causal_lm
+
+    return load_causal_lm(str(tiny_vlm_path)).eval()
+
+
 @pytest.fixture
 def tiny_config(tmp_path):
     """A factory for small, fast configs: a handful of steps on a handful of prompts."""

@@ -50,9 +50,9 @@ class RequestBatcher:
         self.thread = threading.Thread(target=self._dispatch, name="request-batcher", daemon=True)
         self.thread.start()
 
-    def __call__(self, conversation: list[int], env: Env) -> tuple[list[int], list[float]]:
+    def __call__(self, conversation: list[int], env: Env, images=None) -> tuple[list[int], list[float]]:
         future: Future = Future()
-        self.requests.put((conversation, env, future))
+        self.requests.put((conversation, env, images, future))
         return future.result()
 
     def _dispatch(self) -> None:
@@ -72,14 +72,16 @@ class RequestBatcher:
                 batch.append(item)
             with self.lock:
                 try:
-                    replies = self.policy([c for c, _, _ in batch], [e for _, e, _ in batch])
+                    images = [i for _, _, i, _ in batch]
+                    replies = self.policy([c for c, _, _, _ in batch], [e for _, e, _, _ in batch],
+                                          **({"images": images} if any(i is not None for i in images) else {}))
                 except BaseException as exc:  # noqa: BLE001 - every waiting caller sees it
-                    for _, _, future in batch:
+                    for _, _, _, future in batch:
                         future.set_exception(exc)
                     continue
                 self.calls += 1
                 self.requests_served += len(batch)
-            for (_, _, future), reply in zip(batch, replies):
+            for (_, _, _, future), reply in zip(batch, replies):
                 future.set_result(reply)
 
     @contextmanager

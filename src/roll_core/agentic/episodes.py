@@ -11,7 +11,9 @@ on). The result is a list of :class:`~roll_core.agentic.samples.Episode` for
 :func:`~roll_core.agentic.samples.episode_batch`.
 
 A policy is any ``policy(conversations: list[list[int]], envs) -> list[(action_ids, log_probs)]``,
-given the live episodes' conversations and their environments: :func:`engine_policy` wraps an
+given the live episodes' conversations and their environments; where observations carry images
+(:class:`~roll_core.envs.Observation`), it is also given ``images=``, each conversation's so far
+(``[k, C, H, W]``, in the order of their image tokens; None for none). :func:`engine_policy` wraps an
 inference strategy's ``generate`` (and ignores the environments); :func:`teacher_policy` reads the
 state through ``env.expert_action()`` (the warm-up's demonstrations); tests and ``roll play`` use
 scripted ones. :func:`play_jobs` steps every live episode once per policy call (a synchronous batch
@@ -23,8 +25,9 @@ An environment that raises, or (on an env worker) hangs past its timeout, fails 
 
 from __future__ import annotations
 
+import itertools
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -32,26 +35,30 @@ import torch
 from roll_core.agentic.env_workers import EnvFailed, EnvHung
 from roll_core.agentic.samples import Episode, Turn
 from roll_core.data import Batch
-from roll_core.envs import Env
+from roll_core.envs import Env, Observation, observation_parts
+from roll_core.multimodal import IMAGE_PLACEHOLDER, encode_text, stack_images
 
-Policy = Callable[[list[list[int]], list[Env]], list[tuple[list[int], list[float]]]]
+Policy = Callable[..., list[tuple[list[int], list[float]]]]  # (conversations, envs[, images=]) -> replies
 
 
 @dataclass(frozen=True)
 class TurnFormat:
     """How observations become prompt text: the first is ``instruction + prefix + observation +
     suffix``, each later one ``prefix + observation + suffix`` (appended after the action, whose
-    own EOS ends it). Plain text, so it works with any tokenizer, the embedded one too."""
+    own EOS ends it). Plain text, so it works with any tokenizer, the embedded one too. Each returns
+    the ids and, for an observation with images, their pixels ``[k, C, H, W]`` (else None)."""
 
     instruction: str = ""
     prefix: str = ""
     suffix: str = ">"
 
-    def first(self, tokenizer, observation: str) -> list[int]:
-        return _ids(tokenizer, self.instruction + self.prefix + observation + self.suffix)
+    def first(self, tokenizer, observation: str | Observation) -> tuple[list[int], torch.Tensor | None]:
+        text, images = observation_parts(observation)
+        return encode_text(tokenizer, self.instruction + self.prefix + text + self.suffix, images)
 
-    def next(self, tokenizer, observation: str) -> list[int]:
-        return _ids(tokenizer, self.prefix + observation + self.suffix)
+    def next(self, tokenizer, observation: str | Observation) -> tuple[list[int], torch.Tensor | None]:
+        text, images = observation_parts(observation)
+        return encode_text(tokenizer, self.prefix + text + self.suffix, images)
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -60,8 +67,9 @@ def _ids(tokenizer, text: str) -> list[int]:
 
 @dataclass
 class _Playing:
-    """An episode in progress: its environment and rules, the conversation the policy sees next, and
-    the observation ids and state the next turn starts from."""
+    """An episode in progress: its environment and rules, the conversation the policy sees next (and
+    its images, one ``[k, C, H, W]`` per observation that had any), and the observation ids, pixels
+    and state the next turn starts from."""
 
     env: Env
     rules: Rules
@@ -69,6 +77,13 @@ class _Playing:
     conversation: list[int]
     pending: list[int]
     state: int
+    pending_images: torch.Tensor | None = None
+    images: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def conversation_images(self) -> torch.Tensor | None:
+        """Every image of the conversation so far ``[k, C, H, W]``, or None."""
+        return torch.cat(self.images) if self.images else None
 
 
 @dataclass(frozen=True)
@@ -94,8 +109,13 @@ def start(env: Env, seed: int | None, episode: Episode, rules: Rules) -> _Playin
     except Exception as exc:  # noqa: BLE001 - an environment's bug ends its episode, not the run
         _fail(episode, "reset", exc)
         return None
-    ids = rules.turn_format.first(rules.tokenizer, observation)
-    return _Playing(env, rules, episode, list(ids), ids, int(info.get("state_hash", 0)))
+    try:
+        ids, pixels = rules.turn_format.first(rules.tokenizer, observation)
+    except (TypeError, ValueError) as exc:  # an observation that breaks its own format: the env's bug
+        _fail(episode, "reset", exc)
+        return None
+    return _Playing(env, rules, episode, list(ids), ids, int(info.get("state_hash", 0)), pixels,
+                    [] if pixels is None else [pixels])
 
 
 def advance(p: _Playing, action_ids: list[int], log_probs: list[float]) -> bool:
@@ -105,20 +125,26 @@ def advance(p: _Playing, action_ids: list[int], log_probs: list[float]) -> bool:
     try:
         observation, reward, terminated, truncated, info = p.env.step(text)
     except Exception as exc:  # noqa: BLE001
-        episode.turns.append(Turn(p.pending, action_ids, log_probs, 0.0, p.state))
+        episode.turns.append(Turn(p.pending, action_ids, log_probs, 0.0, p.state, p.pending_images))
         _fail(episode, "step", exc)
         return False
-    episode.turns.append(Turn(p.pending, action_ids, log_probs, float(reward), p.state))
+    episode.turns.append(Turn(p.pending, action_ids, log_probs, float(reward), p.state, p.pending_images))
     episode.info = {"success": bool(info.get("success", False))}
     if terminated or truncated:
         episode.truncated = bool(truncated) and not terminated
         return False
-    reply = rules.turn_format.next(tokenizer, observation)
+    try:
+        reply, pixels = rules.turn_format.next(tokenizer, observation)
+    except (TypeError, ValueError) as exc:
+        _fail(episode, "step", exc)
+        return False
     if len(episode.turns) >= rules.max_turns or len(p.conversation) + len(action_ids) + len(reply) >= rules.max_length:
         episode.truncated = True
         return False
     p.conversation += list(action_ids) + reply
-    p.pending, p.state = reply, int(info.get("state_hash", 0))
+    p.pending, p.pending_images, p.state = reply, pixels, int(info.get("state_hash", 0))
+    if pixels is not None:
+        p.images.append(pixels)
     return True
 
 
@@ -157,7 +183,7 @@ def play_jobs(jobs: Sequence[Job], policy: Policy, *, concurrent_steps: bool = F
 
         live = [p for p in each(lambda job, e: start(job.env, job.seed, e, job.rules), jobs, episodes) if p]
         while live:
-            replies = policy([p.conversation for p in live], [p.env for p in live])
+            replies = policy([p.conversation for p in live], [p.env for p in live], **_images_of(live))
             going = each(lambda p, reply: advance(p, reply[0], reply[1]), live, replies)
             live = [p for p, on in zip(live, going) if on]
     finally:
@@ -166,14 +192,22 @@ def play_jobs(jobs: Sequence[Job], policy: Policy, *, concurrent_steps: bool = F
     return episodes
 
 
-def play_one(env: Env, seed: int | None, group: int, ask: Callable[[list[int], Env], tuple[list[int], list[float]]],
+def _images_of(live: Sequence[_Playing]) -> dict[str, list]:
+    """The ``images=`` keyword of a policy call on ``live``'s conversations; none where none has images."""
+    images = [p.conversation_images for p in live]
+    return {"images": images} if any(i is not None for i in images) else {}
+
+
+def play_one(env: Env, seed: int | None, group: int, ask: Callable[..., tuple[list[int], list[float]]],
              rules: Rules, label: str = "") -> Episode:
-    """One episode on its own, each turn's reply from ``ask(conversation, env)``: the loop of one
-    environment in environment-level asynchronous rollout (:mod:`roll_core.agentic.async_rollout`)."""
+    """One episode on its own, each turn's reply from ``ask(conversation, env)`` (with ``images=`` the
+    conversation's, where it has any): the loop of one environment in environment-level asynchronous
+    rollout (:mod:`roll_core.agentic.async_rollout`)."""
     episode = Episode([], group, env=label)
     p = start(env, seed, episode, rules)
     while p is not None:
-        action_ids, log_probs = ask(p.conversation, p.env)
+        images = p.conversation_images
+        action_ids, log_probs = ask(p.conversation, p.env, **({} if images is None else {"images": images}))
         if not advance(p, action_ids, log_probs):
             break
     return episode
@@ -181,15 +215,17 @@ def play_one(env: Env, seed: int | None, group: int, ask: Callable[[list[int], E
 
 def engine_policy(generate: Callable[..., Batch], pad_token_id: int, **sampling) -> Policy:
     """A policy from an inference strategy's ``generate(batch, **sampling)`` (or a worker's): the
-    conversations left-padded into one batch, each reply's generated tokens and log-probs back."""
-    def policy(conversations: list[list[int]], envs=None) -> list[tuple[list[int], list[float]]]:
+    conversations left-padded into one batch, with their images (:func:`roll_core.multimodal.stack_images`),
+    each reply's generated tokens and log-probs back."""
+    def policy(conversations: list[list[int]], envs=None, images=None) -> list[tuple[list[int], list[float]]]:
         width = max(len(c) for c in conversations)
         ids = torch.full((len(conversations), width), pad_token_id, dtype=torch.long)
         mask = torch.zeros(len(conversations), width, dtype=torch.long)
         for row, tokens in enumerate(conversations):
             ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
             mask[row, width - len(tokens):] = 1
-        out = generate(Batch({"prompt_ids": ids, "prompt_mask": mask}), **sampling)
+        prompts = {"prompt_ids": ids, "prompt_mask": mask, **(stack_images(images) if images else {})}
+        out = generate(Batch(prompts), **sampling)
         replies = []
         for tokens, keep, logp in zip(out["responses"], out["response_mask"], out["infer_log_probs"]):
             keep = keep.bool()
@@ -205,7 +241,7 @@ def scripted_policy(actions: Sequence[str], tokenizer, *, randomly: bool = False
     has log-probs 0. The turn is read off the conversation (one EOS per earlier reply)."""
     rng = torch.Generator().manual_seed(seed)
 
-    def policy(conversations: list[list[int]], envs=None) -> list[tuple[list[int], list[float]]]:
+    def policy(conversations: list[list[int]], envs=None, images=None) -> list[tuple[list[int], list[float]]]:
         replies = []
         for tokens in conversations:
             if randomly:
@@ -228,7 +264,7 @@ def teacher_policy(tokenizer, *, noise: float = 0.0, seed: int = 0) -> Policy:
         raise ValueError(f"noise must be in [0, 1], got {noise}")
     rng = torch.Generator().manual_seed(seed)
 
-    def policy(conversations: list[list[int]], envs: list[Env]) -> list[tuple[list[int], list[float]]]:
+    def policy(conversations: list[list[int]], envs: list[Env], images=None) -> list[tuple[list[int], list[float]]]:
         replies = []
         for env in envs:
             action = env.expert_action()
@@ -248,10 +284,22 @@ def transcript(episode: Episode, tokenizer) -> str:
     """An episode as readable text: each turn's observation, the reply, and what it earned."""
     lines = []
     for k, turn in enumerate(episode.turns):
-        lines.append(f"[turn {k}] {tokenizer.decode(turn.observation_ids, skip_special_tokens=True)}")
+        lines.append(f"[turn {k}] {_readable(tokenizer, turn.observation_ids)}")
         lines.append(f"  reply: {tokenizer.decode(turn.action_ids, skip_special_tokens=True)!r}   reward {turn.reward:g}")
     ending = ("failed: " + episode.info.get("error", "")) if episode.failed else (
         "truncated" if episode.truncated else "ended by the environment")
     lines.append(f"return {episode.reward:g}, {len(episode.turns)} turns, success {episode.info.get('success', False)}, "
                  f"{ending}")
     return "\n".join(lines)
+
+
+def _readable(tokenizer, ids: list[int]) -> str:
+    """``ids`` as text without special tokens, each run of image tokens shown as one ``<image>`` (so
+    two images with nothing between them show as one)."""
+    image_id = (tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER)
+                if IMAGE_PLACEHOLDER in tokenizer.all_special_tokens else None)
+    if image_id is None or image_id not in ids:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+    pieces = [IMAGE_PLACEHOLDER if is_image else tokenizer.decode(list(run), skip_special_tokens=True)
+              for is_image, run in itertools.groupby(ids, key=lambda i: i == image_id)]
+    return "".join(pieces)

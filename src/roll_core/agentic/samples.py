@@ -16,6 +16,8 @@ lays an :class:`Episode` out as one training row, the layout the multi-turn esti
     state_hash      [T] the environment state each turn acted in (GiGPO's step groups)
     scores          the episode's return (group filters and difficulty masks read it)
     infer_log_probs the sampler's log-probs of the action tokens, 0 elsewhere
+    pixel_values    where observations carry images: every image of the kept turns, in order
+    image_counts    ``[B, K, C, H, W]`` padded and how many of each row's are real (:mod:`roll_core.multimodal`)
 
 Every token of the row is exactly what the model saw or produced when it acted, so the trainer's
 log-probs are those of the sampled policy. That is why a conversation longer than ``max_length``
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from roll_core.data import Batch
+from roll_core.multimodal import stack_images
 
 
 @dataclass
@@ -43,6 +46,7 @@ class Turn:
     action_log_probs: list[float]  # the sampler's, one per action token
     reward: float = 0.0
     state_hash: int = 0  # the environment state the action was taken in
+    observation_images: torch.Tensor | None = None  # [k, C, H, W]: the observation's images, if any
 
     def __post_init__(self):
         if len(self.action_log_probs) != len(self.action_ids):
@@ -143,7 +147,14 @@ def episode_batch(episodes: list[Episode], pad_token_id: int, max_length: int) -
                   "group_index": torch.tensor([e.group for e in episodes], dtype=torch.long),
                   "scores": torch.tensor([e.reward for e in episodes], dtype=torch.float32),
                   "truncated": torch.tensor([e.truncated for e in episodes]),
-                  "failed": torch.tensor([e.failed for e in episodes])})
+                  "failed": torch.tensor([e.failed for e in episodes]),
+                  **stack_images([_images(e) for e in episodes])})
+
+
+def _images(episode: Episode) -> torch.Tensor | None:
+    """Every image the episode's turns were shown ``[k, C, H, W]``, in order, or None."""
+    images = [t.observation_images for t in episode.turns if t.observation_images is not None]
+    return torch.cat(images) if images else None
 
 
 def turn_token_rewards(turn_rewards: torch.Tensor, turn_index: torch.Tensor) -> torch.Tensor:

@@ -317,11 +317,14 @@ def _image_requirements(cfg: RollConfig, plugins) -> list[str]:
     """Data with images (:mod:`roll_core.multimodal`) needs every role that runs the model on its
     prompts on a strategy registered with ``images=True``."""
     sources = image_sources(cfg, plugins)
-    if not sources:
-        return []
+    return image_role_problems(cfg, plugins, f"the data has them: {sources[0]}") if sources else []
+
+
+def image_role_problems(cfg: RollConfig, plugins, why: str) -> list[str]:
+    """Every model role on a strategy registered with ``images=True``, as inputs with images need
+    (``why`` says where they come from)."""
     return [problem for name, role in cfg.model_roles().items()
-            for problem in _strategy_lacks(plugins, f"roles.{name}.strategy", role, "images",
-                                           f"read images (the data has them: {sources[0]})")]
+            for problem in _strategy_lacks(plugins, f"roles.{name}.strategy", role, "images", f"read images ({why})")]
 
 
 def _strategy_lacks(plugins, key: str, role, flag: str, ability: str) -> list[str]:

@@ -41,9 +41,10 @@ from roll_core.agentic.samples import Episode, episode_batch
 from roll_core.algorithms.shaping import RewardShaper
 from roll_core.data import Batch
 from roll_core.envs import Env, build_env
-from roll_core.config.loader import group_baseline_problems
+from roll_core.config.loader import group_baseline_problems, image_role_problems
 from roll_core.config.schema import EnvRoleConfig, EnvSettings
 from roll_core.errors import ConfigError
+from roll_core.multimodal import processor_for
 from roll_core.pipelines.runtime import (SEED_OFFSETS, PolicyGradientLoop, log_probs, save_tokenizer_beside,
                                          start_update)
 from roll_core.pipelines.sft import WarmStart
@@ -203,6 +204,8 @@ class AgenticPipeline(WarmStart, PolicyGradientLoop):
             raise ConfigError(f"agentic.teacher_noise={a.teacher_noise} makes the warm-up's teacher draw random "
                               f"actions from the environment's 'actions', and '{spec.env}' lists none; set "
                               f"agentic.teacher_noise=0")
+        if probe.image_observations:
+            self._check_images(spec)
         turn_format = TurnFormat(spec.instruction, a.observation_prefix, a.observation_suffix)
         in_flight = spec.groups_per_step * a.group_size
         if a.rollout == "async":
@@ -210,6 +213,13 @@ class AgenticPipeline(WarmStart, PolicyGradientLoop):
         role = self._env_role(spec)
         return EnvLane(spec, env_cls, Rules(self.tokenizer, turn_format, spec.max_turns, a.max_length),
                        role.envs_per_worker or math.ceil(in_flight / role.num_workers))
+
+    def _check_images(self, spec: EnvSettings) -> None:
+        """An environment that shows images needs an image-text model and strategies that read images."""
+        problems = image_role_problems(self.config, self.plugins, f"environment '{spec.env}' shows them")
+        if problems:
+            raise ConfigError("; ".join(problems))
+        processor_for(self.tokenizer.name_or_path)  # a model without an image processor cannot see them
 
     def _env_role(self, spec: EnvSettings) -> EnvRoleConfig:
         role = self.config.role(spec.role, "env")  # checked with the config: present, of kind env

@@ -19,7 +19,7 @@ from typing import Any, Callable, Collection, Iterator
 import torch
 
 from roll_core.data import Batch
-from roll_core.multimodal import batch_images, model_images
+from roll_core.multimodal import batch_images, image_counts, model_images
 from roll_core.runtime.distributed import barrier, bucketed, rank_world, sum_gradients
 from roll_core.strategies import cpu_matmul, cuda_graph, float32_attention, lora, precision
 from roll_core.strategies.compiled import compile_layers
@@ -94,7 +94,7 @@ class _Sampling(TorchOffloading, precision.Autocasting):
             logits = self.model(input_ids=ids, position_ids=self._to(batch["position_ids"]), use_cache=False).logits
         else:
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                                use_cache=False, **model_images(images, self.device)).logits
+                                use_cache=False, **model_images(images, self.device, image_counts(batch))).logits
         return causal_lm_outputs(logits, ids, batch["responses"].shape[1], wanted, temperature, self.never)
 
     @torch.no_grad()
@@ -149,7 +149,7 @@ class HFInferStrategy(_Sampling, InferStrategy):
             max_new_tokens=max_new_tokens, eos_token_id=self.end_ids, pad_token_id=padding_id(cfg, generation),
             temperature=temperature, top_p=top_p, top_k=top_k, generator=self.generator, should_stop=request_cancelled)
         if images is not None:  # CUDA graphs replay text-only steps: image prompts decode eagerly
-            sampling.update(images=self._to(images), never=self.never)
+            sampling.update(images=self._to(images), image_counts=image_counts(batch), never=self.never)
         with precision.autocast(self.device, self.precision):  # sampling itself is on float32 logits
             out = None if images is not None else self._graphed(prompts, sampling)
             if out is None:  # eager decoding; on CPU from packed weights (runtime.pack_decoding_weights)
@@ -421,7 +421,7 @@ class HFCriticStrategy(PlainExport, TorchPrimitives, TorchOffloading, precision.
             ids, mask = full_sequence(batch)
             ids, mask = ids.to(self.device), mask.to(self.device)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                             **model_images(images, self.device))
+                             **model_images(images, self.device, image_counts(batch)))
             values = out.logits[:, -batch["responses"].shape[1] - 1 : -1, 0]
         return {"values": values.float() * batch["response_mask"].to(self.device).float()}
 

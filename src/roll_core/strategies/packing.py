@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from roll_core.multimodal import batch_images, image_keys, model_images
+from roll_core.multimodal import batch_images, image_counts, image_keys, model_images
 from roll_core.strategies import packed_attention
 
 # transformers' attention implementations that take a custom 4-D mask (roll's piece-by-piece one is
@@ -234,12 +234,19 @@ def _attention(model) -> str:
 
 def packed_inputs(model, batch, role_config) -> PackedSequences | None:
     """``batch`` (the padded layout) packed for ``model``, or None where it runs padded: the role's
-    ``pack_sequences`` is off, or is left unset (None) and the model's attention takes no 4-D mask.
-    Set on (True) with such a model, it is an error."""
+    ``pack_sequences`` is off, or is left unset (None) and the model's attention takes no 4-D mask
+    or the batch's responses hold images. Set on (True) with such a model or batch, it is an error."""
     wanted = getattr(role_config, "pack_sequences", None)
     config = model_config(model)
     implementation = getattr(config, "_attn_implementation", None) or "eager"
     if wanted is False or (wanted is None and implementation not in MASKED_ATTENTION):
+        return None
+    # Samples with image_counts (agentic episodes) have images in their responses too, the
+    # environment's replies; a packed unit hands its model pass only its prompt's
+    if image_counts(batch) is not None:
+        if wanted:
+            raise ValueError("pack_sequences: true, but the batch's responses hold images (an environment's image "
+                             "observations), which packed rows do not take. Set pack_sequences: false")
         return None
     if implementation not in MASKED_ATTENTION:
         raise ValueError(f"pack_sequences: true needs attention that takes a 4-D mask ({', '.join(MASKED_ATTENTION)}); "

@@ -43,9 +43,10 @@ def cache_keyword(model) -> str:
 
 
 def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_tokens: int = 0,
-            images: torch.Tensor | None = None):
+            images: torch.Tensor | None = None, image_counts: torch.Tensor | None = None):
     """The KV cache of left-padded prompts ``[B, P]`` and the logits of each one's next token ``[B, V]``;
-    ``images`` ``[B, K, C, H, W]``: each prompt's images (:mod:`roll_core.multimodal`), read here only.
+    ``images`` ``[B, K, C, H, W]``: each prompt's images (:mod:`roll_core.multimodal`; of which the
+    first ``image_counts[b]`` where given), read here only.
 
     The cache takes the ``new_tokens`` that follow in place (:mod:`roll_core.strategies.kv_cache`), in
     float32 where the decoding steps attend in float32 (:mod:`roll_core.strategies.float32_attention`).
@@ -66,8 +67,9 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_toke
             0, inverse, order, reduce="amin")
         prompt_ids, prompt_mask = prompt_ids[first], prompt_mask[first]
         images = None if images is None else images[first]
+        image_counts = None if image_counts is None else image_counts[first]
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
-                use_cache=True, **keep, **model_images(images))
+                use_cache=True, **keep, **model_images(images, counts=image_counts))
     dtype = float32_attention.cache_dtype(model, prompt_ids.device)
     past = in_place_cache(out[cache_keyword(model)], new_tokens, dtype)
     logits = out.logits[:, -1, :].float()
@@ -402,13 +404,15 @@ def sample_responses(
     generator: torch.Generator | None = None,
     should_stop=None,
     images: torch.Tensor | None = None,
+    image_counts: torch.Tensor | None = None,
     never: Collection[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Generate responses for left-padded prompts.
 
     Args:
         prompt_ids, prompt_mask: ``[B, P]`` left-padded prompts.
-        images: ``[B, K, C, H, W]``, each prompt's images (None: text only); see :func:`prefill`.
+        images: ``[B, K, C, H, W]``, each prompt's images (None: text only), of which the first
+            ``image_counts[b]`` ``[B]`` where given; see :func:`prefill`.
         never: ids never drawn (an image-text model's image token, :func:`never_drawn`): their
             logits are :data:`NEVER_LOGIT`, so the log-probs are those of the distribution without
             them, as the trainer's are (:func:`without`).
@@ -425,7 +429,7 @@ def sample_responses(
     """
     batch = prompt_ids.shape[0]
     mask = prompt_mask.long()
-    past, logits = prefill(model, prompt_ids, mask, max_new_tokens, images)
+    past, logits = prefill(model, prompt_ids, mask, max_new_tokens, images, image_counts)
     cache = cache_keyword(model)  # once: the signature does not change between decoding steps
     next_pos = mask.sum(-1, keepdim=True)
     device = prompt_ids.device
@@ -541,12 +545,16 @@ def response_outputs(response_logits: torch.Tensor, responses: torch.Tensor, wan
                      temperature: float, never: Collection[int] = ()) -> dict[str, torch.Tensor]:
     """:func:`causal_lm_outputs` from the logits that predict each response token ``[B, R, V]``
     (a packed pass's, gathered back: :meth:`roll_core.strategies.packing.PackedSequences.at_responses`).
-    ``never`` is applied to these, the response positions' logits only (a copy of ``[B, R, V]``)."""
+    ``never`` is applied to these, the response positions' logits only (a copy of ``[B, R, V]``). A
+    response token in ``never`` (an image token of an environment's reply in an agentic row: context,
+    never a target) gets log-prob 0, as padding does, not the -1e9 its banned logit would give."""
     extras = "entropy" in wanted or "log_dist" in wanted
     response_logits = without(response_logits, never)
     out = token_log_probs(response_logits, responses, temperature,
                           with_entropy="entropy" in wanted, with_distribution="log_dist" in wanted)
     logp, entropy, log_dist = out if extras else (out, None, None)
+    if never:
+        logp = logp.masked_fill(torch.isin(responses, torch.tensor(list(never), device=responses.device)), 0.0)
     found = {"log_probs": logp, "entropy": entropy, "log_dist": log_dist}
     return {name: found[name] for name in wanted}
 

@@ -1,0 +1,261 @@
+"""Agentic environments whose observations carry images (:class:`roll_core.envs.Observation`):
+FrozenLake drawn as a picture, each turn's images through the model's processor, conversations
+and training rows that hold a different number of images per sample (``image_counts``), the
+trainer's passes over image tokens in the response (the environment's replies), and the run's
+checks before any worker starts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from roll_core.agentic.episodes import Rules, TurnFormat, play, scripted_policy
+from roll_core.agentic.samples import episode_batch
+from roll_core.envs import Env, Observation, observation_parts
+from roll_core.errors import ConfigError
+from roll_core.multimodal import IMAGE_COUNTS, IMAGES, encode_text, model_images, stack_images
+
+frozen_lake = pytest.importorskip("roll_envs.frozen_lake")
+
+
+def test_frozen_lake_draws_its_map_one_square_per_tile_with_the_agent_in_red():
+    env = frozen_lake.FrozenLake(size=4, observation="image", cell_pixels=2)
+    assert env.image_observations and not frozen_lake.FrozenLake().image_observations
+    observation, _ = env.reset(seed=3)
+    text, (image,) = observation_parts(observation)
+    assert text == "<image>" and image.shape == (8, 8, 3) and image.dtype == np.uint8
+    rows = env.render().split("|")
+    colors = {"P": (230, 30, 30), "_": (200, 230, 255), "O": (20, 40, 120), "G": (255, 200, 0)}
+    for r, row in enumerate(rows):
+        for c, tile in enumerate(row):
+            assert (image[2 * r:2 * r + 2, 2 * c:2 * c + 2] == colors[tile]).all(), (r, c, tile)
+    moved, *_ = env.step("R")
+    assert not np.array_equal(observation_parts(moved)[1][0], image)  # the agent's square moved
+    with_neighbors = frozen_lake.FrozenLake(observation="image", show_neighbors=True)
+    assert with_neighbors.reset(seed=3)[0].text == "<image>:" + with_neighbors.render().split(":")[1]
+    with pytest.raises(ValueError, match="observation must be one of text, image, got 'pixels'"):
+        frozen_lake.FrozenLake(observation="pixels")
+    with pytest.raises(ValueError, match="view_radius must be at least 1"):
+        frozen_lake.FrozenLake(observation="image", view_radius=0)
+
+
+def test_a_view_radius_shows_the_tiles_around_the_agent_with_black_past_the_edge():
+    env = frozen_lake.FrozenLake(size=4, observation="image", cell_pixels=1, view_radius=1)
+    observation, _ = env.reset(seed=3)
+    view = observation.images[0]
+    assert view.shape == (3, 3, 3)  # the agent starts in the top-left corner
+    black, red = (0, 0, 0), (230, 30, 30)
+    assert all(tuple(view[r, c]) == black for r, c in [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0)])
+    assert tuple(view[1, 1]) == red
+    colors = {"_": (200, 230, 255), "O": (20, 40, 120), "G": (255, 200, 0)}
+    rows = env.render().split("|")
+    assert tuple(view[1, 2]) == colors[rows[0][1]] and tuple(view[2, 1]) == colors[rows[1][0]]
+    assert tuple(view[2, 2]) == colors[rows[1][1]]
+
+
+def test_an_observation_is_text_or_text_with_images():
+    assert observation_parts("map") == ("map", [])
+    assert observation_parts(Observation("<image>x", [1])) == ("<image>x", [1])
+    with pytest.raises(TypeError, match="a str or a roll_core.envs.Observation, got dict"):
+        observation_parts({"text": "x"})
+
+
+def test_an_observation_s_images_become_their_image_tokens_and_pixels(tiny_vlm_tokenizer):
+    image_id = tiny_vlm_tokenizer.convert_tokens_to_ids("<image>")
+    ids, pixels = encode_text(tiny_vlm_tokenizer, "<image>:ab", [np.full((16, 16, 3), 255, np.uint8)])
+    assert ids[:16] == [image_id] * 16 and tiny_vlm_tokenizer.decode(ids[16:]) == ":ab"
+    torch.testing.assert_close(pixels, torch.ones(1, 3, 16, 16))
+    plain = tiny_vlm_tokenizer("ab", add_special_tokens=False)["input_ids"]
+    assert encode_text(tiny_vlm_tokenizer, "ab", []) == (plain, None)
+    with pytest.raises(ValueError, match=r"1 image\(s\) and 2 '<image>' placeholder\(s\)"):
+        encode_text(tiny_vlm_tokenizer, "<image><image>", [np.zeros((16, 16, 3), np.uint8)])
+
+
+def test_samples_with_different_numbers_of_images_pad_and_count_them():
+    a, b = torch.full((2, 3, 4, 4), 1.0), torch.full((1, 3, 4, 4), 2.0)
+    a[1] = 3.0
+    out = stack_images([a, None, b])
+    assert out[IMAGES].shape == (3, 2, 3, 4, 4) and out[IMAGE_COUNTS].tolist() == [2, 0, 1]
+    assert out[IMAGES][1].abs().sum() == 0 and out[IMAGES][2, 1].abs().sum() == 0
+    flat = model_images(out[IMAGES], counts=out[IMAGE_COUNTS])[IMAGES]
+    assert flat[:, 0, 0, 0].tolist() == [1.0, 3.0, 2.0]  # the real ones, sample by sample, in order
+    assert model_images(out[IMAGES])[IMAGES].shape[0] == 6  # without counts: every slot
+    assert stack_images([None, None]) == {}
+
+
+class _Pictures(Env):
+    """Each observation an image whose pixels are the turn number, so the tests can tell turns apart."""
+
+    image_observations = True
+    actions = ("a",)
+
+    def reset(self, seed=None):
+        self.turn = 0
+        return Observation("<image>s", [np.full((16, 16, 3), 10, np.uint8)]), {}
+
+    def step(self, action):
+        self.turn += 1
+        return Observation("<image>", [np.full((16, 16, 3), 10 + 40 * self.turn, np.uint8)]), 0.5, self.turn == 3, \
+            False, {}
+
+
+def test_each_turn_the_policy_sees_every_image_so_far_and_the_row_keeps_them_all(tiny_vlm_tokenizer):
+    seen = []
+    script = scripted_policy(["a"], tiny_vlm_tokenizer)
+
+    def policy(conversations, envs, images=None):
+        seen.append([None if i is None else len(i) for i in images])
+        return script(conversations, envs)
+
+    episodes = play([_Pictures(), _Pictures()], [0, 1], [0, 0], policy, tiny_vlm_tokenizer, max_turns=2)
+    assert seen == [[1, 1], [2, 2]]  # the second turn's conversation: the first image, then the reply's
+    assert [len(e.turns) for e in episodes] == [2, 2] and episodes[0].truncated
+    batch = episode_batch(episodes, tiny_vlm_tokenizer.pad_token_id, 256)
+    assert batch[IMAGE_COUNTS].tolist() == [2, 2]
+    image_id = tiny_vlm_tokenizer.convert_tokens_to_ids("<image>")
+    assert (batch["prompt_ids"] == image_id).sum(-1).tolist() == [16, 16]
+    assert (batch["responses"] == image_id).sum(-1).tolist() == [16, 16]  # the reply's image, in the response
+    assert (batch["action_mask"].bool() & (batch["responses"] == image_id)).sum() == 0
+    level = batch[IMAGES][0, :, 0, 0, 0]
+    torch.testing.assert_close(level, torch.tensor([10, 50]) / 127.5 - 1)  # in turn order
+    from roll_core.agentic.episodes import transcript
+
+    assert transcript(episodes[0], tiny_vlm_tokenizer).startswith("[turn 0] <image>s>\n  reply: 'a'   reward 0.5\n"
+                                                         "[turn 1] <image>>\n")
+    cut = episode_batch(episodes, tiny_vlm_tokenizer.pad_token_id, episodes[0].turns[0].length)  # the first turn fits
+    assert cut[IMAGE_COUNTS].tolist() == [1, 1] and cut[IMAGES].shape[1] == 1
+
+
+def test_an_observation_whose_images_and_placeholders_differ_fails_its_episode_only(tiny_vlm_tokenizer):
+    class Broken(_Pictures):
+        def step(self, action):
+            return Observation("no placeholder", [np.zeros((16, 16, 3), np.uint8)]), 0.0, False, False, {}
+
+    script = scripted_policy(["a"], tiny_vlm_tokenizer)
+    episodes = play([Broken(), _Pictures()], [0, 1], [0, 1], script, tiny_vlm_tokenizer)
+    assert episodes[0].failed and "placeholder" in episodes[0].info["error"]
+    assert not episodes[1].failed and len(episodes[1].turns) == 3
+
+
+def test_environment_level_asynchronous_rollout_sends_each_conversation_s_images(tiny_vlm_tokenizer):
+    from roll_core.agentic.async_rollout import RequestBatcher
+    from roll_core.agentic.episodes import play_one
+
+    script, calls = scripted_policy(["a"], tiny_vlm_tokenizer), []
+
+    def policy(conversations, envs, images=None):
+        calls.append(None if images is None else [None if i is None else len(i) for i in images])
+        return script(conversations, envs)
+
+    ask = RequestBatcher(policy)
+    try:
+        rules = Rules(tiny_vlm_tokenizer, TurnFormat(), max_turns=2)
+        episode = play_one(_Pictures(), 0, 0, ask, rules)
+        text = play_one(frozen_lake.FrozenLake(), 0, 0, ask, rules)
+    finally:
+        ask.close()
+    assert calls == [[1], [2], None, None] and len(episode.turns) == 2 and len(text.turns) == 2
+
+
+def _agentic_image_batch(tiny_vlm_tokenizer):
+    """Two episodes of different lengths (1 and 3 images) with sampled-looking actions."""
+    script = scripted_policy(["a"], tiny_vlm_tokenizer)
+    short = play([_Pictures()], [0], [0], script, tiny_vlm_tokenizer, max_turns=1)
+    long = play([_Pictures()], [1], [1], script, tiny_vlm_tokenizer)
+    return episode_batch(short + long, tiny_vlm_tokenizer.pad_token_id, 256)
+
+
+def _own_log_probs(tiny_vlm, batch) -> torch.Tensor:
+    """Each sample alone through the model's own forward with its own images, on its action tokens."""
+    out = torch.zeros(batch["responses"].shape)
+    for b in range(len(batch)):
+        prompt = batch["prompt_ids"][b][batch["prompt_mask"][b].bool()]
+        response = batch["responses"][b][batch["response_mask"][b].bool()]
+        ids = torch.cat([prompt, response])[None]
+        with torch.no_grad():
+            logits = tiny_vlm(input_ids=ids, pixel_values=batch[IMAGES][b, :batch[IMAGE_COUNTS][b]]).logits[0].float()
+        logits[:, tiny_vlm.config.image_token_id] = float("-inf")
+        logp = logits[len(prompt) - 1:-1].log_softmax(-1).gather(-1, response[:, None])[:, 0]
+        out[b, :len(response)] = logp
+    return torch.where(batch["action_mask"].bool(), out, 0.0)  # -inf on the reply's image tokens
+
+
+def test_the_trainer_reads_each_episode_s_images_and_gives_image_tokens_no_log_prob(tiny_vlm_path, tiny_vlm,
+                                                                                    tiny_vlm_tokenizer):
+    from roll_core.config import load_config
+    from roll_core.strategies.hf import HFTrainStrategy
+
+    batch = _agentic_image_batch(tiny_vlm_tokenizer)
+    assert batch[IMAGE_COUNTS].tolist() == [1, 3]
+    trainer = HFTrainStrategy(str(tiny_vlm_path), load_config(None, ["executor=local"]).roles.actor_train, seed=0)
+    got = trainer.compute_log_probs(batch, 1.0)
+    torch.testing.assert_close(got * batch["action_mask"], _own_log_probs(tiny_vlm, batch), atol=2e-5, rtol=0)
+    image_id = tiny_vlm.config.image_token_id
+    assert got[batch["responses"] == image_id].abs().max() == 0  # context, as padding: no -1e9 to overflow
+    assert bool(got.isfinite().all()) and got[batch["action_mask"].bool()].lt(0).all()
+    # packing is off for such batches unless asked for, and asking is an error
+    packed = HFTrainStrategy(str(tiny_vlm_path), load_config(
+        None, ["executor=local", "roles.actor_train.pack_sequences=true"]).roles.actor_train, seed=0)
+    with pytest.raises(ValueError, match="responses hold images .* Set pack_sequences: false"):
+        packed.compute_log_probs(batch, 1.0)
+
+
+def test_the_engine_samples_each_conversation_with_its_own_images(tiny_vlm_path, tiny_vlm, tiny_vlm_tokenizer):
+    from roll_core.agentic.episodes import engine_policy
+    from roll_core.config import load_config
+    from roll_core.strategies.hf import HFInferStrategy
+
+    engine = HFInferStrategy(str(tiny_vlm_path), load_config(None, ["executor=local"]).roles.actor_infer, seed=0)
+    batch = _agentic_image_batch(tiny_vlm_tokenizer)
+    conversations = [torch.cat([p[m.bool()], r[t == 0]]).tolist()  # the first image and the first action
+                     for p, m, r, t in zip(batch["prompt_ids"], batch["prompt_mask"], batch["responses"],
+                                           batch["turn_index"])]
+    images = [batch[IMAGES][0, :1], batch[IMAGES][1, :1]]
+    replies = engine_policy(engine.generate, tiny_vlm_tokenizer.pad_token_id, max_new_tokens=1, temperature=1.0,
+                            top_p=1.0)(conversations, None, images=images)
+    for conversation, pixels, (action, logp) in zip(conversations, images, replies):
+        with torch.no_grad():
+            logits = tiny_vlm(input_ids=torch.tensor([conversation]), pixel_values=pixels).logits[0, -1].float()
+        logits[tiny_vlm.config.image_token_id] = float("-inf")
+        torch.testing.assert_close(torch.tensor(logp[0]), logits.log_softmax(-1)[action[0]], atol=2e-5, rtol=0)
+
+
+def test_an_image_environment_needs_an_image_model_and_strategies_that_read_images(tmp_path, plain_train_strategy):
+    from roll_core.config.loader import load_and_check
+    from roll_core.pipelines.agentic import AgenticPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    base = ["pipeline=agentic", "executor=local", f"output_dir={tmp_path}", "agentic.env=frozen_lake",
+            "agentic.env_options={observation: image}", "warmup.steps=0"]
+    cfg = load_and_check(None, base + ["roles.actor_train.strategy=plain"], plain_train_strategy)
+    pipeline = AgenticPipeline(cfg, LocalExecutor())
+    pipeline.plugins = plain_train_strategy
+    with pytest.raises(ConfigError, match=r"train strategy 'plain' does not read images \(environment "
+                                          r"'frozen_lake' shows them\)"):
+        pipeline.prepare()
+    text_model = AgenticPipeline(load_and_check(None, base), LocalExecutor())  # the tiny text model
+    with pytest.raises(ConfigError, match="has no processor that reads them|has no image processor"):
+        text_model.prepare()
+
+
+def test_agentic_rl_on_frozen_lake_pictures_runs_and_its_engine_and_trainer_agree(tmp_path):
+    """``examples/agentic_vlm.yaml`` in this process, cut to a short warm-up and two RL steps: the
+    episodes' images go to the engine and the trainer, the sampled log-probs are the trainer's."""
+    import json
+    from pathlib import Path
+
+    from roll_core.config import load_config
+    from roll_core.pipelines.agentic import AgenticPipeline
+    from roll_core.runtime.executor import LocalExecutor
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "agentic_vlm.yaml"
+    cfg = load_config(example, ["executor=local", f"output_dir={tmp_path}", "trainer.max_steps=2",
+                                "trainer.eval_every=0", "trainer.save_every=0", "trackers=[jsonl]",
+                                "warmup.steps=4", "agentic.groups_per_step=2", "agentic.group_size=4",
+                                "agentic.validation_episodes=8"])
+    AgenticPipeline(cfg, LocalExecutor()).run()
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trained = [s for s in steps if "train/infer_log_prob_gap" in s]
+    assert len(trained) == 2 and all(s["train/infer_log_prob_gap"] < 1e-4 for s in trained), trained
+    assert all(np.isfinite(s["train/pg_loss"]) for s in trained), trained
