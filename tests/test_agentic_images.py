@@ -56,7 +56,7 @@ def test_a_view_radius_shows_the_tiles_around_the_agent_with_black_past_the_edge
 
 def test_an_observation_is_text_or_text_with_images():
     assert observation_parts("map") == ("map", [])
-    assert observation_parts(Observation("<image>x", [1])) == ("<image>x", [1])
+    assert observation_parts(Observation("<image>x<image>", [1, 2])) == ("<image>x<image>", [1, 2])
     with pytest.raises(TypeError, match="a str or a roll_core.envs.Observation, got dict"):
         observation_parts({"text": "x"})
 
@@ -110,6 +110,9 @@ def test_each_turn_the_policy_sees_every_image_so_far_and_the_row_keeps_them_all
 
     episodes = play([_Pictures(), _Pictures()], [0, 1], [0, 0], policy, tiny_vlm_tokenizer, max_turns=2)
     assert seen == [[1, 1], [2, 2]]  # the second turn's conversation: the first image, then the reply's
+    seen.clear()
+    play([_Pictures(), frozen_lake.FrozenLake()], [0, 1], [0, 1], policy, tiny_vlm_tokenizer, max_turns=2)
+    assert seen == [[1, None], [2, None]]  # a text environment's conversations beside them have none
     assert [len(e.turns) for e in episodes] == [2, 2] and episodes[0].truncated
     batch = episode_batch(episodes, tiny_vlm_tokenizer.pad_token_id, 256)
     assert batch[IMAGE_COUNTS].tolist() == [2, 2]
@@ -132,10 +135,15 @@ def test_an_observation_whose_images_and_placeholders_differ_fails_its_episode_o
         def step(self, action):
             return Observation("no placeholder", [np.zeros((16, 16, 3), np.uint8)]), 0.0, False, False, {}
 
+    class BrokenAtReset(_Pictures):
+        def reset(self, seed=None):
+            return Observation("<image><image>", [np.zeros((16, 16, 3), np.uint8)]), {}
+
     script = scripted_policy(["a"], tiny_vlm_tokenizer)
-    episodes = play([Broken(), _Pictures()], [0, 1], [0, 1], script, tiny_vlm_tokenizer)
+    episodes = play([Broken(), BrokenAtReset(), _Pictures()], [0, 1, 2], [0, 1, 2], script, tiny_vlm_tokenizer)
     assert episodes[0].failed and "placeholder" in episodes[0].info["error"]
-    assert not episodes[1].failed and len(episodes[1].turns) == 3
+    assert episodes[1].failed and not episodes[1].turns and "2 '<image>' placeholder" in episodes[1].info["error"]
+    assert not episodes[2].failed and len(episodes[2].turns) == 3
 
 
 def test_environment_level_asynchronous_rollout_sends_each_conversation_s_images(tiny_vlm_tokenizer):
@@ -208,10 +216,12 @@ def test_the_engine_samples_each_conversation_with_its_own_images(tiny_vlm_path,
 
     engine = HFInferStrategy(str(tiny_vlm_path), load_config(None, ["executor=local"]).roles.actor_infer, seed=0)
     batch = _agentic_image_batch(tiny_vlm_tokenizer)
-    conversations = [torch.cat([p[m.bool()], r[t == 0]]).tolist()  # the first image and the first action
-                     for p, m, r, t in zip(batch["prompt_ids"], batch["prompt_mask"], batch["responses"],
-                                           batch["turn_index"])]
-    images = [batch[IMAGES][0, :1], batch[IMAGES][1, :1]]
+    prompts = [p[m.bool()] for p, m in zip(batch["prompt_ids"], batch["prompt_mask"])]
+    responses, turns = batch["responses"], batch["turn_index"]
+    short = torch.cat([prompts[0], responses[0][turns[0] == 0]]).tolist()  # one image, then the first action
+    second = int((turns[1] == 1).nonzero()[0])  # the long episode up to its second action: two images
+    conversations = [short, torch.cat([prompts[1], responses[1][:second]]).tolist(), short]  # 1 and 3 share a prefill
+    images = [batch[IMAGES][0, :1], batch[IMAGES][1, :2], batch[IMAGES][0, :1]]
     replies = engine_policy(engine.generate, tiny_vlm_tokenizer.pad_token_id, max_new_tokens=1, temperature=1.0,
                             top_p=1.0)(conversations, None, images=images)
     for conversation, pixels, (action, logp) in zip(conversations, images, replies):
