@@ -126,6 +126,10 @@ def test_each_turn_the_policy_sees_every_image_so_far_and_the_row_keeps_them_all
 
     assert transcript(episodes[0], tiny_vlm_tokenizer).startswith("[turn 0] <image>s>\n  reply: 'a'   reward 0.5\n"
                                                          "[turn 1] <image>>\n")
+    from roll_core.pipelines.rollout_dump import readable_rows
+
+    row = readable_rows(batch, tiny_vlm_tokenizer)[0]  # a rollout dump's text: each image once
+    assert row["prompt"] == "<image>s>" and row["turns"][1] == {"role": "environment", "text": "<image>>"}
     cut = episode_batch(episodes, tiny_vlm_tokenizer.pad_token_id, episodes[0].turns[0].length)  # the first turn fits
     assert cut[IMAGE_COUNTS].tolist() == [1, 1] and cut[IMAGES].shape[1] == 1
 

@@ -31,6 +31,7 @@ Models whose processor returns more image inputs (Qwen2-VL's ``image_grid_thw``)
 from __future__ import annotations
 
 import functools
+import itertools
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -206,6 +207,17 @@ def batch_images(batch, config=None) -> torch.Tensor | None:
         raise RollError(f"the batch's prompts hold the model's image token ({image_id}) but the batch carries no "
                         f"'{IMAGES}'; build prompt batches with roll_core.multimodal.encode_prompts")
     return None
+
+
+def readable(tokenizer, ids: Sequence[int], **decode) -> str:
+    """``tokenizer.decode(ids, **decode)`` with each run of image tokens shown as one ``<image>`` (so
+    two images with nothing between them show as one): transcripts and rollout dumps."""
+    image_id = (tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER)
+                if IMAGE_PLACEHOLDER in tokenizer.all_special_tokens else None)
+    if image_id is None or image_id not in ids:
+        return tokenizer.decode(ids, **decode)
+    return "".join(IMAGE_PLACEHOLDER if is_image else tokenizer.decode(list(run), **decode)
+                   for is_image, run in itertools.groupby(ids, key=lambda i: i == image_id))
 
 
 def image_counts(batch) -> torch.Tensor | None:

@@ -25,7 +25,6 @@ An environment that raises, or (on an env worker) hangs past its timeout, fails 
 
 from __future__ import annotations
 
-import itertools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -36,7 +35,7 @@ from roll_core.agentic.env_workers import EnvFailed, EnvHung
 from roll_core.agentic.samples import Episode, Turn
 from roll_core.data import Batch
 from roll_core.envs import Env, Observation, observation_parts
-from roll_core.multimodal import IMAGE_PLACEHOLDER, encode_text, stack_images
+from roll_core.multimodal import encode_text, readable, stack_images
 
 Policy = Callable[..., list[tuple[list[int], list[float]]]]  # (conversations, envs[, images=]) -> replies
 
@@ -284,7 +283,7 @@ def transcript(episode: Episode, tokenizer) -> str:
     """An episode as readable text: each turn's observation, the reply, and what it earned."""
     lines = []
     for k, turn in enumerate(episode.turns):
-        lines.append(f"[turn {k}] {_readable(tokenizer, turn.observation_ids)}")
+        lines.append(f"[turn {k}] {readable(tokenizer, turn.observation_ids, skip_special_tokens=True)}")
         lines.append(f"  reply: {tokenizer.decode(turn.action_ids, skip_special_tokens=True)!r}   reward {turn.reward:g}")
     ending = ("failed: " + episode.info.get("error", "")) if episode.failed else (
         "truncated" if episode.truncated else "ended by the environment")
@@ -292,14 +291,3 @@ def transcript(episode: Episode, tokenizer) -> str:
                  f"{ending}")
     return "\n".join(lines)
 
-
-def _readable(tokenizer, ids: list[int]) -> str:
-    """``ids`` as text without special tokens, each run of image tokens shown as one ``<image>`` (so
-    two images with nothing between them show as one)."""
-    image_id = (tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER)
-                if IMAGE_PLACEHOLDER in tokenizer.all_special_tokens else None)
-    if image_id is None or image_id not in ids:
-        return tokenizer.decode(ids, skip_special_tokens=True)
-    pieces = [IMAGE_PLACEHOLDER if is_image else tokenizer.decode(list(run), skip_special_tokens=True)
-              for is_image, run in itertools.groupby(ids, key=lambda i: i == image_id)]
-    return "".join(pieces)

@@ -31,6 +31,7 @@ import torch
 from roll_core.data import Batch
 from roll_core.errors import RollError
 from roll_core.files import write_json_lines
+from roll_core.multimodal import readable
 
 
 def dump_path(run_dir: Path, step: int, suffix: str) -> Path:
@@ -61,10 +62,10 @@ def readable_rows(batch: Batch, tokenizer) -> list[dict]:
         valid = mask[i]
         tokens = responses[i][valid].tolist()
         prompt_ids = batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist()
-        row: dict = {"index": i, "prompt": tokenizer.decode(prompt_ids)}
+        row: dict = {"index": i, "prompt": readable(tokenizer, prompt_ids)}
         if "action_mask" in batch:  # an episode: the policy's turns and the environment's replies
             actions = batch["action_mask"][i][valid].bool().tolist()
-            row["turns"] = [{"role": "policy" if a else "environment", "text": tokenizer.decode(t)}
+            row["turns"] = [{"role": "policy" if a else "environment", "text": readable(tokenizer, t)}
                             for a, t in _segments(tokens, actions)]
         else:
             row["response"] = tokenizer.decode(tokens)
