@@ -180,10 +180,13 @@ def _cmd_play(args) -> int:
     import tempfile
     from pathlib import Path
 
+    from roll_core.config.schema import TinyModelConfig, TinyVisionConfig
     from roll_core.embedded.model import build_tiny_model
 
+    # an environment that shows images needs the embedded model's image-text variant to tokenize them
+    shape = TinyModelConfig(vision=TinyVisionConfig()) if env.image_observations else TinyModelConfig()
     with tempfile.TemporaryDirectory(prefix="roll-play-") as scratch:  # the embedded model, removed afterwards
-        return _play_one(args, env, str(build_tiny_model(Path(scratch) / "model")), sampling)
+        return _play_one(args, env, str(build_tiny_model(Path(scratch) / "model", shape)), sampling)
 
 
 def _play_one(args, env, model: str, sampling: dict) -> int:

@@ -152,6 +152,15 @@ def test_roll_play_prints_one_episode_turn_by_turn(tmp_path, capsys, monkeypatch
     assert out.returncode == 2 and "--policy random needs --actions" in out.stderr
 
 
+def test_roll_play_shows_pictures_to_the_embedded_image_text_model(capsys, monkeypatch):
+    """With ``observation: image`` and no ``--model``, ``roll play`` builds the embedded model's
+    image-text variant, which reads the pictures; each shows in the transcript as ``<image>``."""
+    options = ("--options", "{observation: image, view_radius: 1}", "--max-turns", "2", "--seed", "1")
+    out = play(capsys, monkeypatch, *options, "--policy", "model")
+    assert out.returncode == 0, out.stderr
+    assert "[turn 0] <image>>" in out.stdout and "[turn 1] <image>>" in out.stdout and "2 turns" in out.stdout
+
+
 def test_roll_play_samples_with_the_rollouts_cuts_checked_as_its_keys_are(capsys, monkeypatch):
     model = ("--policy", "model", "--max-turns", "2", "--seed", "3")
     greedy = play(capsys, monkeypatch, *model, "--temperature", "0")
