@@ -1,8 +1,8 @@
 """Agentic environments whose observations carry images (:class:`roll_core.envs.Observation`):
-FrozenLake drawn as a picture, each turn's images through the model's processor, conversations
-and training rows that hold a different number of images per sample (``image_counts``), the
-trainer's passes over image tokens in the response (the environment's replies), and the run's
-checks before any worker starts."""
+each turn's images through the model's processor, conversations and training rows that hold a
+different number of images per sample (``image_counts``), the trainer's passes over image tokens
+in the response (the environment's replies), and the run's checks before any worker starts.
+roll-envs' pictures of its grids are tested in its own ``tests/test_pictures.py``."""
 
 from __future__ import annotations
 
@@ -17,41 +17,6 @@ from roll_core.errors import ConfigError
 from roll_core.multimodal import IMAGE_COUNTS, IMAGES, encode_text, model_images, stack_images
 
 frozen_lake = pytest.importorskip("roll_envs.frozen_lake")
-
-
-def test_frozen_lake_draws_its_map_one_square_per_tile_with_the_agent_in_red():
-    env = frozen_lake.FrozenLake(size=4, observation="image", cell_pixels=2)
-    assert env.image_observations and not frozen_lake.FrozenLake().image_observations
-    observation, _ = env.reset(seed=3)
-    text, (image,) = observation_parts(observation)
-    assert text == "<image>" and image.shape == (8, 8, 3) and image.dtype == np.uint8
-    rows = env.render().split("|")
-    colors = {"P": (230, 30, 30), "_": (200, 230, 255), "O": (20, 40, 120), "G": (255, 200, 0)}
-    for r, row in enumerate(rows):
-        for c, tile in enumerate(row):
-            assert (image[2 * r:2 * r + 2, 2 * c:2 * c + 2] == colors[tile]).all(), (r, c, tile)
-    moved, *_ = env.step("R")
-    assert not np.array_equal(observation_parts(moved)[1][0], image)  # the agent's square moved
-    with_neighbors = frozen_lake.FrozenLake(observation="image", show_neighbors=True)
-    assert with_neighbors.reset(seed=3)[0].text == "<image>:" + with_neighbors.render().split(":")[1]
-    with pytest.raises(ValueError, match="observation must be one of text, image, got 'pixels'"):
-        frozen_lake.FrozenLake(observation="pixels")
-    with pytest.raises(ValueError, match="view_radius must be at least 1"):
-        frozen_lake.FrozenLake(observation="image", view_radius=0)
-
-
-def test_a_view_radius_shows_the_tiles_around_the_agent_with_black_past_the_edge():
-    env = frozen_lake.FrozenLake(size=4, observation="image", cell_pixels=1, view_radius=1)
-    observation, _ = env.reset(seed=3)
-    view = observation.images[0]
-    assert view.shape == (3, 3, 3)  # the agent starts in the top-left corner
-    black, red = (0, 0, 0), (230, 30, 30)
-    assert all(tuple(view[r, c]) == black for r, c in [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0)])
-    assert tuple(view[1, 1]) == red
-    colors = {"_": (200, 230, 255), "O": (20, 40, 120), "G": (255, 200, 0)}
-    rows = env.render().split("|")
-    assert tuple(view[1, 2]) == colors[rows[0][1]] and tuple(view[2, 1]) == colors[rows[1][0]]
-    assert tuple(view[2, 2]) == colors[rows[1][1]]
 
 
 def test_an_observation_is_text_or_text_with_images():

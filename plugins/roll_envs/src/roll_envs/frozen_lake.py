@@ -10,13 +10,11 @@ class only turns its state into text and text into its actions.
   With ``show_neighbors``, ``:`` and the four tiles around the agent follow, left, down, right, up
   (``#``: the edge), e.g. ``P_O_|____|...:#_O#``: a view small models read more easily than the map.
 * **As an image** (``observation: image``, for image-text models): the map drawn with
-  ``cell_pixels`` pixels a tile (frozen light blue, holes dark blue, the goal gold, the agent red)
-  and the text ``<image>`` (the neighbours' ``:....`` after it with ``show_neighbors``): an
-  :class:`~roll_core.envs.Observation`. With ``view_radius`` r the image is the agent's own view,
-  the (2r+1) x (2r+1) tiles around it with the agent in the middle and black past the edge (the
-  way visual agents usually see a grid world: what lies next to the agent is always at the same
-  place in the picture). At 4 pixels a tile, a 4x4 map is a 16x16 image and a view of radius 1 a
-  12x12 one, one patch per tile for the embedded image-text model (``model.tiny.vision``).
+  ``cell_pixels`` pixels a tile (frozen light blue, holes dark blue, the goal gold, the agent red),
+  or with ``view_radius`` the agent's own view (:mod:`roll_envs.pictures`), and the text
+  ``<image>`` (the neighbours' ``:....`` after it with ``show_neighbors``): an
+  :class:`~roll_core.envs.Observation`. At 4 pixels a tile, a 4x4 map is a 16x16 image and a view
+  of radius 1 a 12x12 one, one patch per tile for the embedded image-text model.
 * **Action**: the first word of the text that is one of ``L``, ``D``, ``R``, ``U`` or ``left``,
   ``down``, ``right``, ``up``, case-insensitive (``"I go left"`` is left; ``"refuse"`` is no move).
 * **Bad action** (text with no move in it): the documented penalty ``invalid_action_penalty``
@@ -39,15 +37,14 @@ from typing import Any
 import numpy as np
 
 from roll_core.envs import Env, Observation
+from roll_envs.pictures import Picture
 
 MOVES = {"L": 0, "D": 1, "R": 2, "U": 3}
 _WORDS = {"LEFT": "L", "DOWN": "D", "RIGHT": "R", "UP": "U"}
 _TILES = {"S": "_", "F": "_", "H": "O", "G": "G"}
 _STEPS = {"L": (0, -1), "D": (1, 0), "R": (0, 1), "U": (-1, 0)}
-# RGB of each tile in image observations; the agent's tile is drawn red whatever lies under it
-_COLORS = {"S": (200, 230, 255), "F": (200, 230, 255), "H": (20, 40, 120), "G": (255, 200, 0), "P": (230, 30, 30),
-           "#": (0, 0, 0)}
-OBSERVATIONS = ("text", "image")
+# RGB of each character of render() in image observations: frozen, hole, goal, the agent
+COLORS = {"_": (200, 230, 255), "O": (20, 40, 120), "G": (255, 200, 0), "P": (230, 30, 30)}
 
 
 def parse_action(text: str) -> int | None:
@@ -73,15 +70,8 @@ class FrozenLake(Env):
             raise ValueError(f"frozen_fraction must be in (0, 1], got {frozen_fraction}")
         if max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, got {max_steps}")
-        if observation not in OBSERVATIONS:
-            raise ValueError(f"observation must be one of {', '.join(OBSERVATIONS)}, got {observation!r}")
-        if cell_pixels < 1:
-            raise ValueError(f"cell_pixels must be at least 1, got {cell_pixels}")
-        if view_radius is not None and view_radius < 1:
-            raise ValueError(f"view_radius must be at least 1 (or None: the whole map), got {view_radius}")
-        self.view_radius = view_radius
-        self.image_observations = observation == "image"
-        self.cell_pixels = cell_pixels
+        self.picture = Picture.from_options(observation, cell_pixels, view_radius)
+        self.image_observations = self.picture is not None
         self.size, self.frozen_fraction, self.is_slippery = size, frozen_fraction, is_slippery
         self.max_steps, self.invalid_action_penalty = max_steps, invalid_action_penalty
         self.show_neighbors = show_neighbors
@@ -133,28 +123,15 @@ class FrozenLake(Env):
         return None
 
     def _observation(self) -> str | Observation:
-        if not self.image_observations:
+        if self.picture is None:
             return self.render()
         neighbors = self.render().partition(":")[2]  # empty without show_neighbors
         return Observation("<image>" + (":" + neighbors if neighbors else ""), [self.render_image()])
 
     def render_image(self) -> np.ndarray:
-        """The map, or the agent's view (``view_radius``), as an ``[H, W, 3]`` uint8 image,
-        ``cell_pixels`` square pixels a tile, the agent red, past the map's edge black."""
-        n = self.size
-        if self.view_radius is None:
-            rows, cols = range(n), range(n)
-        else:
-            r0, c0 = divmod(self._position, n)
-            rows, cols = (range(x - self.view_radius, x + self.view_radius + 1) for x in (r0, c0))
-
-        def tile(r: int, c: int) -> str:
-            if not (0 <= r < n and 0 <= c < n):
-                return "#"
-            return "P" if r * n + c == self._position else self._map[r][c]
-
-        tiles = np.array([[_COLORS[tile(r, c)] for c in cols] for r in rows], dtype=np.uint8)
-        return np.repeat(np.repeat(tiles, self.cell_pixels, axis=0), self.cell_pixels, axis=1)
+        """The map, or the agent's view, as an ``[H, W, 3]`` uint8 image (:mod:`roll_envs.pictures`)."""
+        picture = self.picture or Picture()
+        return picture.draw(self.render().partition(":")[0].split("|"), COLORS, divmod(self._position, self.size))
 
     def render(self) -> str:
         rows = []

@@ -7,6 +7,10 @@ solves it. Held-out seeds are held-out rooms.
 * **Observation**: the room, rows joined by ``|``, in Sokoban's usual characters: ``#`` wall, ``_``
   floor, ``.`` target, ``$`` box, ``*`` box on a target, ``@`` the player, ``+`` the player on a
   target, e.g. ``######|#_@__#|#_$._#|######``.
+* **As an image** (``observation: image``, for image-text models): the room drawn with
+  ``cell_pixels`` pixels a cell (walls grey, floor light grey, targets pink, boxes brown, a box on a
+  target green, the player blue, on a target purple), or with ``view_radius`` the player's own view
+  (:mod:`roll_envs.pictures`), and the text ``<image>``: an :class:`~roll_core.envs.Observation`.
 * **Action**: the first move of the reply, as FrozenLake reads it (``L``/``D``/``R``/``U`` or
   ``left``/``down``/``right``/``up``). Walking into a wall, or pushing a box into a wall or
   another box, leaves the room as it was.
@@ -25,24 +29,33 @@ import zlib
 from collections import deque
 from typing import Any
 
-from roll_core.envs import Env
+import numpy as np
+
+from roll_core.envs import Env, Observation
 from roll_envs.frozen_lake import MOVES, parse_action
+from roll_envs.pictures import Picture
 
 _DELTAS = {0: (0, -1), 1: (1, 0), 2: (0, 1), 3: (-1, 0)}  # gymnasium's order: left, down, right, up
 _LETTERS = {v: k for k, v in MOVES.items()}
+# RGB of each character of render() in image observations
+COLORS = {"#": (110, 110, 110), "_": (225, 225, 225), ".": (250, 170, 190), "$": (150, 95, 40),
+          "*": (40, 170, 70), "@": (40, 80, 230), "+": (140, 60, 220)}
 
 
 class Sokoban(Env):
     actions = tuple(MOVES)
 
     def __init__(self, size: int = 6, num_boxes: int = 1, pull_steps: int = 12, max_steps: int = 20,
-                 invalid_action_penalty: float = -0.1):
+                 invalid_action_penalty: float = -0.1, observation: str = "text", cell_pixels: int = 4,
+                 view_radius: int | None = None):
         if size < 4:
             raise ValueError(f"size must be at least 4 (walls around a 2x2 floor), got {size}")
         if not 1 <= num_boxes <= (size - 2) ** 2 // 3:
             raise ValueError(f"num_boxes must be in 1..{(size - 2) ** 2 // 3} for size {size}, got {num_boxes}")
         if pull_steps < 1 or max_steps < 1:
             raise ValueError("pull_steps and max_steps must be at least 1")
+        self.picture = Picture.from_options(observation, cell_pixels, view_radius)
+        self.image_observations = self.picture is not None
         self.size, self.num_boxes, self.pull_steps = size, num_boxes, pull_steps
         self.max_steps, self.invalid_action_penalty = max_steps, invalid_action_penalty
         self.walls: set[tuple[int, int]] = set()
@@ -52,7 +65,7 @@ class Sokoban(Env):
         self._steps = 0
 
     # -- the room ---------------------------------------------------------------------------------
-    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(self, seed: int | None = None) -> tuple[str | Observation, dict[str, Any]]:
         rng = random.Random(seed)
         n = self.size
         while True:  # rooms where the reverse walk left every box on its target are drawn again
@@ -71,7 +84,7 @@ class Sokoban(Env):
             if self.boxes != self.targets and self._solution_length() is not None:
                 break
         self._steps = 0
-        return self.render(), self._info()
+        return self._observation(), self._info()
 
     def _pull(self, move: int) -> None:
         """Reverse play: the player steps away from a box behind it and drags it along."""
@@ -118,14 +131,15 @@ class Sokoban(Env):
         return None
 
     # -- the Env interface ------------------------------------------------------------------------
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> tuple[str | Observation, float, bool, bool, dict[str, Any]]:
         if not self.targets:
             raise RuntimeError("step() before reset()")
         self._steps += 1
         out_of_steps = self._steps >= self.max_steps
         move = parse_action(action)
         if move is None:
-            return self.render(), -0.1 + self.invalid_action_penalty, False, out_of_steps, self._info(invalid=True)
+            return self._observation(), -0.1 + self.invalid_action_penalty, False, out_of_steps, \
+                self._info(invalid=True)
         reward = -0.1
         after = self._push(self.player, self.boxes, move)
         if after is not None:
@@ -135,11 +149,18 @@ class Sokoban(Env):
         solved = self.boxes == self.targets
         if solved:
             reward += 10.0
-        return self.render(), reward, solved, out_of_steps and not solved, self._info()
+        return self._observation(), reward, solved, out_of_steps and not solved, self._info()
 
     def expert_action(self) -> str | None:
         path = self._solve() if self.targets else None
         return _LETTERS[path[0]] if path else None
+
+    def _observation(self) -> str | Observation:
+        return self.render() if self.picture is None else Observation("<image>", [self.render_image()])
+
+    def render_image(self) -> np.ndarray:
+        """The room, or the player's view, as an ``[H, W, 3]`` uint8 image (:mod:`roll_envs.pictures`)."""
+        return (self.picture or Picture()).draw(self.render().split("|"), COLORS, self.player)
 
     def render(self) -> str:
         rows = []
