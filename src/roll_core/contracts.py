@@ -306,8 +306,8 @@ def _env_checks(target) -> list[tuple[str, Callable[[], str]]]:
         _finite_number(out[1], "step() reward")
         _expect(_is_observation(out[0]) and isinstance(out[4], dict),
                 "step() must return (observation, reward, bool, bool, dict)")
-        if env.image_observations or isinstance(obs, Observation):
-            _expect(env.image_observations, "reset() returned images, but the class does not set "
+        if env.image_observations or isinstance(obs, Observation) or isinstance(out[0], Observation):
+            _expect(env.image_observations, "an observation carries images, but the class does not set "
                                             "image_observations = True (the run's checks read it)")
             for o in (obs, out[0]):
                 text, images = observation_parts(o)

@@ -16,8 +16,9 @@ lays an :class:`Episode` out as one training row, the layout the multi-turn esti
     state_hash      [T] the environment state each turn acted in (GiGPO's step groups)
     scores          the episode's return (group filters and difficulty masks read it)
     infer_log_probs the sampler's log-probs of the action tokens, 0 elsewhere
-    pixel_values    where observations carry images: every image of the kept turns, in order
-    image_counts    ``[B, K, C, H, W]`` padded and how many of each row's are real (:mod:`roll_core.multimodal`)
+    pixel_values    [B, K, C, H, W] where observations carry images: every image of the kept turns,
+                    in order, zero past a row's own
+    image_counts    [B] how many of each row's images are real (:mod:`roll_core.multimodal`)
 
 Every token of the row is exactly what the model saw or produced when it acted, so the trainer's
 log-probs are those of the sampled policy. That is why a conversation longer than ``max_length``
