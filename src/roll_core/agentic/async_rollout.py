@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from roll_core.agentic.episodes import Policy, Rules, play_one
+from roll_core.agentic.episodes import Policy, Rules, images_keyword, play_one
 from roll_core.agentic.samples import Episode
 from roll_core.envs import Env
 
@@ -72,9 +72,8 @@ class RequestBatcher:
                 batch.append(item)
             with self.lock:
                 try:
-                    images = [i for _, _, i, _ in batch]
                     replies = self.policy([c for c, _, _, _ in batch], [e for _, e, _, _ in batch],
-                                          **({"images": images} if any(i is not None for i in images) else {}))
+                                          **images_keyword([i for _, _, i, _ in batch]))
                 except BaseException as exc:  # noqa: BLE001 - every waiting caller sees it
                     for _, _, _, future in batch:
                         future.set_exception(exc)

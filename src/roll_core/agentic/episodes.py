@@ -26,13 +26,13 @@ An environment that raises, or (on an env worker) hangs past its timeout, fails 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
 from roll_core.agentic.env_workers import EnvFailed, EnvHung
-from roll_core.agentic.samples import Episode, Turn
+from roll_core.agentic.samples import Episode, Turn, shown_images
 from roll_core.data import Batch
 from roll_core.envs import Env, Observation, observation_parts
 from roll_core.multimodal import encode_text, readable, stack_images
@@ -60,15 +60,10 @@ class TurnFormat:
         return encode_text(tokenizer, self.prefix + text + self.suffix, images)
 
 
-def _ids(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
 @dataclass
 class _Playing:
-    """An episode in progress: its environment and rules, the conversation the policy sees next (and
-    its images, one ``[k, C, H, W]`` per observation that had any), and the observation ids, pixels
-    and state the next turn starts from."""
+    """An episode in progress: its environment and rules, the conversation the policy sees next, and
+    the observation ids, pixels and state the next turn starts from."""
 
     env: Env
     rules: Rules
@@ -77,12 +72,12 @@ class _Playing:
     pending: list[int]
     state: int
     pending_images: torch.Tensor | None = None
-    images: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def conversation_images(self) -> torch.Tensor | None:
-        """Every image of the conversation so far ``[k, C, H, W]``, or None."""
-        return torch.cat(self.images) if self.images else None
+        """Every image of the conversation so far ``[k, C, H, W]`` (its turns' and the pending
+        observation's), or None."""
+        return shown_images([*(t.observation_images for t in self.episode.turns), self.pending_images])
 
 
 @dataclass(frozen=True)
@@ -113,8 +108,7 @@ def start(env: Env, seed: int | None, episode: Episode, rules: Rules) -> _Playin
     except (TypeError, ValueError) as exc:  # an observation that breaks its own format: the env's bug
         _fail(episode, "reset", exc)
         return None
-    return _Playing(env, rules, episode, list(ids), ids, int(info.get("state_hash", 0)), pixels,
-                    [] if pixels is None else [pixels])
+    return _Playing(env, rules, episode, list(ids), ids, int(info.get("state_hash", 0)), pixels)
 
 
 def advance(p: _Playing, action_ids: list[int], log_probs: list[float]) -> bool:
@@ -142,8 +136,6 @@ def advance(p: _Playing, action_ids: list[int], log_probs: list[float]) -> bool:
         return False
     p.conversation += list(action_ids) + reply
     p.pending, p.pending_images, p.state = reply, pixels, int(info.get("state_hash", 0))
-    if pixels is not None:
-        p.images.append(pixels)
     return True
 
 
@@ -182,7 +174,8 @@ def play_jobs(jobs: Sequence[Job], policy: Policy, *, concurrent_steps: bool = F
 
         live = [p for p in each(lambda job, e: start(job.env, job.seed, e, job.rules), jobs, episodes) if p]
         while live:
-            replies = policy([p.conversation for p in live], [p.env for p in live], **_images_of(live))
+            replies = policy([p.conversation for p in live], [p.env for p in live],
+                             **images_keyword([p.conversation_images for p in live]))
             going = each(lambda p, reply: advance(p, reply[0], reply[1]), live, replies)
             live = [p for p, on in zip(live, going) if on]
     finally:
@@ -191,9 +184,9 @@ def play_jobs(jobs: Sequence[Job], policy: Policy, *, concurrent_steps: bool = F
     return episodes
 
 
-def _images_of(live: Sequence[_Playing]) -> dict[str, list]:
-    """The ``images=`` keyword of a policy call on ``live``'s conversations; none where none has images."""
-    images = [p.conversation_images for p in live]
+def images_keyword(images: list[torch.Tensor | None]) -> dict[str, list]:
+    """The ``images=`` keyword of a policy call whose conversations have shown ``images``; none
+    where none has any, so a text-only policy ``(conversations, envs)`` keeps working."""
     return {"images": images} if any(i is not None for i in images) else {}
 
 
@@ -247,7 +240,7 @@ def scripted_policy(actions: Sequence[str], tokenizer, *, randomly: bool = False
                 text = actions[int(torch.randint(len(actions), (1,), generator=rng))]
             else:
                 text = actions[min(tokens.count(tokenizer.eos_token_id), len(actions) - 1)]
-            ids = _ids(tokenizer, text) + [tokenizer.eos_token_id]
+            ids = encode_text(tokenizer, text)[0] + [tokenizer.eos_token_id]
             replies.append((ids, [0.0] * len(ids)))
         return replies
 
@@ -272,7 +265,7 @@ def teacher_policy(tokenizer, *, noise: float = 0.0, seed: int = 0) -> Policy:
                     raise ValueError(f"{type(env).__name__} has no expert action here and no 'actions' to draw "
                                      f"from; a teacher needs one of them")
                 action = env.actions[int(torch.randint(len(env.actions), (1,), generator=rng))]
-            ids = _ids(tokenizer, action) + [tokenizer.eos_token_id]
+            ids = encode_text(tokenizer, action)[0] + [tokenizer.eos_token_id]
             replies.append((ids, [0.0] * len(ids)))
         return replies
 

@@ -31,6 +31,7 @@ what a shorter training context needs). An episode whose first turn does not fit
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Iterable
 
 import torch
 
@@ -149,12 +150,13 @@ def episode_batch(episodes: list[Episode], pad_token_id: int, max_length: int) -
                   "scores": torch.tensor([e.reward for e in episodes], dtype=torch.float32),
                   "truncated": torch.tensor([e.truncated for e in episodes]),
                   "failed": torch.tensor([e.failed for e in episodes]),
-                  **stack_images([_images(e) for e in episodes])})
+                  **stack_images([shown_images(t.observation_images for t in e.turns) for e in episodes])})
 
 
-def _images(episode: Episode) -> torch.Tensor | None:
-    """Every image the episode's turns were shown ``[k, C, H, W]``, in order, or None."""
-    images = [t.observation_images for t in episode.turns if t.observation_images is not None]
+def shown_images(observations: Iterable[torch.Tensor | None]) -> torch.Tensor | None:
+    """The images of ``observations`` (each ``[k, C, H, W]`` or None) as one ``[k, C, H, W]``, in
+    order, or None where none has any: what a conversation has shown so far."""
+    images = [i for i in observations if i is not None]
     return torch.cat(images) if images else None
 
 
