@@ -5,6 +5,8 @@ without recompiling; the config asks for a strategy that compiles and a C++ comp
 from __future__ import annotations
 
 import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,7 +16,8 @@ from roll_core.config import load_and_check
 from roll_core.config.schema import ActorTrainRoleConfig, AlgorithmConfig, CriticRoleConfig, TrainRoleConfig
 from roll_core.errors import ConfigError
 from roll_core.strategies import cpu_matmul
-from roll_core.strategies.compiled import compile_layers, decoder_layers
+from roll_core.strategies import packed_attention
+from roll_core.strategies.compiled import OutsideCompiledCode, compile_layers, decoder_layers
 from roll_core.strategies.cpu_matmul import OneDNNLinear
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
 from roll_core.strategies.models import load_causal_lm
@@ -36,6 +39,18 @@ def test_each_decoder_layer_is_compiled_and_nothing_else(tiny_model_path):
     assert not any(_compiled(m) for m in eager.model.modules())
     # names are untouched: checkpoints and weight sync see the same parameters
     assert [n for n, _ in trainer.full_parameters()] == [n for n, _ in eager.full_parameters()]
+    # what compiled layers call as it is, TorchDynamo now skips: oneDNN's layers and packed attention
+    marked = {m.__name__: m for m in OutsideCompiledCode._every}
+    assert {"_onednn_forward", "_attend_pieces"} <= marked.keys() and packed_attention._attend_pieces in marked.values()
+    assert all(getattr(m.fn, "_torchdynamo_disable", False) for m in marked.values())
+
+
+def test_a_process_that_compiles_nothing_never_imports_torchdynamo():
+    """TorchDynamo's import (1.5 s on 2 cores) waits for the first compile: ``roll validate``, reward
+    and environment workers and a Ray run's driver import the strategies and workers without it."""
+    code = "import sys, roll_core.runtime.workers, roll_core.strategies.hf; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
 
 
 def test_decoder_layers_are_found_inside_a_wrapper_and_under_a_subclass(tiny_model_path):

@@ -26,16 +26,48 @@ worker's, which on a Ray cluster may be another machine, before anything is comp
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where a model is compiled: the config check needs none of it
     import torch
 
 MISSING_COMPILER = ("torch.compile needs a C++ compiler and none was found (g++, c++, clang++ or $CXX); install "
                     "one (apt-get install g++) or set compile: false")
+
+
+class OutsideCompiledCode:
+    """``fn``, which compiled layers call as it is: TorchDynamo neither traces nor compiles it
+    (``torch.compiler.disable``, applied to every such function when :func:`compile_layers` first
+    runs). Eager code calls ``fn`` through one more Python frame.
+
+    Why not the decorator itself: it imports TorchDynamo, 1.5 s of a process's start on 2 cores,
+    which the processes that never compile (``roll validate``, reward and environment workers, a
+    Ray run's driver) need not pay. Used for what TorchInductor cannot lower (oneDNN's private
+    linear op) and for what changes shape with every batch (packed attention's plan)."""
+
+    _every: list[OutsideCompiledCode] = []  # disabled together, the first time anything is compiled
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+        OutsideCompiledCode._every.append(self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    @classmethod
+    def disable_all(cls) -> None:
+        """``torch.compiler.disable`` on every function marked so far, once each."""
+        import torch
+
+        for marked in cls._every:
+            if not getattr(marked.fn, "_torchdynamo_disable", False):
+                marked.fn = torch.compiler.disable(marked.fn)
 
 
 def cxx_compiler() -> str | None:
@@ -68,6 +100,7 @@ def compile_layers(model: torch.nn.Module) -> int:
                          "to compile; set compile: false")
     if cxx_compiler() is None:  # else the first pass would fail deep inside TorchInductor
         raise ValueError(f"compile: true on {platform.node()}: {MISSING_COMPILER}")
+    OutsideCompiledCode.disable_all()
     for layer in layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
     return len(layers)

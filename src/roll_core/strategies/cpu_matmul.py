@@ -65,6 +65,7 @@ import torch
 import torch.nn.functional as F
 
 from roll_core.errors import RollError
+from roll_core.strategies.compiled import OutsideCompiledCode
 
 Mode = Literal["auto", "onednn", "torch"]
 
@@ -187,23 +188,24 @@ class OneDNNLinear(torch.nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # TorchInductor cannot lower the private op: call out of the graph
-            return self._outside_compiled_code(input)
-        return self._onednn_forward(input)
+            return _onednn_outside_compiled_code(self, input)
+        return _onednn_forward(self, input)
 
-    @torch.compiler.disable
-    def _outside_compiled_code(self, input: torch.Tensor) -> torch.Tensor:
-        # only while compiling: the wrapper costs a few microseconds per call in eager code
-        return self._onednn_forward(input)
 
-    def _onednn_forward(self, input: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.weight, self.bias
-        if input.device.type != "cpu" or input.dtype != torch.float32 or weight.dtype != torch.float32 \
-                or input.numel() == 0 or torch.is_autocast_enabled("cpu"):
-            return F.linear(input, weight, bias)
-        if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
-                                        or (bias is not None and bias.requires_grad)):
-            return _OneDNNLinearFunction.apply(input, weight, bias)
-        return _onednn_rows(input, weight, bias)[1]
+def _onednn_forward(layer: OneDNNLinear, input: torch.Tensor) -> torch.Tensor:
+    """``layer(input)`` on oneDNN where it applies (fp32 on CPU, no autocast), else ``F.linear``."""
+    weight, bias = layer.weight, layer.bias
+    if input.device.type != "cpu" or input.dtype != torch.float32 or weight.dtype != torch.float32 \
+            or input.numel() == 0 or torch.is_autocast_enabled("cpu"):
+        return F.linear(input, weight, bias)
+    if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _OneDNNLinearFunction.apply(input, weight, bias)
+    return _onednn_rows(input, weight, bias)[1]
+
+
+# only while compiling: eager code calls _onednn_forward without the wrapper's frame
+_onednn_outside_compiled_code = OutsideCompiledCode(_onednn_forward)
 
 
 def adopt(model: torch.nn.Module) -> int:

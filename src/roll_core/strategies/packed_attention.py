@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from roll_core.strategies import float32_attention
+from roll_core.strategies.compiled import OutsideCompiledCode
 
 # Where pieces pay: gathering them costs about as much per token whatever the row, and dense attention
 # costs in proportion to the row's width. On 2 CPU cores (bench_packed_attention.py and probes at
@@ -204,7 +205,7 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return attention(module, query, key, value)
 
 
-@torch.compiler.disable  # compiled layers (a role's compile) call it as it is: a plan's sizes are not the layer's
+@OutsideCompiledCode  # compiled layers (a role's compile) call it as it is: a plan's sizes are not the layer's
 def _attend_pieces(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    plan: AttentionPlan, dropout: float, scaling: float | None) -> torch.Tensor:
     """:func:`packed_attention` by ``plan``: ``[N, W, H, D]``."""
