@@ -42,6 +42,15 @@ def test_bench_cli_exit_times_a_command_exiting_both_ways():
     assert row.endswith("x") and row.count("s ") >= 4, lines
 
 
+def test_bench_startup_times_a_process_with_and_without_torchdynamo():
+    """Each child reports whether TorchDynamo was imported: the script stops where a way is not what
+    its row says (``lazy`` importing it anyway)."""
+    lines = _bench("bench_startup.py", "--rounds", "1", "--commands", "workers")
+    (row,) = [line for line in lines if line.startswith("import the strategies and workers")]
+    eager, lazy, ratio = row.split()[-3:]
+    assert float(eager.rstrip("s")) > 0 and float(lazy.rstrip("s")) > 0 and ratio.endswith("x"), lines
+
+
 def test_profile_generate_times_its_contenders_and_profiles_roll_s_call():
     """The GPU's generate profile runs on any device (on a CPU without the graph contenders)."""
     lines = _bench("profile_generate.py", "--new-tokens", "3", "--rounds", "1")
