@@ -53,7 +53,7 @@ class OutsideCompiledCode:
     _every: list[OutsideCompiledCode] = []  # disabled together, the first time anything is compiled
 
     def __init__(self, fn: Callable[..., Any]):
-        self.fn = fn
+        self.fn, self.disabled = fn, False
         functools.update_wrapper(self, fn)
         OutsideCompiledCode._every.append(self)
 
@@ -66,8 +66,8 @@ class OutsideCompiledCode:
         import torch
 
         for marked in cls._every:
-            if not getattr(marked.fn, "_torchdynamo_disable", False):
-                marked.fn = torch.compiler.disable(marked.fn)
+            if not marked.disabled:
+                marked.fn, marked.disabled = torch.compiler.disable(marked.fn), True
 
 
 def cxx_compiler() -> str | None:
