@@ -43,7 +43,8 @@ MISSING_COMPILER = ("torch.compile needs a C++ compiler and none was found (g++,
 class OutsideCompiledCode:
     """``fn``, which compiled layers call as it is: TorchDynamo neither traces nor compiles it
     (``torch.compiler.disable``, applied to every such function when :func:`compile_layers` first
-    runs). Eager code calls ``fn`` through one more Python frame.
+    runs). Eager code calls ``fn`` through this object and, once anything was compiled, through
+    torch's disable wrapper too (as the decorator had it from the start).
 
     Why not the decorator itself: it imports TorchDynamo, 1.5 s of a process's start on 2 cores,
     which the processes that never compile (``roll validate``, reward and environment workers, a
