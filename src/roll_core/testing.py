@@ -298,6 +298,13 @@ def hf_role(role_config):
     return role_config.model_copy(update={"strategy": "hf", "strategy_options": {}})
 
 
+# Attention's key biases get no gradient in exact arithmetic: q.(k + b) adds q.b to every score of a
+# query, and softmax ignores a shift. What reaches them is rounding noise, which Adam scales up and which
+# another summation order draws differently (FSDP2 against hf on a Zen 2 EPYC: 1.3e-6 apart after moves
+# of 6e-6), so no backend's key biases are compared with the reference's.
+NOISE_ONLY_WEIGHTS = ("self_attn.k_proj.bias",)
+
+
 def assert_trainer_matches_hf(trainer, reference, cfg, *, log_prob_atol: float = 1e-4, weight_atol: float = 1e-5,
                               metric_keys=("train/pg_loss", "train/kl", "train/entropy", "train/grad_norm"),
                               batch=None):
@@ -308,7 +315,8 @@ def assert_trainer_matches_hf(trainer, reference, cfg, *, log_prob_atol: float =
     ``cfg`` (a ``RollConfig``) gives the objective and the update (``ppo_epochs`` x mini-batches).
     Checks, in order: log-probs and entropy within ``log_prob_atol``; one core update
     (:func:`roll_core.training.update`) with the same metrics; then every weight within
-    ``weight_atol`` of the reference's, and the weights really moved. Returns the trainer's metrics."""
+    ``weight_atol`` of the reference's (attention's key biases aside: :data:`NOISE_ONLY_WEIGHTS`), and
+    the weights really moved. Returns the trainer's metrics."""
     import torch
 
     from roll_core.algorithms.objective import ActorObjective
@@ -329,7 +337,8 @@ def assert_trainer_matches_hf(trainer, reference, cfg, *, log_prob_atol: float =
     got, expected = full_weights(trainer), full_weights(reference)
     assert got.keys() == expected.keys(), sorted(set(got) ^ set(expected))
     for name, value in expected.items():
-        torch.testing.assert_close(got[name].float(), value, atol=weight_atol, rtol=1e-4, msg=name)
+        if not name.endswith(NOISE_ONLY_WEIGHTS):
+            torch.testing.assert_close(got[name].float(), value, atol=weight_atol, rtol=1e-4, msg=name)
     assert max(float((expected[n] - before[n]).abs().max()) for n in expected) > 10 * weight_atol  # it moved
     return metrics
 
