@@ -63,6 +63,10 @@ def test_every_stage_computes_what_hf_computes(tiny_model_path, options):
     assert metrics["train/grad_norm"] > cfg.algorithm.max_grad_norm  # so clipping really acted
     assert trainer.engine.optimizer.optimizer.defaults["fused"] is True  # stepped ZeRO's partitions fused, as hf
     assert trainer.shared_parameters() is None  # ZeRO owns the tensors: a hybrid engine gets gathered copies
+    # no shared-memory all-reduce was compiled for the backend (training's collectives are torch's)
+    from deepspeed.comm import comm
+
+    assert comm.cdb.shm_comm_op is None
 
 
 @pytest.mark.parametrize("zero", [2, 3])

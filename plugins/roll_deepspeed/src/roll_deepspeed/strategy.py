@@ -55,6 +55,18 @@ def _deepspeed() -> Any:
     return deepspeed
 
 
+def _without_shared_memory_op() -> None:
+    """Keep ``deepspeed.init_distributed`` from compiling its shared-memory all-reduce. On a CPU it
+    builds that C++ op (``deepspeed_shm_comm``) with ninja the first time a machine runs it, about a
+    minute on 2 cores, and again whenever the compiler's command line changes; only DeepSpeed's
+    inference all-reduce calls it, and training's collectives are torch's (gloo here). DeepSpeed skips
+    ops its table of compatible ops marks false, a table that lives in ``deepspeed.ops`` for the
+    process (probed once, in 0.1 s), so the op is marked false there."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 class ZeRO3Parameters(WholeParameters):
     """Whole values of ZeRO-3's parameters: each rank holds a partition (``ds_tensor``) beside an
     empty placeholder. ``GatheredParameters`` assembles the whole on every rank for its duration,
@@ -106,6 +118,7 @@ class _ZeROEngine:
         ensure_process_group()
         # A worker sees only its own devices (Ray maps them), so its device is the first: local rank 0.
         os.environ.setdefault("LOCAL_RANK", "0")
+        _without_shared_memory_op()
         deepspeed.init_distributed(dist_backend=default_backend())  # adopts the role's group
         self.module = self.model
         # hf's AdamW (on torch's fused kernel where it takes the parameters); ZeRO swaps in its flat
