@@ -69,6 +69,15 @@ def run_roll(*args: str, env_extra: dict | None = None, cwd=None, timeout: int =
                           env=env, cwd=cwd, timeout=timeout)
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """Process ``pid``'s /proc/<pid>/stat fields from field 3 (its state) on, so that field n is at
+    index n - 3: the command name before them may hold spaces (None once it has exited)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def proc_cmdline(pid: int) -> str | None:
     """Process ``pid``'s command line from /proc, arguments joined by spaces (None once it has exited)."""
     try:

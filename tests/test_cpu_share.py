@@ -4,10 +4,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import proc_stat
 
 from roll_core.config import load_and_check
 from roll_core.errors import RollError
@@ -47,7 +47,7 @@ def _cores_used(pid: int, measure):
     """``measure()``'s result, and the cores process ``pid`` kept busy meanwhile (its user and system
     clock ticks in /proc/<pid>/stat, fields 14 and 15, over the wall time)."""
     def ticks() -> int:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # from field 3, the state
+        fields = proc_stat(pid)
         return int(fields[11]) + int(fields[12])
 
     start, before = time.monotonic(), ticks()

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import proc_cmdline
+from conftest import proc_cmdline, proc_stat
 
 from roll_core.config import load_config
 from roll_core.data import Batch, dp_shards
@@ -201,11 +201,9 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
     """(pid, command line) of every process below ``pid`` (parents read from /proc)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except OSError:  # gone meanwhile
-            continue
-        children.setdefault(parent, []).append(int(stat.parent.name))
+        fields = proc_stat(int(stat.parent.name))
+        if fields is not None:  # else gone meanwhile
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))  # field 4, the parent
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
