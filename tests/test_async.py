@@ -339,14 +339,16 @@ def test_a_stalled_scheduler_raises_instead_of_spinning():
 def test_reference_log_probs_are_computed_with_the_rollout(tiny_config, request_size):
     """With a reference on its own devices, the async scheduler gets each kept group's reference
     log-probs while generation goes on; they equal a forward pass over the whole batch."""
-    pipeline, steps = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=1",
-                                       f"rollout.request_size={request_size}", "algorithm.kl_loss_coef=0.1"))
-    assert pipeline.scheduler.reference is pipeline.reference
-    for batch in pipeline.trained_batches:
-        whole, _ = log_probs(pipeline.executor, pipeline.reference, batch, pipeline.config.rollout.temperature)
-        streamed = batch["ref_log_probs"]
-        assert streamed.shape == whole.shape
-        assert torch.allclose(streamed * batch["response_mask"], whole * batch["response_mask"], atol=1e-5)
+    def check(pipeline):  # while the reference's workers still run
+        assert pipeline.scheduler.reference is pipeline.reference
+        for batch in pipeline.trained_batches:
+            whole, _ = log_probs(pipeline.executor, pipeline.reference, batch, pipeline.config.rollout.temperature)
+            streamed = batch["ref_log_probs"]
+            assert streamed.shape == whole.shape
+            assert torch.allclose(streamed * batch["response_mask"], whole * batch["response_mask"], atol=1e-5)
+
+    _, steps = _run(tiny_config(*ASYNC, "rollout.async_generation_ratio=1", f"rollout.request_size={request_size}",
+                                "algorithm.kl_loss_coef=0.1"), before_shutdown=check)
     assert all("train/kl" in s for s in steps)
 
 

@@ -125,6 +125,31 @@ def test_an_engine_failure_reaches_every_caller_and_later_calls(engine):
         loop.submit("b", 1)
 
 
+def test_close_ends_the_thread_and_fails_what_is_still_pending(engine):
+    """The strategy's ``close`` stops the loop: its thread ends (it holds the engine, which could
+    not be freed otherwise), a caller waiting on a request or a call learns why, later calls fail."""
+    loop = EngineLoop(engine)
+    loop.freeze()  # the request below stays unfinished in the engine
+    waiting, result = in_thread(lambda: _raised(lambda: loop.run(["long"], [10_000])))
+    time.sleep(0.1)
+    assert waiting.is_alive()
+    loop.close()
+    waiting.join(5)
+    assert not waiting.is_alive() and "closed" in str(result["value"])
+    assert not loop._thread.is_alive()
+    with pytest.raises(RuntimeError, match="stopped"):
+        loop.call(lambda: None)
+    loop.close()  # twice: nothing more
+
+
+def _raised(fn):
+    try:
+        fn()
+    except RuntimeError as exc:
+        return exc
+    return None
+
+
 def test_freeze_stops_stepping_at_once_and_running_requests_continue_after_resume(loop, engine):
     running, result = in_thread(lambda: loop.run(["long"], [30]))
     time.sleep(0.05)

@@ -206,3 +206,42 @@ def test_reward_workers_take_one_thread_where_no_model_computes_and_leave_the_co
         assert torch.get_num_threads() == 1  # as before: the driver of a Ray run computes no model
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_local_executor_closes_its_workers_and_their_strategies_when_it_stops():
+    """The local executor's workers live in the driver, which may start another run: stopping one
+    (a replaced worker, a restart, the run's end) closes its strategy, which frees what collection
+    alone would not (an engine's thread and memory: roll-vllm's test measures that); hosted
+    workers close with their host, the last spawned first, and a failing close does not keep the
+    others open."""
+    from roll_core.runtime.workers import _StrategyWorker
+    from roll_core.strategy import Colocatable
+
+    closed: list[str] = []
+
+    class Engine(Colocatable):
+        def __init__(self, name):
+            self.name = name
+
+        def close(self):
+            closed.append(self.name)
+            if self.name == "broken":
+                raise RuntimeError("engine gone")
+
+    class Holder(_StrategyWorker):
+        def __init__(self, name):
+            self.strategy = Engine(name)
+
+    ex = LocalExecutor()
+    trainers = ex.spawn("actor_train", Holder, [("train-0",), ("train-1",)])
+    ex.spawn_hosted("actor_infer", Holder, [("infer-0",), ("infer-1",)], trainers)
+    rewards = ex.spawn("reward", _recorder_class(), [()])  # a worker without a strategy
+    broken = ex.spawn("reference", Holder, [("broken",)])
+    ex.stop(trainers.handles[1])  # as after a replace(): closed once, and not again at shutdown
+    assert closed == ["infer-1", "train-1"] and trainers.handles[1].strategy is None
+    with pytest.warns(RuntimeWarning, match="closing a Holder failed: RuntimeError: engine gone"):
+        ex.shutdown()
+    assert closed == ["infer-1", "train-1", "broken", "infer-0", "train-0"]
+    assert rewards.handles[0].seen() == [] and broken.handles[0].strategy is None
+    ex.shutdown()  # nothing is left to close
+    assert len(closed) == 5

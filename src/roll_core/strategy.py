@@ -39,15 +39,24 @@ def request_cancelled() -> bool:
 
 
 class Colocatable:
-    """Colocated roles time-share devices: the pipeline calls ``offload`` on a role before an
-    overlapping role runs and ``reload`` before it runs again (see :mod:`roll_core.runtime.placement`).
-    The defaults do nothing, which is right for strategies on CPU."""
+    """What a strategy holds on its devices and host. Colocated roles time-share devices: the
+    pipeline calls ``offload`` on a role before an overlapping role runs and ``reload`` before it
+    runs again (see :mod:`roll_core.runtime.placement`). The defaults do nothing, which is right for
+    strategies on CPU. ``close`` gives everything up when the worker stops."""
 
     def offload(self) -> None:
         """Move model (and optimizer) states off the device."""
 
     def reload(self) -> None:
         """Inverse of :meth:`offload`."""
+
+    def close(self) -> None:
+        """Release what garbage collection alone would not: an engine's threads, its child
+        processes, memory a library keeps out of the collector's reach. The worker calls it once,
+        when the run ends or the worker is replaced; nothing is called on the strategy afterwards.
+        In a Ray worker the process ends soon after, but the ``local`` executor's workers live in the
+        driver, which may go on to start another run (a notebook, a test session). The default does
+        nothing: a strategy holding tensors and modules only is freed with its last reference."""
 
 
 class InferStrategy(Colocatable, ABC):

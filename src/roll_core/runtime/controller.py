@@ -79,7 +79,8 @@ class ControllerHost:
         from roll_core.runtime.executor import LocalExecutor
 
         local = config.model_copy(update={"executor": "local"})
-        pipeline = get_plugins().pipelines.get(config.pipeline)(local, LocalExecutor())
+        executor = LocalExecutor()
+        pipeline = get_plugins().pipelines.get(config.pipeline)(local, executor)
         out: queue.Queue = queue.Queue()
         box: dict[str, Any] = {}
 
@@ -89,6 +90,7 @@ class ControllerHost:
             except BaseException as exc:  # raised by the generator below, after the output before it
                 box["error"] = exc
             finally:
+                executor.shutdown()  # the workers' engines close, as after a run in the driver
                 out.put(None)
 
         saved = sys.stdout, sys.stderr

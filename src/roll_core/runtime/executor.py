@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Iterator, NoReturn
@@ -210,7 +211,7 @@ class Executor(ABC):
         return old
 
     def stop(self, handle) -> None:
-        """Stop one worker (local workers are objects: nothing to stop)."""
+        """Stop one worker: its process ends (Ray), or its ``close`` releases what it holds (local)."""
 
     def cancel(self, futures: list) -> None:
         """Abort calls whose results are no longer wanted: a queued call never runs, a running one
@@ -233,13 +234,41 @@ class Executor(ABC):
 
 
 class LocalExecutor(Executor):
-    """Runs every worker in the driver process; futures are the results themselves."""
+    """Runs every worker in the driver process; futures are the results themselves. No process
+    ends with a worker here, so stopping one calls its ``close`` (an engine's threads and memory,
+    :meth:`roll_core.strategy.Colocatable.close`), and :meth:`shutdown` stops them all: a driver
+    that starts another run (a notebook, a test session) does not keep the last one's engines."""
 
     name = "local"
 
+    def __init__(self) -> None:
+        self._workers: list = []  # in the order spawned
+
     def spawn(self, role, cls, args_per_worker, slots=None, concurrency=1, cpus=0.0):
-        return WorkerGroup(role, [cls(*args) for args in args_per_worker], self,
-                           (cls, args_per_worker, slots, concurrency, cpus))
+        workers = [cls(*args) for args in args_per_worker]
+        self._workers.extend(workers)
+        return WorkerGroup(role, workers, self, (cls, args_per_worker, slots, concurrency, cpus))
+
+    def stop(self, handle) -> None:
+        if isinstance(handle, Hosted):  # closed with its host
+            return
+        self._workers = [w for w in self._workers if w is not handle]
+        close = getattr(handle, "close", None)  # roll's workers have one; any class may be spawned
+        if close is not None:
+            close()
+
+    def kill_all(self) -> None:
+        """Close every worker, the last spawned first; one whose ``close`` fails is reported and the
+        others are still closed (this runs on the way out of a failed run too)."""
+        for worker in reversed(list(self._workers)):
+            try:
+                self.stop(worker)
+            except Exception as exc:  # noqa: BLE001 - the run's own error, if any, matters more
+                warnings.warn(f"closing a {type(worker).__name__} failed: {type(exc).__name__}: {exc}",
+                              RuntimeWarning, stacklevel=2)
+
+    def shutdown(self) -> None:
+        self.kill_all()
 
     def invoke(self, handle, method, args, kwargs):
         if isinstance(handle, Hosted):

@@ -67,6 +67,11 @@ class _Worker:
     def call_hosted(self, role: str, method: str, args: tuple, kwargs: dict) -> Any:
         return getattr(self.hosted[role], method)(*args, **kwargs)
 
+    def close(self) -> None:
+        """Release the workers this one hosts (the executor's ``stop``; see :meth:`_StrategyWorker.close`)."""
+        for worker in self.__dict__.pop("hosted", {}).values():
+            worker.close()
+
     def run_calls(self, *calls: tuple[str | None, str, tuple, dict]) -> list:
         """Several calls sent as one task (:meth:`~roll_core.runtime.executor.Executor.one_task_per_worker`),
         run in order: ``(role, method, args, kwargs)`` each, ``role`` naming a hosted worker or None
@@ -132,6 +137,14 @@ class _StrategyWorker(_Worker):
     def set_threads(self, n: int) -> None:
         """Intra-op threads from now on (the pipeline switches a role's count between phases)."""
         torch.set_num_threads(n)
+
+    def close(self) -> None:
+        """Release the strategy (:meth:`roll_core.strategy.Colocatable.close`: an engine's threads and
+        memory) and drop it; the executor stops a worker this way where no process ends with it."""
+        super().close()
+        strategy, self.strategy = self.strategy, None
+        if strategy is not None:
+            strategy.close()
 
     # -- colocation -----------------------------------------------------------------------------
     def offload(self) -> None:

@@ -169,11 +169,16 @@ class EngineLoop:
             self._paused = self._frozen = self._pausing = False
             self._cond.notify_all()
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the loop thread, and with it the thread's hold on the engine; a request or call still
+        pending fails, so no caller waits for ever. The engine itself is its owner's to shut down
+        (the strategy's ``close``). Closing twice does nothing more."""
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
-        self._thread.join(timeout=30)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=timeout_s)
+        self._fail_pending(RuntimeError("the engine loop was closed"))
 
     # -- loop side ----------------------------------------------------------------------------------
     def _running(self) -> bool:
@@ -223,19 +228,23 @@ class EngineLoop:
                     self._deliver(self.engine.step())
         except BaseException as exc:  # the engine failed: every caller learns why
             self._error = exc
-            with self._cond:
-                self._stopped = True
-                pending = list(self._waiting.values()) + [f for _, f in self._calls]
-                self._waiting.clear()
-                self._calls.clear()
-                self._cond.notify_all()
-            for future in pending:
-                if not future.done():
-                    future.set_exception(RuntimeError(f"the inference engine failed: {exc!r}"))
+            self._fail_pending(RuntimeError(f"the inference engine failed: {exc!r}"))
         finally:
             with self._cond:
                 self._stopped = True
                 self._cond.notify_all()
+
+    def _fail_pending(self, error: BaseException) -> None:
+        """Stop, and fail every request and call not yet answered with ``error``."""
+        with self._cond:
+            self._stopped = True
+            pending = list(self._waiting.values()) + [f for _, f in self._calls]
+            self._waiting.clear()
+            self._calls.clear()
+            self._cond.notify_all()
+        for future in pending:
+            if not future.done():
+                future.set_exception(error)
 
     def _add(self, rid: str, prompt: Any, params: Any) -> None:
         """Add one request; one the engine rejects (a prompt too long, bad parameters) fails its own
