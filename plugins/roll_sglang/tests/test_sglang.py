@@ -40,7 +40,7 @@ def engine(sglang, tiny_model_path):
     strategy = SGLangInferStrategy(str(tiny_model_path), types.SimpleNamespace(strategy_options={"dtype": "float32"}),
                                    seed=0)
     yield strategy
-    strategy.loop.close()
+    strategy.close()
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +82,7 @@ def engines_with(options: dict):
         yield make
     finally:
         for strategy in made:
-            strategy.loop.close()
-            strategy.engine.shutdown()
+            strategy.close()
 
 
 def test_the_engine_stops_at_the_tokenizers_eos_and_every_config_end_id(engine, tiny_model_path, tmp_path):

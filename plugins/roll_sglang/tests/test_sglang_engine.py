@@ -26,8 +26,7 @@ def engine(tiny_model_path):
     options = {"dtype": "float32", "context_length": 64, "mem_fraction_static": 0.3, "release_on_offload": False}
     strategy = SGLangInferStrategy(str(tiny_model_path), types.SimpleNamespace(strategy_options=options), seed=0)
     yield strategy
-    strategy.loop.close()
-    strategy.engine.shutdown()
+    strategy.close()
 
 
 @pytest.fixture(scope="module")

@@ -178,6 +178,11 @@ class SGLangInferStrategy(InferStrategy):
         self.loop.call(self.engine.flush_cache)  # cached prefixes were computed with the old weights
         self.loop.resume()
 
+    def close(self) -> None:
+        """Stop the loop thread, then the engine's scheduler and detokenizer processes."""
+        self.loop.close()
+        self.engine.shutdown()
+
     # -- colocation ------------------------------------------------------------------------------
     def offload(self) -> None:
         if not self.options.release_on_offload or self.released:

@@ -286,6 +286,17 @@ class VLLMInferStrategy(InferStrategy):
         self.loop.call(finish)
         self.loop.resume()
 
+    def close(self) -> None:
+        """Stop the loop thread and shut the engine down. Both are needed for a dropped engine's
+        memory to go (four engines built and dropped in turn in one process, the tiny model, the
+        default ``cpu_kv_cache_gib``): the loop thread holds the engine, and while it ran the
+        process grew by about 1 GiB per engine; with the thread stopped but no shutdown the memory of
+        one engine stayed held (1.69 against 0.67 GiB resident). vLLM's in-process engine moves the
+        objects alive at its start out of the garbage collector's reach (``gc.freeze``) and returns
+        them in its shutdown, which its own finalizer runs only once the engine is collected."""
+        self.loop.close()
+        self.llm.llm_engine.engine_core.shutdown()  # idempotent: its finalizer is detached
+
     # -- colocation ------------------------------------------------------------------------------
     def offload(self) -> None:
         if not torch.cuda.is_available() or self.asleep:
