@@ -60,15 +60,15 @@ def capture(step: int, out: str, warmup_steps: int | None = None) -> dict:
 
     rl_step = RLVRPipeline.step
     RLVRPipeline.step = flagged_step
-    trainers: list = []
-    original_setup = workers.TrainWorker.setup
+    original_close = workers.TrainWorker.close
 
-    def setup(self, *args, **kwargs):  # keeps the trainer, whose weights are the policy's at the end
-        trainers.append(self)
-        return original_setup(self, *args, **kwargs)
+    def close(self):  # the run's end, before the executor frees the trainer: its weights are the policy's
+        if self.role == "actor_train":
+            calls["weights"] = {k: v.clone() for k, v in self.strategy.model.state_dict().items()}
+        return original_close(self)
 
-    workers.TrainWorker.setup = setup
-    originals = [(workers.TrainWorker, "setup", original_setup),
+    workers.TrainWorker.close = close
+    originals = [(workers.TrainWorker, "close", original_close),
                  record(workers.TrainWorker, "__init__", "train", lambda: "train" not in calls),
                  record(workers.InferWorker, "__init__", "infer", lambda: "infer" not in calls),
                  record(workers.TrainWorker, "update", "update", lambda: in_step[0]),
@@ -84,7 +84,6 @@ def capture(step: int, out: str, warmup_steps: int | None = None) -> dict:
     if code != 0:
         raise SystemExit("the quickstart run failed")
     # both replayed workers start from the policy of RL step ``step`` (they load the initial model)
-    calls["weights"] = {k: v.clone() for k, v in trainers[0].strategy.model.state_dict().items()}
     return calls
 
 

@@ -52,11 +52,12 @@ class Colocatable:
 
     def close(self) -> None:
         """Release what garbage collection alone would not: an engine's threads, its child
-        processes, memory a library keeps out of the collector's reach. The worker calls it once,
-        when the run ends or the worker is replaced; nothing is called on the strategy afterwards.
-        In a Ray worker the process ends soon after, but the ``local`` executor's workers live in the
-        driver, which may go on to start another run (a notebook, a test session). The default does
-        nothing: a strategy holding tensors and modules only is freed with its last reference."""
+        processes, memory a library keeps out of the collector's reach. The ``local`` executor's
+        workers live in the driver, which may go on to start another run (a notebook, a test
+        session): they call it once, when the run ends or the worker is replaced, and nothing is
+        called on the strategy afterwards. A Ray worker's process simply ends, which releases it all.
+        The default does nothing: a strategy holding tensors and modules only is freed with its last
+        reference."""
 
 
 class InferStrategy(Colocatable, ABC):

@@ -141,6 +141,15 @@ def test_offload_releases_the_engines_memory_and_reload_resumes_it(engine):
     assert engine.generate(prompts(rows=1), max_new_tokens=2, temperature=0.0, top_p=1.0)["responses"].shape[0] == 1
 
 
+def test_close_stops_the_loop_thread_and_the_engines_processes(engine):
+    thread = engine.loop._thread
+    engine.close()
+    assert not thread.is_alive()
+    assert engine.engine.loop.is_closed()  # the fake's shutdown; SGLang's ends its scheduler processes
+    with pytest.raises(RuntimeError, match="engine loop"):
+        engine.generate(prompts(rows=1), max_new_tokens=2, temperature=0.0, top_p=1.0)
+
+
 def test_options_and_a_missing_engine_are_reported_by_validate(monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang", None)  # as where SGLang is not installed
     import importlib.util
