@@ -138,9 +138,10 @@ def _resident_mib() -> float:
 
 def test_a_closed_engine_gives_back_its_thread_and_memory(engine, tiny_model_path):
     """The local executor closes its workers' strategies when a run ends, and the driver may start
-    another run: each engine left behind kept about 1 GiB (its loop thread held it, and vLLM's
-    ``gc.freeze`` kept its objects from the collector). ``engine``, the module's own, has imported
-    vLLM already, so what the process gains here is this engine's alone."""
+    another run: each engine left behind kept about 1 GiB (its loop thread held it; the shutdown
+    frees an engine that something else still refers to, and thaws vLLM's ``gc.freeze``).
+    ``engine``, the module's own, has imported vLLM already, so what the process gains here is this
+    engine's alone."""
     import gc
 
     from roll_vllm.strategy import VLLMInferStrategy

@@ -290,10 +290,12 @@ class VLLMInferStrategy(InferStrategy):
         """Stop the loop thread and shut the engine down. Both are needed for a dropped engine's
         memory to go (four engines built and dropped in turn in one process, the tiny model, the
         default ``cpu_kv_cache_gib``): the loop thread holds the engine, and while it ran the
-        process grew by about 1 GiB per engine; with the thread stopped but no shutdown the memory of
-        one engine stayed held (1.69 against 0.67 GiB resident). vLLM's in-process engine moves the
-        objects alive at its start out of the garbage collector's reach (``gc.freeze``) and returns
-        them in its shutdown, which its own finalizer runs only once the engine is collected."""
+        process grew by about 1 GiB per engine; with the thread stopped but no shutdown one engine's
+        memory stayed (1.69 against 0.67 GiB resident): the first, whose construction imported parts
+        of vLLM that keep a traceback, and with it the frames that built this strategy. The shutdown
+        frees the engine's weights and KV cache whatever still refers to it, and undoes the
+        ``gc.freeze`` with which the engine took the objects alive at its start out of the
+        collector's reach."""
         self.loop.close()
         self.llm.llm_engine.engine_core.shutdown()  # idempotent: its finalizer is detached
 
