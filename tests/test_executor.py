@@ -230,18 +230,20 @@ def test_the_local_executor_closes_its_workers_and_their_strategies_when_it_stop
 
     class Holder(_StrategyWorker):
         def __init__(self, name):
-            self.strategy = Engine(name)
+            self.role, self.strategy = name, Engine(name)
 
     ex = LocalExecutor()
     trainers = ex.spawn("actor_train", Holder, [("train-0",), ("train-1",)])
     ex.spawn_hosted("actor_infer", Holder, [("infer-0",), ("infer-1",)], trainers)
     rewards = ex.spawn("reward", _recorder_class(), [()])  # a worker without a strategy
-    broken = ex.spawn("reference", Holder, [("broken",)])
+    ex.spawn("reference", Holder, [("broken",)])
     ex.stop(trainers.handles[1])  # as after a replace(): closed once, and not again at shutdown
-    assert closed == ["infer-1", "train-1"] and trainers.handles[1].strategy is None
+    assert closed == ["infer-1", "train-1"]
+    with pytest.raises(RollError, match="train-1: this worker was closed when its executor stopped it .*'model'"):
+        trainers.handles[1].strategy.model  # what a caller that outlived the run would read
     with pytest.warns(RuntimeWarning, match="closing a Holder failed: RuntimeError: engine gone"):
         ex.shutdown()
     assert closed == ["infer-1", "train-1", "broken", "infer-0", "train-0"]
-    assert rewards.handles[0].seen() == [] and broken.handles[0].strategy is None
+    assert rewards.handles[0].seen() == []
     ex.shutdown()  # nothing is left to close
     assert len(closed) == 5

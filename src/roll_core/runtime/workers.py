@@ -142,8 +142,8 @@ class _StrategyWorker(_Worker):
         """Release the strategy (:meth:`roll_core.strategy.Colocatable.close`: an engine's threads and
         memory) and drop it; the executor stops a worker this way where no process ends with it."""
         super().close()
-        strategy, self.strategy = self.strategy, None
-        if strategy is not None:
+        strategy, self.strategy = self.strategy, _Closed(self.role)
+        if strategy is not None and not isinstance(strategy, _Closed):
             strategy.close()
 
     # -- colocation -----------------------------------------------------------------------------
@@ -152,6 +152,18 @@ class _StrategyWorker(_Worker):
 
     def reload(self) -> None:
         self.strategy.reload()
+
+
+class _Closed:
+    """A closed worker's strategy: what reaches for it learns why it is gone, not that ``None`` has
+    no such attribute."""
+
+    def __init__(self, role: str):
+        self.role = role
+
+    def __getattr__(self, name: str):
+        raise RollError(f"{self.role}: this worker was closed when its executor stopped it (the run ended, or "
+                        f"the worker was replaced); its strategy's '{name}' is gone with it")
 
 
 class _WeightGroupMember:
