@@ -138,7 +138,7 @@ def test_a_remote_env_calls_its_own_slot_of_the_worker_through_the_executor(coun
     assert second.expert_action() == "to 7"  # slot 1 kept its own state
 
 
-def test_a_raising_reset_names_the_call_and_the_error_without_the_worker_s_traceback(counter):
+def test_a_raising_reset_names_the_call_and_the_error_without_the_worker_s_traceback(counter, monkeypatch):
     from roll_core.agentic.env_workers import EnvFailed, EnvWorker
 
     worker = EnvWorker("counter", {}, num_envs=2, timeout_s=5)
@@ -146,6 +146,14 @@ def test_a_raising_reset_names_the_call_and_the_error_without_the_worker_s_trace
         worker.reset(1, -1)
     assert failed.value.__cause__ is None and failed.value.__suppress_context__
     assert worker.slots[1] is None and worker.replaced_count() == 0  # rebuilt next time, not counted as hung
+    assert len(Counter.closed) == 1  # closed as it was dropped: what it holds goes with it
+
+    def broken_close(self):
+        raise OSError("the simulator is gone")
+
+    monkeypatch.setattr(Counter, "close", broken_close)
+    with pytest.raises(EnvFailed, match=r"^reset: ValueError: seeds are >= 0$"):  # the close's error is not it
+        worker.reset(1, -1)
     odd = EnvWorker("counter", {"start": "x"}, num_envs=1, timeout_s=5)
     with pytest.raises(EnvFailed, match=r"^expert_action: TypeError: "):
         odd.expert_action(0)

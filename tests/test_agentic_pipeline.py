@@ -17,7 +17,17 @@ from roll_core.testing import hooks
 
 
 class Echo(Env):
-    """Reward 1 when the reply starts with the letter the observation names; 2 turns."""
+    """Reward 1 when the reply starts with the letter the observation names; 2 turns. Records
+    every environment built and every close."""
+
+    built: list = []
+    closed: list = []
+
+    def __init__(self):
+        Echo.built.append(self)
+
+    def close(self):
+        Echo.closed.append(self)
 
     def reset(self, seed=None):
         self.seed, self.n = seed or 0, 0
@@ -37,10 +47,22 @@ def test_agentic_runs_trains_validates_and_survives_a_raising_environment(roll_p
     from roll_core.runtime.executor import LocalExecutor
 
     roll_plugins(("echo", hooks(roll_register_envs=lambda register: register("echo", Echo))))
+    Echo.built, Echo.closed = [], []
     cfg = tiny_config("pipeline=agentic", "agentic.env=echo", "warmup.steps=0", "algorithm.advantage_estimator=gigpo",
                       "trainer.max_steps=3", "trainer.eval_every=3", "agentic.groups_per_step=5", "agentic.group_size=2",
                       "agentic.validation_episodes=6", "rollout.max_new_tokens=3", "trainer.dump_rollouts_every=3")
-    summary = AgenticPipeline(cfg, LocalExecutor()).run()
+    executor = LocalExecutor()
+    summary = AgenticPipeline(cfg, executor).run()
+    # Closed by the run's end: each environment that crashed, and the validation ones (in the driver,
+    # 6 slots); the training slots' are the executor's, closed when it stops (the launcher's job).
+    probe, played = Echo.built[0], Echo.built[1:]  # the probe checks the options before any worker
+    crashed = [e for e in played if e.seed % 5 == 4]
+    validation = [e for e in played if e.seed < 6 and e not in crashed]
+    # seeds 1,000,004, 9, 14, two episodes each (a group), and seed 4 in both evaluations
+    assert len(crashed) == 8 and len(validation) == 5
+    assert sorted(map(id, Echo.closed)) == sorted(map(id, [probe, *crashed, *validation]))
+    executor.shutdown()
+    assert sorted(map(id, Echo.closed)) == sorted(map(id, Echo.built))  # each once
     assert summary["steps"] == 3 and "eval/success_rate" in summary["before"] and "eval/success_rate" in summary["after"]
     from roll_core.pipelines.rollout_dump import dumped_steps, show
 

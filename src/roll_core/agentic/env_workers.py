@@ -50,9 +50,9 @@ class EnvWorker:
         return os.getpid()
 
     def _call(self, slot: int, what: str, fn) -> Any:
-        if self.slots[slot] is None:
-            self.slots[slot] = self.env_cls(**self.options)
         env = self.slots[slot]
+        if env is None:
+            env = self.slots[slot] = self.env_cls(**self.options)
         try:
             return call_with_deadline(lambda: fn(env), self.timeout_s, f"env-{self.name}-{slot}-{what}")
         except Hung:
@@ -62,6 +62,7 @@ class EnvWorker:
                           f"agentic.step_timeout_s={self.timeout_s:g} s; it was replaced") from None
         except Exception as exc:  # noqa: BLE001 - an environment's bug ends its episode, not the run
             self.slots[slot] = None  # its state is unknown: the next episode gets a fresh one
+            _close_quietly(env)
             raise EnvFailed(f"{what}: {type(exc).__name__}: {exc}") from None
 
     def reset(self, slot: int, seed: int | None) -> tuple[str, dict]:
@@ -81,6 +82,16 @@ class EnvWorker:
             if env is not None:
                 env.close()
         self.slots = [None] * len(self.slots)
+
+
+def _close_quietly(env: Env) -> None:
+    """Close an environment that has just raised, so what it holds (processes, sandboxes) goes with
+    it; its close may fail too, and the error already reported is the one that matters. A hung one
+    is never closed: the call still running in its thread owns it."""
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001, S110 - see above
+        pass
 
 
 class RemoteEnv(Env):

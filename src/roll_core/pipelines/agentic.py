@@ -49,7 +49,6 @@ from roll_core.pipelines.runtime import (SEED_OFFSETS, PolicyGradientLoop, log_p
                                          start_update)
 from roll_core.pipelines.sft import WarmStart
 from roll_core.runtime import weight_sync
-from roll_core.runtime.executor import LocalExecutor
 from roll_core.training import policy_gradient_update
 
 TRAINING_SEEDS = 1_000_000  # training seeds start here; validation uses 0, 1, ...
@@ -244,8 +243,8 @@ class AgenticPipeline(WarmStart, PolicyGradientLoop):
             lane.slots = env_slots(self.executor, workers, lane.env_cls, per_worker)
             # validation: the driver's own slots, played greedily in lockstep
             n = max(spec.validation_episodes, 1)
-            local = LocalExecutor()
-            lane.eval_slots = env_slots(local, local.spawn(f"env_eval_{spec.label}", EnvWorker, [
+            driver = self.roles.driver
+            lane.eval_slots = env_slots(driver, driver.spawn(f"env_eval_{spec.label}", EnvWorker, [
                 (spec.env, spec.env_options, n, a.step_timeout_s)]), lane.env_cls, n)
 
     def _policy(self, temperature: float) -> Policy:

@@ -79,6 +79,10 @@ class RoleGroups:
         self.groups: dict[str, WorkerGroup] = {}
         self.per_node, self.node_ids = 0, []
         self.residency = Residency(executor, self.groups, colocated(config))
+        # Workers in the driver's own process whatever the executor: rewards scored there and the
+        # agentic validation environments. The run's executor does not know them, so they are
+        # closed here (environments' and rewards' ``close``), at a restart and at the run's end.
+        self.driver = LocalExecutor()
 
     def place(self) -> None:
         """Check the device mappings against the cluster and reserve its nodes (before any worker)."""
@@ -93,8 +97,13 @@ class RoleGroups:
 
     def reset(self) -> None:
         """Forget every group (a new attempt after a lost worker spawns them again)."""
+        self.close()
         self.groups.clear()
         self.residency = Residency(self.executor, self.groups, colocated(self.config))
+
+    def close(self) -> None:
+        """Close the workers in the driver (:attr:`driver`); the run's executor stops its own."""
+        self.driver.shutdown()
 
     def spawn(self, name: str, cls: type, args_per_worker: list[tuple], role_cfg, concurrency: int = 1) -> WorkerGroup:
         """Spawn a role's workers where its device mapping says (CPU workers without one)."""
@@ -174,7 +183,7 @@ class RoleGroups:
         # models_here: the local executor's one process (also the controller's inside a Ray worker)
         args = (rewards, self.config, key, spec.failure_policy(), isinstance(self.executor, LocalExecutor))
         if scores_in_driver(spec, [r.name for r in entries], self.plugins.rewards):  # no devices
-            group = LocalExecutor().spawn(name, RewardWorker, [(*args, None)] * spec.num_workers)
+            group = self.driver.spawn(name, RewardWorker, [(*args, None)] * spec.num_workers)
             self.groups[name] = group
             return group
         return self.spawn(name, RewardWorker, [args] * spec.num_workers, spec)
@@ -353,6 +362,7 @@ class TrainingLoop(Pipeline):
                 lambda restarts: self._attempt(trackers, resume=restarts > 0 or cfg.trainer.resume == "auto"),
                 self.checkpoints, cfg.runtime.max_restarts, before_restart=self.executor.kill_all)
         finally:
+            self.roles.close()
             for t in trackers:
                 t.close()
         summary["restarts"] = restarts
