@@ -41,6 +41,29 @@ def _recorder_class():
     return Recorder
 
 
+def _closing_classes():
+    """A worker whose ``close`` leaves a file (what a process's end would not undo), taking
+    ``seconds`` or failing; and one without ``close``. Shipped by value, as the recorder."""
+    import time
+    from pathlib import Path
+
+    class Closing:
+        def __init__(self, marker, seconds=0.0, fails=False):
+            self.marker, self.seconds, self.fails = Path(marker), seconds, fails
+
+        def close(self):
+            time.sleep(self.seconds)
+            if self.fails:
+                raise OSError("the container would not stop")
+            self.marker.write_text("closed")
+
+    class Plain:
+        def ping(self):
+            return "pong"
+
+    return Closing, Plain
+
+
 @pytest.fixture(scope="module")
 def ray_executor():
     from roll_core.runtime.executor import RayExecutor
@@ -247,3 +270,38 @@ def test_the_local_executor_closes_its_workers_and_their_strategies_when_it_stop
     assert rewards.handles[0].seen() == []
     ex.shutdown()  # nothing is left to close
     assert len(closed) == 5
+
+
+@pytest.mark.ray
+def test_the_ray_executor_asks_its_workers_to_close_before_it_ends_their_processes(ray_executor, tmp_path):
+    """A Ray worker's process ends with the run, but not what it started outside itself (an
+    environment's container or simulator): shutdown calls each worker's ``close`` first, waits a
+    bounded time, reports a close that failed or did not return, and ends the processes anyway."""
+    import time
+
+    import ray
+
+    from roll_core.runtime.executor import RayExecutor
+
+    executor = RayExecutor()  # Ray is already up (the module's executor): this one ends only its own workers
+    executor.close_timeout_s = 4
+    closing, plain = _closing_classes()
+    workers = executor.spawn("env", closing, [(tmp_path / "a",), (tmp_path / "slow", 60.0), (tmp_path / "b", 0, True)])
+    others = executor.spawn("plain", plain, [()])
+    assert executor.get(others.call("ping")) == ["pong"]
+    lost = executor.spawn("lost", closing, [(tmp_path / "lost",)]).handles[0]
+    ray.kill(lost)  # a worker already gone (before a restart): nothing to close, nothing to report
+    start = time.perf_counter()
+    with pytest.warns(RuntimeWarning) as warned:
+        executor.shutdown()
+    assert time.perf_counter() - start < 4 + 10  # the deadline, not the slow close's minute
+    assert sorted(str(w.message) for w in warned) == [
+        "1 worker(s) did not close within 4 s (busy or hung); their processes are ended without it",
+        "closing a worker failed: OSError: the container would not stop"]
+    assert (tmp_path / "a").read_text() == "closed" and not (tmp_path / "slow").exists()
+    assert not (tmp_path / "lost").exists()
+    for handle in [*workers.handles, *others.handles]:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(handle.__ray_ready__.remote(), timeout=30)
+    assert ray.is_initialized() and ray_executor.get(ray_executor.invoke(
+        ray_executor.spawn("after", plain, [()]).handles[0], "ping", (), {})) == "pong"  # the cluster is not this one's

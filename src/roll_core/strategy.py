@@ -55,8 +55,9 @@ class Colocatable:
         processes, memory a library keeps out of the collector's reach. The ``local`` executor's
         workers live in the driver, which may go on to start another run (a notebook, a test
         session): they call it once, when the run ends or the worker is replaced, and nothing is
-        called on the strategy afterwards. A Ray worker's process simply ends, which releases it all.
-        The default does nothing: a strategy holding tensors and modules only is freed with its last
+        called on the strategy afterwards. A Ray worker is asked to close when the run ends (or
+        before a restart), within a deadline, and then its process ends; a replaced one (hung) just
+        ends. The default does nothing: a strategy holding tensors and modules only is freed with its last
         reference."""
 
 

@@ -211,7 +211,8 @@ class Executor(ABC):
         return old
 
     def stop(self, handle) -> None:
-        """Stop one worker: its process ends (Ray), or its ``close`` releases what it holds (local)."""
+        """Stop one worker: its process ends (Ray: at once, as for a hung worker being replaced), or
+        its ``close`` releases what it holds (local)."""
 
     def cancel(self, futures: list) -> None:
         """Abort calls whose results are no longer wanted: a queued call never runs, a running one
@@ -227,7 +228,8 @@ class Executor(ABC):
         raise RollError(f"executor '{self.name}' cannot place workers on devices; use executor: ray")
 
     def kill_all(self) -> None:
-        """Stop every worker spawned so far (before a restart)."""
+        """Stop every worker spawned so far (before a restart, and at :meth:`shutdown`), each
+        after its ``close``."""
 
     def shutdown(self) -> None:
         pass
@@ -459,8 +461,36 @@ class RayExecutor(Executor):
         self._actors = [a for a in self._actors if a is not handle]
 
     def kill_all(self):
+        """Ask every worker to ``close``, wait up to :attr:`close_timeout_s` for them, then end
+        their processes. The process's end frees its memory and threads, but not what a worker
+        started outside it: an environment's container or simulator, a sandbox's processes."""
+        self._close_all()
         for handle in list(self._actors):
             self.stop(handle)
+
+    close_timeout_s = 15.0
+
+    def _close_all(self) -> None:
+        closing = {}
+        for handle in self._actors:
+            close = getattr(handle, "close", None)  # roll's workers have one; any class may be spawned
+            if close is not None:
+                closing[close.remote()] = handle
+        if not closing:
+            return
+        done, late = self.ray.wait(list(closing), num_returns=len(closing), timeout=self.close_timeout_s)
+        for ref in done:
+            try:
+                self.ray.get(ref)
+            except self.ray.exceptions.RayActorError:
+                pass  # its process is already gone (a lost worker before a restart): nothing to close
+            except Exception as exc:  # noqa: BLE001 - the run's own error, if any, matters more
+                cause = getattr(exc, "cause", None) or exc
+                warnings.warn(f"closing a worker failed: {type(cause).__name__}: {cause}", RuntimeWarning,
+                              stacklevel=3)
+        if late:
+            warnings.warn(f"{len(late)} worker(s) did not close within {self.close_timeout_s:g} s (busy or hung); "
+                          f"their processes are ended without it", RuntimeWarning, stacklevel=3)
 
     def shutdown(self):
         self.kill_all()

@@ -140,7 +140,7 @@ class _StrategyWorker(_Worker):
 
     def close(self) -> None:
         """Release the strategy (:meth:`roll_core.strategy.Colocatable.close`: an engine's threads and
-        memory) and drop it; the executor stops a worker this way where no process ends with it."""
+        memory) and drop it: the local executor's stop, and every executor's at a run's end."""
         super().close()
         strategy, self.strategy = self.strategy, _Closed(self.role)
         if strategy is not None and not isinstance(strategy, _Closed):
