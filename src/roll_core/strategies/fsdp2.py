@@ -23,6 +23,7 @@ under ``roles.critic``).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -49,6 +50,12 @@ class _FSDP2Units:
         from torch.distributed.fsdp import fully_shard
 
         ensure_process_group()
+        # FSDP2 warns at every pass whose output is a view (a value head's [B, T, 1], a linear with a
+        # bias on flattened rows viewed back; an image-text model's logits): an in-place write on it
+        # would skip FSDP's pre-backward hook. roll never writes in place on a model's outputs
+        # (sequences.without makes a new tensor), so the warning would only alarm.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor",
+                                category=UserWarning)
         mesh = init_device_mesh(self.device.type, (rank_world()[1],))
         unit_names = set(getattr(self.model, "_no_split_modules", None) or ())
         for module in self.model.modules():
