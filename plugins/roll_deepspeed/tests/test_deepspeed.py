@@ -69,6 +69,26 @@ def test_every_stage_computes_what_hf_computes(tiny_model_path, options):
     assert comm.cdb.shm_comm_op is None
 
 
+def test_compiled_decoder_layers_train_as_hf_does_and_zero_3_refuses_them(tiny_model_path):
+    """``compile: true`` under ZeRO-2: each decoder layer compiled (TorchInductor fuses its
+    elementwise work), the update the eager hf trainer's. ZeRO-3's parameter hooks sit inside the
+    layers, so roll validate refuses that pairing before any worker starts."""
+    from roll_core.strategies.compiled import decoder_layers
+
+    cfg = load_and_check(None, UPDATE + ["roles.actor_train.strategy=deepspeed", "roles.actor_train.compile=true",
+                                         "roles.actor_train.strategy_options={zero_stage: 2}"])
+    trainer = DeepSpeedTrainStrategy(str(tiny_model_path), cfg.roles.actor_train, seed=0)
+    layers = decoder_layers(trainer.module)
+    assert layers and all(hasattr(m.forward, "_torchdynamo_orig_callable") for m in layers)
+    eager = hf_role(cfg.roles.actor_train).model_copy(update={"compile": False})
+    assert_trainer_matches_hf(trainer, HFTrainStrategy(str(tiny_model_path), eager, seed=0), cfg)
+    for role in ("actor_train", "critic"):
+        with pytest.raises(ConfigError, match=f"key 'roles.{role}.strategy_options': compile: true needs zero_stage "
+                                              "1 or 2: ZeRO-3 gathers"):
+            load_and_check(None, ["algorithm.advantage_estimator=gae", f"roles.{role}.strategy=deepspeed",
+                                  f"roles.{role}.compile=true", f"roles.{role}.strategy_options={{zero_stage: 3}}"])
+
+
 @pytest.mark.parametrize("zero", [2, 3])
 def test_an_image_text_model_trains_as_hf_does(tiny_vlm_path, zero):
     """The tiny model with its vision tower (roll_core.multimodal): image prompts' log-probs,

@@ -35,6 +35,16 @@ class DeepSpeedOptions(BaseModel):
                              "shards, and so can offload, the parameters")
         return self
 
+    def check_role(self, role_config) -> list[str]:
+        """Settings of the role these options do not fit."""
+        if getattr(role_config, "compile", False) and self.zero_stage == 3:
+            # ZeRO-3 gathers each linear layer's parameters in hooks on the layer, inside the decoder
+            # layer that compile_layers compiles: TorchDynamo traces into them and recompiles per
+            # module until it gives up and runs them eagerly (measured on the tiny model).
+            return ["compile: true needs zero_stage 1 or 2: ZeRO-3 gathers each linear layer's parameters in "
+                    "hooks inside the decoder layers that would be compiled; set zero_stage: 2 or compile: false"]
+        return []
+
     @field_validator("zero_config")
     @classmethod
     def _known_zero_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
