@@ -125,13 +125,17 @@ class FrozenLake(Env):
     def _observation(self) -> str | Observation:
         if self.picture is None:
             return self.render()
-        neighbors = self.render().partition(":")[2]  # empty without show_neighbors
-        return Observation("<image>" + (":" + neighbors if neighbors else ""), [self.render_image()])
+        tiles, _, neighbors = self.render().partition(":")  # neighbors: empty without show_neighbors
+        return Observation("<image>" + (":" + neighbors if neighbors else ""), [self._draw(tiles)])
 
     def render_image(self) -> np.ndarray:
         """The map, or the agent's view, as an ``[H, W, 3]`` uint8 image (:mod:`roll_envs.pictures`)."""
+        return self._draw(self.render().partition(":")[0])
+
+    def _draw(self, tiles: str) -> np.ndarray:
+        """``tiles`` (:meth:`render`'s map, rows joined by ``|``) drawn as :meth:`render_image` says."""
         picture = self.picture or Picture()
-        return picture.draw(self.render().partition(":")[0].split("|"), COLORS, divmod(self._position, self.size))
+        return picture.draw(tiles.split("|"), COLORS, divmod(self._position, self.size))
 
     def render(self) -> str:
         rows = []
