@@ -57,8 +57,8 @@ class Colocatable:
         session): they call it once, when the run ends or the worker is replaced, and nothing is
         called on the strategy afterwards. A Ray worker is asked to close when the run ends (or
         before a restart), within a deadline, and then its process ends; a replaced one (hung) just
-        ends. The default does nothing: a strategy holding tensors and modules only is freed with its last
-        reference."""
+        ends. The default does nothing: a strategy holding tensors and modules only is freed with
+        its last reference."""
 
 
 class InferStrategy(Colocatable, ABC):

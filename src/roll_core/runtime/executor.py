@@ -471,14 +471,11 @@ class RayExecutor(Executor):
     close_timeout_s = 15.0
 
     def _close_all(self) -> None:
-        closing = {}
-        for handle in self._actors:
-            close = getattr(handle, "close", None)  # roll's workers have one; any class may be spawned
-            if close is not None:
-                closing[close.remote()] = handle
+        # roll's workers have a close; any class may be spawned
+        closing = [close.remote() for close in (getattr(h, "close", None) for h in self._actors) if close is not None]
         if not closing:
             return
-        done, late = self.ray.wait(list(closing), num_returns=len(closing), timeout=self.close_timeout_s)
+        done, late = self.ray.wait(closing, num_returns=len(closing), timeout=self.close_timeout_s)
         for ref in done:
             try:
                 self.ray.get(ref)
