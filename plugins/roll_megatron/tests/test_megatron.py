@@ -161,6 +161,66 @@ def test_one_rank_in_this_process_computes_what_hf_computes(tiny_model_path):
     assert_trainer_matches_hf(trainer, reference, cfg)
 
 
+def test_bf16_trains_near_fp32_and_keeps_float32_weights_gradients_and_moments(tiny_model_path):
+    """``precision: bf16`` (one rank, in process): float32 log-probs near fp32's and not equal (the
+    products ran in bfloat16), an update near fp32's, float32 weights, gradients and AdamW moments,
+    and no warning in the run's output."""
+    import warnings
+
+    from roll_megatron.strategy import MegatronTrainStrategy
+
+    def trainer(precision: str) -> MegatronTrainStrategy:
+        role = load_config(None, UPDATE + ["roles.actor_train.strategy=megatron",
+                                           f"roles.actor_train.strategy_options.precision={precision}"]).roles.actor_train
+        return MegatronTrainStrategy(str(tiny_model_path), role, seed=0)
+
+    cfg = load_config(None, UPDATE)
+    objective, spec = ActorObjective.from_config(cfg.algorithm, cfg.rollout), UpdateSpec.from_config(
+        cfg.algorithm, cfg.roles.actor_train)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        half, full = trainer("bf16"), trainer("fp32")
+        batch = training_batch(half.hf_config.vocab_size)
+        mask = batch["response_mask"].bool()
+        got, want = (s.forward(batch, ("log_probs", "entropy"), 1.0) for s in (half, full))
+        for name in ("log_probs", "entropy"):
+            assert got[name].dtype == torch.float32, name
+            gap = float((got[name] - want[name])[mask].abs().max())
+            assert 1e-4 < gap < 0.02, (name, gap)  # bfloat16: 8 bits of mantissa
+        got, want = (update(s, batch, objective, spec) for s in (half, full))
+    assert [str(w.message) for w in seen if "dtype" in str(w.message)] == []
+    for key in ("train/pg_loss", "train/entropy", "train/grad_norm"):
+        assert got[key] == pytest.approx(want[key], rel=5e-3), key
+    assert got["train/grad_norm"] != want["train/grad_norm"]
+    assert {p.dtype for p in half.model.parameters()} == {torch.float32}
+    assert {p.grad.dtype for p in half.model.parameters() if p.grad is not None} == {torch.float32}
+    moments = [v for group in half.optimizers.values() for state in group.state.values() for v in state.values()
+               if v.dim()]
+    assert moments and {m.dtype for m in moments} == {torch.float32}
+
+
+@pytest.mark.ray
+def test_bf16_through_two_pipeline_stages_trains_near_fp32(tiny_model_path):
+    """Under bf16 the hidden states and their gradients cross the stages in float32 (the stages'
+    outputs are cast back), and the two stages' update is fp32's within bfloat16's error."""
+    model_path = str(tiny_model_path)
+    reference = HFTrainStrategy(model_path, hf_role(load_config(None, UPDATE).roles.actor_train), seed=0)
+    batch = training_batch(reference.model.config.vocab_size)
+    cfg = load_config(None, UPDATE)
+    want = update(reference, batch, ActorObjective.from_config(cfg.algorithm, cfg.rollout),
+                  UpdateSpec.from_config(cfg.algorithm, cfg.roles.actor_train))
+    cfg = load_config(None, UPDATE + ["executor=ray", "roles.actor_train.strategy=megatron",
+                                      "roles.actor_train.num_workers=2",
+                                      "roles.actor_train.strategy_options={pipeline_parallel_size: 2, precision: bf16}"])
+    metrics, sent, _ = data_parallel_update(model_path, cfg, batch, 2)
+    for key in ("train/pg_loss", "train/entropy", "train/grad_norm"):
+        assert metrics[0][key] == metrics[1][key] == pytest.approx(want[key], rel=5e-3), key
+    assert metrics[0]["train/grad_norm"] != want["train/grad_norm"]
+    weights = {**sent[0], **sent[1]}
+    for name, value in full_weights(reference).items():
+        torch.testing.assert_close(weights[name], value, atol=2e-3, rtol=0, msg=name)
+
+
 @pytest.mark.ray
 def test_grouped_query_attention_with_biases_at_tp2(qwen2_gqa_path):
     _compare_with_hf(str(qwen2_gqa_path), 2, 1, 2)

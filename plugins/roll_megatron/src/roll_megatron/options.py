@@ -5,6 +5,8 @@ is the data-parallel size), and LoRA's settings the strategy supports (no adapte
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -16,6 +18,9 @@ class MegatronOptions(BaseModel):
     pipeline_parallel_size: int = Field(1, ge=1, description="stages that split the layers; must divide the number "
                                         "of layers")
 
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="bf16: forward and backward passes under torch.autocast in bfloat16 (matrix products); "
+        "weights, gradients and AdamW's moments stay float32, as the hf strategy's bf16")
     distributed_optimizer: bool = Field(False, description="shard the optimizer states (AdamW's moments) over the "
                                         "data-parallel ranks, as Megatron's distributed optimizer does: each rank "
                                         "updates its share of the parameters and broadcasts them")

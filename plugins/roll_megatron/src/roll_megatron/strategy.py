@@ -19,6 +19,12 @@ The engine primitives, on any device (CPU over gloo here, GPUs over nccl):
 * gradients: summed over the data-parallel group (the loss is divided by global denominators); with
   tied embeddings split over stages, the two copies' gradients are summed over Megatron's embedding
   group, as Megatron does.
+* precision: ``precision: bf16`` runs every stage's forward under bfloat16 autocast, as the ``hf``
+  strategy's ``bf16`` does: products in bfloat16; weights, gradients and AdamW's moments float32; a
+  stage's output cast back to float32 (the hidden states sent on, the logits roll's outputs read).
+  On the CPU the backward runs under autocast too: Megatron's linear layers are autograd functions
+  whose backward re-enters autocast on CUDA only (``custom_bwd(device_type="cuda")``), and would
+  otherwise multiply a bfloat16 gradient by a float32 weight.
 * the global gradient norm counts tensor-parallel shards once each, replicated parameters (norms)
   once, and every stage's layers; clipping and torch's AdamW act on each rank's shards.
 * weights: each stage's tensor-parallel shards are all-gathered and converted to Hugging Face
@@ -36,6 +42,7 @@ roles.actor_train.strategy_options.tensor_parallel_size=2``; for the critic, the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import warnings
@@ -49,6 +56,7 @@ import torch.distributed as dist
 from roll_core.data import Batch
 from roll_core.runtime.distributed import bucketed, ensure_process_group, rank_world
 from roll_core.strategies import lora as core_lora
+from roll_core.strategies import precision as mixed
 from roll_core.strategies.engines import check_engine_version, import_engine
 from roll_core.strategies.hf import TorchOffloading, TorchPrimitives, fused_adamw
 from roll_core.strategies.models import default_device, fresh_value_head, full_sequence, safetensors_files
@@ -136,6 +144,11 @@ class _MegatronModel(TorchOffloading):
             model_parallel_cuda_manual_seed(seed)
         self.hf_config = AutoConfig.from_pretrained(model_path)
         self.tp, self.pp = self.options.tensor_parallel_size, self.options.pipeline_parallel_size
+        if self.options.precision == "bf16":
+            # Under autocast Megatron's residual stream is bfloat16 and its RMSNorm weights float32:
+            # torch then normalizes without its fused kernel and warns at each norm's first call. The
+            # unfused norm gives the same numbers; the warning would appear in every bf16 run.
+            warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight", category=UserWarning)
         self.config = transformer_config(self.hf_config, torch.float32, self.tp, self.pp)
         self.first, self.last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         self.tied = bool(self.hf_config.tie_word_embeddings) and not self.value_model
@@ -193,9 +206,16 @@ class _MegatronModel(TorchOffloading):
         ids = rows.ids.to(self.device)
         if not self.first:
             self.model.set_input_tensor(received)
-        with positions_in(self.model, rows.positions):
-            return self.model(input_ids=ids, position_ids=torch.arange(ids.shape[1], device=self.device).expand_as(ids),
-                              attention_mask=rows.mask.to(self.device))
+        with positions_in(self.model, rows.positions), mixed.autocast(self.device, self.options.precision):
+            out = self.model(input_ids=ids, position_ids=torch.arange(ids.shape[1], device=self.device).expand_as(ids),
+                             attention_mask=rows.mask.to(self.device))
+        return out.float()  # a no-op in fp32
+
+    def _backward(self, tensor: torch.Tensor, gradient: torch.Tensor | None = None) -> None:
+        """``tensor.backward(gradient)``; under bf16 on the CPU within autocast (see the module's docstring)."""
+        cpu_bf16 = self.options.precision == "bf16" and self.device.type == "cpu"
+        with mixed.autocast(self.device, "bf16") if cpu_bf16 else contextlib.nullcontext():
+            tensor.backward(gradient)
 
     def _outputs(self, out: torch.Tensor, rows: _Rows, micro: Batch, outputs: Collection[str],
                  temperature: float) -> dict[str, torch.Tensor]:
@@ -325,10 +345,10 @@ class _MegatronTrainable(_MegatronModel, TorchPrimitives):
                 on_device = self._on_device(micro)
                 found = self._outputs(out, rows, on_device, loss_fn.outputs, loss_fn.temperature)
                 loss, metrics = loss_fn(found, on_device, *denominators)
-                loss.backward()
+                self._backward(loss)
             else:
                 dist.send(out.detach().contiguous(), dst=nxt)
-                out.backward(self._recv(out.shape, nxt))
+                self._backward(out, self._recv(out.shape, nxt))
             if received is not None:
                 dist.send(received.grad.contiguous(), dst=prev)
             per_micro.append(self._from_last_stage(metrics))
