@@ -284,7 +284,6 @@ def test_the_ray_executor_asks_its_workers_to_close_before_it_ends_their_process
     from roll_core.runtime.executor import RayExecutor
 
     executor = RayExecutor()  # Ray is already up (the module's executor): this one ends only its own workers
-    executor.close_timeout_s = 4
     closing, plain = _closing_classes()
     workers = executor.spawn("env", closing, [(tmp_path / "a",), (tmp_path / "slow", 60.0), (tmp_path / "b", 0, True)])
     others = executor.spawn("plain", plain, [()])
@@ -293,7 +292,7 @@ def test_the_ray_executor_asks_its_workers_to_close_before_it_ends_their_process
     ray.kill(lost)  # a worker already gone (before a restart): nothing to close, nothing to report
     start = time.perf_counter()
     with pytest.warns(RuntimeWarning) as warned:
-        executor.shutdown()
+        executor.shutdown(close_within=4)  # as after Ctrl-C (shorter than the default, close_timeout_s)
     assert time.perf_counter() - start < 4 + 10  # the deadline, not the slow close's minute
     assert sorted(str(w.message) for w in warned) == [
         "1 worker(s) did not close within 4 s (busy or hung); their processes are ended without it",

@@ -84,14 +84,14 @@ def test_ctrl_c_stops_the_executor_and_says_where_the_run_resumes(tmp_path, monk
     import os
 
     from roll_core import runtime
-    from roll_core.launch import RunInterrupted
+    from roll_core.launch import INTERRUPTED_CLOSE_S, RunInterrupted
     from roll_core.runtime import cpu_share
 
     stopped = []
 
     class Executor:
-        def shutdown(self):
-            stopped.append(True)
+        def shutdown(self, close_within=None):
+            stopped.append(close_within)
 
     class Interrupted:
         def __init__(self, config, executor):
@@ -112,7 +112,16 @@ def test_ctrl_c_stops_the_executor_and_says_where_the_run_resumes(tmp_path, monk
         roll_core.run(None, [f"output_dir={tmp_path}", "executor=local", "pipeline=stops", "torch_threads=2"],
                       plugins={"stops": hooks(roll_register_pipelines=lambda register: register("stops", Interrupted))})
     assert (err.value.phase, err.value.resume_from) == ("training (step 3)", "step 2's checkpoint")
-    assert isinstance(err.value, KeyboardInterrupt) and stopped == [True]
+    # interrupted, workers still busy in other processes are not waited for to close
+    assert isinstance(err.value, KeyboardInterrupt) and stopped == [INTERRUPTED_CLOSE_S] and INTERRUPTED_CLOSE_S <= 5
+
+    class Finishes(Interrupted):
+        def run(self):
+            return {"steps": 0}
+
+    roll_core.run(None, [f"output_dir={tmp_path}", "executor=local", "pipeline=ends"],
+                  plugins={"ends": hooks(roll_register_pipelines=lambda register: register("ends", Finishes))})
+    assert stopped == [INTERRUPTED_CLOSE_S, None]  # a run that ends waits the executor's own time
     assert "warning: other processes keep about 1.5 of this machine's 2 cores busy" in capsys.readouterr().out
     assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
 

@@ -26,6 +26,10 @@ from typing import Any, Mapping, Sequence
 
 from roll_core.errors import ConfigError
 
+# After Ctrl-C, seconds the workers in other processes get to close (an idle one closes at once; a
+# busy one would first finish its call, which the user just interrupted) before their processes end.
+INTERRUPTED_CLOSE_S = 2.0
+
 
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C during :func:`run`, raised after every worker stopped: the ``phase`` it stopped in and
@@ -72,15 +76,19 @@ def _run_checked(config, overrides: list[str], in_process: list[str]) -> dict[st
     warn_if_cores_busy(cfg)  # measured before any worker adds its own load
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the driver tokenizes, then forks workers
     pipeline_cls = get_plugins().pipelines.get(cfg.pipeline)
-    pipeline = None
+    pipeline, interrupted = None, False
     try:
         executor = make_executor(cfg)
         try:
             # a run whose roles all live in one Ray worker runs its pipeline there (ray.colocate_controller)
             pipeline = (HostedRun if controller_in_worker(cfg) else pipeline_cls)(cfg, executor)
             return pipeline.run()
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
-            executor.shutdown()  # every worker stops, on Ctrl-C too
+            # every worker stops, on Ctrl-C too, when a worker still busy is not waited for to close
+            executor.shutdown(close_within=INTERRUPTED_CLOSE_S if interrupted else None)
     except KeyboardInterrupt:
         if pipeline is None:
             raise RunInterrupted("start-up", "the start") from None

@@ -231,8 +231,10 @@ class Executor(ABC):
         """Stop every worker spawned so far (before a restart, and at :meth:`shutdown`), each
         after its ``close``."""
 
-    def shutdown(self) -> None:
-        pass
+    def shutdown(self, close_within: float | None = None) -> None:
+        """Stop every worker, each after its ``close``, and release the executor's resources.
+        ``close_within``: seconds to wait for workers in other processes to close (None: the
+        executor's default); a run interrupted by Ctrl-C does not wait for a busy one."""
 
 
 class LocalExecutor(Executor):
@@ -269,8 +271,8 @@ class LocalExecutor(Executor):
                 warnings.warn(f"closing a {type(worker).__name__} failed: {type(exc).__name__}: {exc}",
                               RuntimeWarning, stacklevel=2)
 
-    def shutdown(self) -> None:
-        self.kill_all()
+    def shutdown(self, close_within: float | None = None) -> None:
+        self.kill_all()  # closes run here, in this process: nothing to wait for
 
     def invoke(self, handle, method, args, kwargs):
         if isinstance(handle, Hosted):
@@ -460,22 +462,23 @@ class RayExecutor(Executor):
             pass
         self._actors = [a for a in self._actors if a is not handle]
 
-    def kill_all(self):
-        """Ask every worker to ``close``, wait up to :attr:`close_timeout_s` for them, then end
-        their processes. The process's end frees its memory and threads, but not what a worker
-        started outside it: an environment's container or simulator, a sandbox's processes."""
-        self._close_all()
+    def kill_all(self, close_within: float | None = None):
+        """Ask every worker to ``close``, wait up to ``close_within`` seconds (default
+        :attr:`close_timeout_s`) for them, then end their processes. The process's end frees its
+        memory and threads, but not what a worker started outside it: an environment's container or
+        simulator, a sandbox's processes."""
+        self._close_all(self.close_timeout_s if close_within is None else close_within)
         for handle in list(self._actors):
             self.stop(handle)
 
     close_timeout_s = 15.0
 
-    def _close_all(self) -> None:
+    def _close_all(self, timeout_s: float) -> None:
         # roll's workers have a close; any class may be spawned
         closing = [close.remote() for close in (getattr(h, "close", None) for h in self._actors) if close is not None]
         if not closing:
             return
-        done, late = self.ray.wait(closing, num_returns=len(closing), timeout=self.close_timeout_s)
+        done, late = self.ray.wait(closing, num_returns=len(closing), timeout=timeout_s)
         for ref in done:
             try:
                 self.ray.get(ref)
@@ -486,11 +489,11 @@ class RayExecutor(Executor):
                 warnings.warn(f"closing a worker failed: {type(cause).__name__}: {cause}", RuntimeWarning,
                               stacklevel=3)
         if late:
-            warnings.warn(f"{len(late)} worker(s) did not close within {self.close_timeout_s:g} s (busy or hung); "
+            warnings.warn(f"{len(late)} worker(s) did not close within {timeout_s:g} s (busy or hung); "
                           f"their processes are ended without it", RuntimeWarning, stacklevel=3)
 
-    def shutdown(self):
-        self.kill_all()
+    def shutdown(self, close_within: float | None = None):
+        self.kill_all(close_within)
         for pg in self._node_groups:
             self.ray.util.remove_placement_group(pg)
         self._node_groups = []
