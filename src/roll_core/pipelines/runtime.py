@@ -81,7 +81,7 @@ class RoleGroups:
         self.residency = Residency(executor, self.groups, colocated(config))
         # Workers in the driver's own process whatever the executor: rewards scored there and the
         # agentic validation environments. The run's executor does not know them, so they are
-        # closed here (environments' and rewards' ``close``), at a restart and at the run's end.
+        # closed here (the environments' ``close``), at a restart and at the run's end.
         self.driver = LocalExecutor()
 
     def place(self) -> None:
