@@ -645,6 +645,27 @@ def test_the_critic_computes_saves_and_resumes_what_hf_does(tiny_model_path, tmp
     assert torch.equal(resumed.compute_values(batch), critic.compute_values(batch))
 
 
+def test_a_bf16_critic_gives_float32_values_near_fp32s_and_trains_near_them(tiny_model_path):
+    """The critic shares the policy's bf16 forward and backward: float32 values within bfloat16's
+    error of fp32's (and not equal), an update near fp32's, float32 weights after it."""
+    from roll_megatron.strategy import MegatronCriticStrategy
+
+    def critic(precision: str) -> MegatronCriticStrategy:
+        role = load_config(None, CRITIC + [f"roles.critic.strategy_options.precision={precision}"]).roles.critic
+        return MegatronCriticStrategy(str(tiny_model_path), role, seed=3)
+
+    cfg = load_config(None, CRITIC)
+    half, full = critic("bf16"), critic("fp32")
+    batch = training_batch(half.hf_config.vocab_size)
+    got, want = half.compute_values(batch), full.compute_values(batch)
+    gap = float((got - want).abs().max())
+    assert got.dtype == torch.float32 and 1e-5 < gap < 0.05, gap
+    got, want = critic_update(half, cfg, batch), critic_update(full, cfg, batch)
+    for key in CRITIC_METRICS:
+        assert got[key] == pytest.approx(want[key], rel=5e-3), key
+    assert {p.dtype for p in half.model.parameters()} == {torch.float32}
+
+
 def _critic_rank(rank: int, port: int, model_path: str, layout: str, directory: str, expected: dict, out) -> None:
     """One of 2 ranks (TP=2 or PP=2) of a megatron critic: values, one update and a checkpoint,
     against ``expected`` (the ``hf`` critic's, on one process)."""
