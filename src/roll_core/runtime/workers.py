@@ -143,7 +143,7 @@ class _StrategyWorker(_Worker):
         memory) and drop it: the local executor's stop, and every executor's at a run's end."""
         super().close()
         strategy, self.strategy = self.strategy, _Closed(self.role)
-        if strategy is not None and not isinstance(strategy, _Closed):
+        if not isinstance(strategy, _Closed):  # set in __init__: a second close finds the stand-in
             strategy.close()
 
     # -- colocation -----------------------------------------------------------------------------
