@@ -42,7 +42,6 @@ roles.actor_train.strategy_options.tensor_parallel_size=2``; for the critic, the
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import warnings
@@ -213,8 +212,7 @@ class _MegatronModel(TorchOffloading):
 
     def _backward(self, tensor: torch.Tensor, gradient: torch.Tensor | None = None) -> None:
         """``tensor.backward(gradient)``; under bf16 on the CPU within autocast (see the module's docstring)."""
-        cpu_bf16 = self.options.precision == "bf16" and self.device.type == "cpu"
-        with mixed.autocast(self.device, "bf16") if cpu_bf16 else contextlib.nullcontext():
+        with mixed.autocast(self.device, self.options.precision if self.device.type == "cpu" else "fp32"):
             tensor.backward(gradient)
 
     def _outputs(self, out: torch.Tensor, rows: _Rows, micro: Batch, outputs: Collection[str],
