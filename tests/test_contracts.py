@@ -51,6 +51,14 @@ class TakesTwo(Reward):
         return 0.0
 
 
+class ClosesBadly(Reward):
+    def score(self, sample):
+        return 1.0
+
+    def close(self):
+        raise RuntimeError("the judge's connection was already gone")
+
+
 def per_sequence_estimator(batch, config):
     scores = batch.token_level_rewards.sum(-1)
     return scores, scores  # [B], not [B, R]
@@ -62,7 +70,7 @@ def scalar_loss(inputs, config):
 
 def _buggy_plugin():
     def rewards(register):
-        for cls in (ReturnsText, WrongExample, NeedsOptions, TakesTwo):
+        for cls in (ReturnsText, WrongExample, NeedsOptions, TakesTwo, ClosesBadly):
             register(cls.__name__.lower(), cls)
 
     return hooks(
@@ -81,6 +89,8 @@ def test_common_plugin_bugs_fail_with_what_is_wrong(roll_plugins):
     assert "cannot be built without options" in failed["rewards:needsoptions"]
     assert "define contract_examples()" in failed["rewards:needsoptions"]
     assert "score() must take exactly one sample" in failed["rewards:takestwo"]
+    assert failed["rewards:closesbadly"] == ("close() of the reward built with options {} raised RuntimeError: "
+                                             "the judge's connection was already gone")
     assert "advantages must be a [B, R] = [4, 3] tensor, got torch.Size([4])" in failed["advantage_estimators:per_seq"]
     assert "the loss must be per token" in failed["policy_losses:scalar"]
 

@@ -79,6 +79,23 @@ class Short(Reward):
         return [1.0] * (len(samples) - 1)
 
 
+class Holding(Reward):
+    """Holds something outside its memory (a verifier pool, a container): records its close."""
+
+    closed: list = []
+
+    def __init__(self, tag: str = "", fail_close: bool = False):
+        self.tag, self.fail_close = tag, fail_close
+
+    def score(self, sample):
+        return 1.0
+
+    def close(self):
+        Holding.closed.append(self.tag)
+        if self.fail_close:
+            raise OSError(f"{self.tag}: the pool would not stop")
+
+
 @pytest.fixture
 def rewards(roll_plugins):
     def register(register):
@@ -90,6 +107,7 @@ def rewards(roll_plugins):
         register("counting", Counting)
         register("crashing", Crashing)
         register("short", Short)
+        register("holding", Holding)
 
     roll_plugins(("mine", hooks(roll_register_rewards=register)))
 
@@ -193,6 +211,39 @@ def test_a_constructor_that_rejects_its_options_is_reported_by_ready_not_by_a_de
         worker.ready()
     with pytest.raises(RewardConfigError):
         worker.score_detailed(SAMPLES)
+
+
+def test_closing_a_worker_closes_each_reward_once_and_names_one_that_fails(rewards):
+    Holding.closed = []
+    worker = RewardWorker([("holding", {"tag": "a"}, 1.0), ("holding", {"tag": "b", "fail_close": True}, 1.0),
+                           ("holding", {"tag": "c"}, 1.0)], None)
+    worker.score_detailed(SAMPLES)
+    with pytest.raises(RewardError, match=r"^reward 'holding' \(plugin 'mine'\) failed to close: OSError: b: the pool "
+                                          r"would not stop$"):
+        worker.close()
+    assert Holding.closed == ["a", "b", "c"]  # the failure did not keep c open
+    worker.close()
+    assert Holding.closed == ["a", "b", "c"]  # once
+    # a constructor that failed: the rewards built before it are closed, the failed one is skipped
+    broken = RewardWorker([("holding", {"tag": "d"}, 1.0), ("picky", {"penalty": -1}, 1.0)], None)
+    broken.close()
+    assert Holding.closed[-1] == "d"
+
+
+@pytest.mark.parametrize("placement", ["driver", "workers"])
+def test_a_run_closes_its_rewards_wherever_they_score(rewards, tiny_config, placement):
+    """In the driver (``placement: driver``) the run's end closes them; in reward workers the
+    executor's shutdown does (the launcher's job; on Ray, before their processes end)."""
+    from roll_core.pipelines.rlvr import RLVRPipeline
+
+    Holding.closed = []
+    cfg = tiny_config("warmup.steps=0", "trainer.max_steps=1", "rollout.max_new_tokens=2", "roles.reward.name=holding",
+                      f"roles.reward.options={{tag: {placement}}}", f"roles.reward.placement={placement}")
+    executor = LocalExecutor()
+    RLVRPipeline(cfg, executor).run()
+    assert Holding.closed == (["driver"] if placement == "driver" else [])
+    executor.shutdown()
+    assert Holding.closed == [placement]
 
 
 def test_which_config_changes_resume_and_which_are_refused(tmp_path):

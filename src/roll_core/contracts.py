@@ -12,7 +12,8 @@ rewards                     a :class:`~roll_core.rewards.Reward` subclass; ``sco
                             sample; on sample inputs ``score`` returns a finite number and
                             ``score_batch`` one per sample; the reward's own ``contract_examples()``
                             (``[(options, RewardInput, expected score or None), ...]``) give the
-                            expected scores and the options to construct it with
+                            expected scores and the options to construct it with; ``close()``
+                            does not raise
 advantage_estimators        ``fn(AdvantageInput, AlgorithmConfig)`` returns finite ``[B, R]``
                             advantages and returns (with the roles it declares in ``needs``)
 policy_losses               ``fn(PolicyLossInput, AlgorithmConfig)`` returns a finite per-token
@@ -133,6 +134,12 @@ def _reward_checks(target) -> list[tuple[str, Callable[[], str]]]:
                 _expect(abs(_finite_number(v, "score_batch item") - value) <= 1e-6,
                         f"score_batch disagrees with score ({batch} vs {value})")
             checked += 1
+        for options, reward in built.items():  # as a run's end does (Reward.close)
+            try:
+                reward.close()
+            except Exception as exc:
+                raise _Fail(f"close() of the reward built with options {dict(options)} raised "
+                            f"{type(exc).__name__}: {exc}") from None
         return f"{checked} sample(s)"
 
     return [("interface", is_reward), ("sample inputs", examples)]

@@ -65,6 +65,13 @@ class Reward(ABC):
         reports them every step as ``reward/<name>/<key>``, summed over the reward's workers."""
         return {}
 
+    def close(self) -> None:
+        """Release what the reward holds beyond its own memory: a process pool of verifiers, a
+        container, a connection to a judge. Called once, when the run ends or its worker is replaced
+        or restarted (on Ray before the worker's process ends, within ``close_timeout_s``). A reward
+        abandoned after a timeout is not closed (its call may still be using it): its worker is
+        replaced, and on Ray its process ends. Optional; the default holds nothing."""
+
 
 class ExactMatch(Reward):
     """1.0 when the response equals the ground truth after stripping whitespace, else 0.0.

@@ -505,6 +505,23 @@ class RewardWorker(_Worker):
             scores = [0.0 if i in bad else s for i, s in enumerate(scores)]
         return scores
 
+    def close(self) -> None:
+        """Close every reward this worker built (:meth:`roll_core.rewards.Reward.close`), each even
+        when another's close fails; the first failure is raised after, naming its reward."""
+        super().close()
+        failures = []
+        for scorer in self.scorers:
+            reward, scorer.reward = scorer.reward, None
+            if reward is None:  # its constructor failed
+                continue
+            try:
+                reward.close()
+            except Exception as exc:  # noqa: BLE001 - any plugin's close: named, and the others still run
+                failures.append(f"reward '{scorer.name}' (plugin '{scorer.plugin}') failed to close: "
+                                f"{type(exc).__name__}: {exc}")
+        if failures:
+            raise RewardError("; ".join(failures))
+
     def score_detailed(self, samples: list[RewardInput]) -> dict:
         """``{"scores", "components": {name: [...]}, "seconds", "timeouts", "nonfinite", "replace",
         "counters": {"<reward>/<key>": n}}`` (counters: each reward's :meth:`Reward.metrics`)."""
