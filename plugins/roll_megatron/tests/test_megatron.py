@@ -737,3 +737,23 @@ def test_options_and_layout_are_checked_before_any_worker_starts(overrides, mess
 @pytest.mark.parametrize("kind", ["train", "infer", "critic"])
 def test_the_plugin_registers_megatron_without_importing_it(kind):
     assert_registered_lazily(kind, "megatron", "megatron")
+
+
+def test_a_bf16_reference_gives_float32_log_probs_near_fp32s(tiny_model_path):
+    """The reference role shares the policy's forward (``_stage_forward``): under ``precision:
+    bf16`` its log-probs are float32, within bfloat16's error of fp32's and not equal to them, and
+    its frozen weights stay float32."""
+    from roll_megatron.strategy import MegatronReferenceStrategy
+
+    def reference(precision: str) -> MegatronReferenceStrategy:
+        role = load_config(None, ["roles.reference.strategy=megatron",
+                                  f"roles.reference.strategy_options.precision={precision}"]).roles.reference
+        return MegatronReferenceStrategy(str(tiny_model_path), role, seed=0)
+
+    half, full = reference("bf16"), reference("fp32")
+    batch = training_batch(half.hf_config.vocab_size)
+    got, want = half.compute_log_probs(batch, 0.7), full.compute_log_probs(batch, 0.7)
+    mask = batch["response_mask"].bool()
+    gap = float((got - want)[mask].abs().max())
+    assert got.dtype == torch.float32 and 1e-4 < gap < 0.02, gap
+    assert {p.dtype for p in half.model.parameters()} == {torch.float32}
