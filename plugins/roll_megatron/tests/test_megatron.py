@@ -757,3 +757,30 @@ def test_a_bf16_reference_gives_float32_log_probs_near_fp32s(tiny_model_path):
     gap = float((got - want)[mask].abs().max())
     assert got.dtype == torch.float32 and 1e-4 < gap < 0.02, gap
     assert {p.dtype for p in half.model.parameters()} == {torch.float32}
+
+
+def test_lora_under_bf16_trains_near_fp32_with_float32_adapters(tiny_model_path):
+    """LoRA and ``precision: bf16`` together (one rank): the same adapters give an update within
+    bfloat16's error of fp32's (and not equal), float32 adapters and gradients, and base log-probs
+    (the adapters off) near fp32's."""
+    adapters = lora.adapter_state(_peft_policy(str(tiny_model_path), load_config(None, UPDATE + LORA)).model)
+
+    def trainer(precision: str):
+        cfg = load_config(None, UPDATE + LORA + [f"roles.actor_train.strategy_options.precision={precision}"])
+        return _megatron_with(str(tiny_model_path), cfg, adapters)
+
+    cfg = load_config(None, UPDATE + LORA)
+    objective, spec = ActorObjective.from_config(cfg.algorithm, cfg.rollout), UpdateSpec.from_config(
+        cfg.algorithm, cfg.roles.actor_train)
+    half, full = trainer("bf16"), trainer("fp32")
+    batch = training_batch(half.hf_config.vocab_size)
+    mask = batch["response_mask"].bool()
+    gap = float((half.base_log_probs(batch, 1.0) - full.base_log_probs(batch, 1.0))[mask].abs().max())
+    assert 1e-4 < gap < 0.02, gap
+    got, want = update(half, batch, objective, spec), update(full, batch, objective, spec)
+    for key in ("train/pg_loss", "train/entropy", "train/grad_norm"):
+        assert got[key] == pytest.approx(want[key], rel=5e-3), key
+    assert got["train/grad_norm"] != want["train/grad_norm"]
+    trained = [p for p in half.model.parameters() if p.requires_grad]
+    assert trained and {p.dtype for p in trained} == {torch.float32}
+    assert {p.grad.dtype for p in trained if p.grad is not None} == {torch.float32}
