@@ -88,7 +88,7 @@ def _rows() -> list[str]:
         rows.append(" | ".join([
             f"| `{name}`", entries[0][0], yes("train" in kinds), yes("critic" in kinds),
             yes(infer is not None and infer.get("generates", True)), yes(infer is not None),
-            yes(bool(kinds.get("train", {}).get("lora"))), which("packed_sequences"), which("compiles"),
+            which("lora"), which("packed_sequences"), which("compiles"),
             which("images"), _options(kinds)]) + " |")
     return rows
 

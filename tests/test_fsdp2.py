@@ -67,6 +67,7 @@ def test_lora_under_fsdp2_checkpoints_exports_and_folds_the_policy(tiny_model_pa
 
     from roll_core.algorithms.objective import ActorObjective
     from roll_core.strategies.fsdp2 import FSDP2TrainStrategy
+    from roll_core.strategies.hf import HFTrainStrategy
     from roll_core.strategies.models import load_causal_lm
     from roll_core.testing import full_weights, training_batch
     from roll_core.training import UpdateSpec, update
@@ -80,8 +81,8 @@ def test_lora_under_fsdp2_checkpoints_exports_and_folds_the_policy(tiny_model_pa
     policy = trainer.compute_log_probs(batch, 1.0)
     trainer.save_checkpoint(str(tmp_path / "ckpt"))
 
-    def log_probs(model):  # a plain model, or peft's, computing as the trainer does
-        scratch = FSDP2TrainStrategy.__new__(FSDP2TrainStrategy)
+    def log_probs(model):  # a plain model, or peft's, computing as the trainer does (unsharded: hf's pass)
+        scratch = HFTrainStrategy.__new__(HFTrainStrategy)
         scratch.__dict__.update(trainer.__dict__, model=model.eval())
         return scratch.compute_log_probs(batch, 1.0)
 

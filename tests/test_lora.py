@@ -239,7 +239,8 @@ def test_a_strategy_without_peft_names_the_install_command(monkeypatch):
     from roll_core.strategies import lora
 
     monkeypatch.setitem(sys.modules, "peft", None)  # what an environment without peft imports
-    with pytest.raises(ConfigError, match=r"^roles.actor_train.lora needs peft: pip install 'roll-core\[lora\]'$"):
+    with pytest.raises(ConfigError, match=r"^LoRA \(roles.actor_train.lora, roles.critic.lora\) needs peft: "
+                                          r"pip install 'roll-core\[lora\]'$"):
         lora._peft()
 
 

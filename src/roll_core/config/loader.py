@@ -355,29 +355,32 @@ def _compile_requirements(cfg: RollConfig, plugins) -> list[str]:
 
 
 def _lora_requirements(cfg: RollConfig, plugins) -> list[str]:
-    """LoRA needs a train strategy registered with ``lora=True`` and peft; its reference (no
+    """LoRA (on the policy, on the critic) needs a strategy of the role's kind registered with
+    ``lora=True``, peft, and target modules the model has; the policy's reference (no
     ``model_path``) runs on actor_train's workers, so a placement of its own would go unused."""
-    if cfg.roles.actor_train.lora is None:
-        return []
+    adapted = {name: (role, role.lora) for name, role in (("actor_train", cfg.roles.actor_train),
+                                                          ("critic", cfg.roles.critic))
+               if role is not None and role.lora is not None}
     problems = []
-    name = cfg.roles.actor_train.strategy
-    able = _registered_with(plugins, "train_strategies", "lora")
-    if name in plugins.registry("train_strategies") and name not in able:
-        problems.append(f"key 'roles.actor_train.lora': train strategy '{name}' does not train LoRA adapters; "
-                        f"strategies that do: {', '.join(able) or 'none installed'}")
+    for name, (role, settings) in adapted.items():
+        key, registry = f"roles.{name}.lora", f"{role.kind}_strategies"
+        able = _registered_with(plugins, registry, "lora")
+        if role.strategy in plugins.registry(registry) and role.strategy not in able:
+            problems.append(f"key '{key}': {role.kind} strategy '{role.strategy}' does not train LoRA adapters; "
+                            f"strategies that do: {', '.join(able) or 'none installed'}")
+        targets, path = settings.target_modules, cfg.model.path
+        if targets != "all-linear" and (path == "tiny" or (Path(path) / "config.json").is_file()):
+            from roll_core.strategies import lora  # a named layer the model lacks: now, not in a worker
+
+            if problem := lora.unknown_targets(targets, lora.architecture_linear_names(path, cfg.model.tiny), path):
+                problems.append(f"key '{key}.target_modules': {problem}")
     ref = cfg.roles.reference
-    if ref is not None and cfg.reference_on_actor() and ref.device_mapping is not None:
+    if "actor_train" in adapted and ref is not None and cfg.reference_on_actor() and ref.device_mapping is not None:
         problems.append("key 'roles.reference.device_mapping': under roles.actor_train.lora the reference is the "
                         "base model on actor_train's workers (adapters disabled); drop its device_mapping")
-    if importlib.util.find_spec("peft") is None:
-        problems.append("key 'roles.actor_train.lora': needs peft, which is not installed: "
+    if adapted and importlib.util.find_spec("peft") is None:
+        problems.append(f"key 'roles.{next(iter(adapted))}.lora': needs peft, which is not installed: "
                         "pip install 'roll-core[lora]'")
-    targets, path = cfg.roles.actor_train.lora.target_modules, cfg.model.path
-    if targets != "all-linear" and (path == "tiny" or (Path(path) / "config.json").is_file()):
-        from roll_core.strategies import lora  # a named layer the model lacks: now, not in a worker
-
-        if problem := lora.unknown_targets(targets, lora.architecture_linear_names(path, cfg.model.tiny), path):
-            problems.append(f"key 'roles.actor_train.lora.target_modules': {problem}")
     return problems
 
 

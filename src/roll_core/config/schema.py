@@ -531,11 +531,13 @@ class _TrainedRoleConfig(Placed):
 
 
 class LoraConfig(Strict):
-    """Low-rank adapters (LoRA, Hu et al. 2021, arXiv:2106.09685) on the trained policy, through
-    ``peft``: ``W x + (alpha / rank) B A x`` with ``A [rank, in]``, ``B [out, rank]`` trained and ``W``
-    frozen. Only the adapters reach the inference engines, which merge them onto the base weights;
-    a reference role without a ``model_path`` becomes the base model itself (the adapters disabled on
-    actor_train's workers), so no second copy is loaded. Needs ``pip install 'roll-core[lora]'``."""
+    """Low-rank adapters (LoRA, Hu et al. 2021, arXiv:2106.09685) on the trained policy or PPO's
+    critic, through ``peft``: ``W x + (alpha / rank) B A x`` with ``A [rank, in]``, ``B [out, rank]``
+    trained and ``W`` frozen. On the policy, only the adapters reach the inference engines, which
+    merge them onto the base weights, and a reference role without a ``model_path`` becomes the base
+    model itself (the adapters disabled on actor_train's workers), so no second copy is loaded. On
+    the critic, the fresh value head trains whole beside the adapters. Needs
+    ``pip install 'roll-core[lora]'``."""
 
     rank: int = Field(8, ge=1, description="r: the adapters' inner dimension")
     alpha: float = Field(16.0, gt=0, description="the update is scaled by alpha / rank")
@@ -583,6 +585,8 @@ class CriticRoleConfig(_TrainedRoleConfig):
     kind: Literal["critic"] = Field("critic", description=_KIND)
     lr: float = Field(
         1e-3, gt=0, description="learning rate of the value model (higher than the policy's: its head starts fresh)")
+    lora: LoraConfig | None = Field(
+        None, description="train low-rank adapters on the backbone (and the value head whole) instead of every weight")
 
 
 class RewardFailures(Placed):

@@ -16,12 +16,12 @@ def roll_register_strategies(register):
     register("hf", "roll_core.strategies.hf:HFInferStrategy", kind="infer", packed_sequences=True, images=True,
              options=_INFER_OPTIONS,
              description="transformers + torch, KV-cached sampling (CUDA graphs on a GPU), fp32 or bf16 autocast")
-    register("hf", "roll_core.strategies.hf:HFCriticStrategy", kind="critic", packed_sequences=True,
+    register("hf", "roll_core.strategies.hf:HFCriticStrategy", kind="critic", lora=True, packed_sequences=True,
              compiles=True, images=True, options=_OPTIONS,
-             description="transformers token-classification head (one value per token), AdamW")
+             description="transformers token-classification head (one value per token), AdamW (full or LoRA)")
     register("fsdp2", "roll_core.strategies.fsdp2:FSDP2TrainStrategy", kind="train", lora=True, packed_sequences=True,
              compiles=True, images=True, options=_OPTIONS,
              description="transformers + torch FSDP2 (fully_shard) over the role's workers, AdamW")
-    register("fsdp2", "roll_core.strategies.fsdp2:FSDP2CriticStrategy", kind="critic", packed_sequences=True,
+    register("fsdp2", "roll_core.strategies.fsdp2:FSDP2CriticStrategy", kind="critic", lora=True, packed_sequences=True,
              compiles=True, images=True, options=_OPTIONS,
              description="the hf critic's value model sharded with torch FSDP2 (fully_shard), AdamW")

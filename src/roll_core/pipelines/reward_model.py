@@ -50,6 +50,11 @@ class RewardModelPipeline(ActorLoop):
             problems.append(f"pipeline reward_model exports a Hugging Face sequence classifier, which transformers "
                             f"builds for text models only, and the data has images ({images[0]}); train a reward "
                             f"model on text data")
+        lora = cfg.roles.critic.lora
+        if lora is not None and lora.save != "merged":  # after_steps reads the checkpoint's model/
+            problems.append("key 'roles.critic.lora.save': pipeline reward_model exports the trained model from its "
+                            "last checkpoint's model/, which a LoRA critic writes with save: merged only; set "
+                            "roles.critic.lora.save=merged")
         return problems + odd_micro_batch(cfg, "critic")
 
     def prepare(self) -> None:

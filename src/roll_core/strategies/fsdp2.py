@@ -10,7 +10,7 @@ The loss arithmetic is the ``hf`` strategy's: every rank scales its share by glo
 so FSDP2's reduce-scatter must *sum* gradients (divide factor 1), not average them. Full weights
 (for weight sync and Hugging Face checkpoints) are gathered with collectives on every rank.
 
-LoRA (``roles.actor_train.lora``) works as under ``hf``: peft wraps the model before it is sharded,
+LoRA (``roles.actor_train.lora``, ``roles.critic.lora``) works as under ``hf``: peft wraps the model before it is sharded,
 so the adapters are FSDP parameters too (trainable beside the frozen base in the same units), and
 what reads or writes a whole adapter or weight gathers or shards it (:mod:`roll_core.strategies.lora`).
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -33,7 +33,6 @@ import torch.distributed as dist
 from roll_core.runtime.distributed import ensure_process_group, rank_world
 from roll_core.strategies import lora
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
-from roll_core.strategies.models import load_causal_lm, load_value_model
 
 
 class _FSDP2Units:
@@ -44,6 +43,13 @@ class _FSDP2Units:
     model: Any
     device: torch.device
     optimizers: dict[str, torch.optim.Optimizer]
+    lora: Any
+    # the hf strategy's (roll_core.strategies.hf.WholeCheckpoints), which this one gathers for
+    export_model: Callable[[str], None]
+    full_parameters: Callable[[], Iterator[tuple[str, torch.Tensor]]]
+    _plain_state: Callable[[str], dict[str, torch.Tensor]]
+    _sampling_state: Callable[[], dict[str, Any]]
+    _restore_sampling: Callable[[dict[str, Any]], None]
 
     def prepare_model(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh
@@ -72,6 +78,17 @@ class _FSDP2Units:
     def reduce_gradients(self) -> None:
         """FSDP2's reduce-scatter already summed the gradient shards during backward."""
 
+    def forward(self, batch, outputs, temperature):
+        """The ``hf`` pass without gradient, then the root unit resharded. FSDP2 keeps the root's
+        parameters gathered after a forward, for the backward that follows in training; after a pass
+        without one they stayed whole until the next update (a vocabulary-sized embedding and head
+        held between phases), and ``named_parameters`` yielded tensors the optimizer does not hold,
+        so the checkpoint of a role that trains root parameters (a LoRA critic's head) failed."""
+        try:
+            return super().forward(batch, outputs, temperature)
+        finally:
+            self.model.reshard()
+
     def _full_state_dict(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -97,6 +114,33 @@ class _FSDP2Units:
         set_optimizer_state_dict(self.model, self.optimizers["default"], optim_state_dict=optimizer_state,
                                  options=StateDictOptions(full_state_dict=True, strict=False))
 
+    def _plain_model_state(self) -> dict[str, Any]:
+        # gathered on every rank (export_model: rank 0 writes it); under LoRA the adapters merged
+        return dict(self.full_parameters()) if self.lora is not None else self._full_state_dict()
+
+    def save_checkpoint(self, path: str) -> None:
+        """As ``hf`` saves (:class:`~roll_core.strategies.hf.WholeCheckpoints`), every rank gathering
+        the model, the adapters and the optimizer's states; rank 0 writes them."""
+        root = Path(path)
+        if self.lora is None or self.lora.save == "merged":
+            self.export_model(str(root / "model"))
+        adapter = lora.adapter_state(self.model) if self.lora is not None else None
+        optim_state = self._full_optimizer_state()
+        if rank_world()[0] == 0:
+            if adapter is not None:
+                lora.save_adapter(self.model, root / "adapter", adapter)
+            torch.save({"optimizer": optim_state, **self._sampling_state()}, root / "train_state.pt")
+        dist.barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        root = Path(path)
+        if self.lora is not None:
+            lora.load_adapter(self.model, root / "adapter")
+        model = None if self.lora is not None else self._plain_state(str(root / "model"))
+        state = torch.load(root / "train_state.pt", weights_only=False)
+        self._load_states(model, state["optimizer"])
+        self._restore_sampling(state)
+
 
 class FSDP2TrainStrategy(_FSDP2Units, HFTrainStrategy):
     """AdamW over FSDP2-sharded parameters (one shard per data-parallel rank)."""
@@ -108,48 +152,7 @@ class FSDP2TrainStrategy(_FSDP2Units, HFTrainStrategy):
         for name, param in self.model.named_parameters():
             yield name, self.whole_parameters.read(param).cpu()  # a DTensor: a collective, every rank takes part
 
-    def _plain_model_state(self) -> dict[str, Any]:
-        # gathered on every rank (export_model: rank 0 writes it)
-        return dict(self.full_parameters()) if self.lora is not None else self._full_state_dict()
-
-    def save_checkpoint(self, path: str) -> None:
-        root = Path(path)
-        if self.lora is None or self.lora.save == "merged":
-            self.export_model(str(root / "model"))  # every rank gathers
-        adapter = lora.adapter_state(self.model) if self.lora is not None else None
-        optim_state = self._full_optimizer_state()
-        if rank_world()[0] == 0:
-            if adapter is not None:
-                lora.save_adapter(self.model, root / "adapter", adapter)
-            torch.save({"optimizer": optim_state, "generator": self.generator.get_state()}, root / "train_state.pt")
-        dist.barrier()
-
-    def load_checkpoint(self, path: str) -> None:
-        root = Path(path)
-        if self.lora is not None:
-            lora.load_adapter(self.model, root / "adapter")
-        model = None if self.lora is not None else load_causal_lm(str(root / "model")).state_dict()
-        state = torch.load(root / "train_state.pt", weights_only=False)
-        self._load_states(model, state["optimizer"])
-        self.generator.set_state(state["generator"])
-
 
 class FSDP2CriticStrategy(_FSDP2Units, HFCriticStrategy):
     """PPO's value model with FSDP2-sharded parameters: the ``hf`` critic's model, passes and
     ``model/`` (``...ForTokenClassification``), the optimizer's states split over the ranks."""
-
-    def _plain_model_state(self) -> dict[str, Any]:
-        return self._full_state_dict()  # gathered on every rank (export_model: rank 0 writes it)
-
-    def save_checkpoint(self, path: str) -> None:
-        root = Path(path)
-        self.export_model(str(root / "model"))
-        optim_state = self._full_optimizer_state()
-        if rank_world()[0] == 0:
-            torch.save({"optimizer": optim_state}, root / "train_state.pt")
-        dist.barrier()
-
-    def load_checkpoint(self, path: str) -> None:
-        root = Path(path)
-        model = load_value_model(str(root / "model"), torch.device("cpu"), seed=0).state_dict()  # its trained head
-        self._load_states(model, torch.load(root / "train_state.pt", weights_only=False)["optimizer"])

@@ -23,7 +23,7 @@ from roll_core.multimodal import batch_images, image_counts, model_images
 from roll_core.runtime.distributed import barrier, bucketed, rank_world, sum_gradients
 from roll_core.strategies import cpu_matmul, cuda_graph, float32_attention, lora, precision
 from roll_core.strategies.compiled import compile_layers
-from roll_core.strategies.models import default_device, full_sequence, load_causal_lm, load_value_model
+from roll_core.strategies.models import VALUE_HEAD, default_device, full_sequence, load_causal_lm, load_value_model
 from roll_core.strategies.packing import model_config, packed_forward, packed_inputs
 from roll_core.strategies.sequences import (causal_lm_outputs, end_token_ids, padding_id, position_ids_from_mask,
                                             never_drawn, response_end_ids, response_outputs, sample_responses,
@@ -282,8 +282,16 @@ class PlainExport:
     waits until the directory is complete. Backends override the two parts, never the write."""
 
     model: Any
-    lora: Any = None  # roles.actor_train.lora where the strategy trains adapters
-    full_parameters: Callable[[], Iterator[tuple[str, torch.Tensor]]]  # the train strategy's
+    lora: Any = None  # the role's lora settings where the strategy trains adapters
+    full_parameters: Callable[[], Iterator[tuple[str, torch.Tensor]]]  # the trained strategy's
+    # how LoRA's functions read and write whole parameters (a backend that partitions them says how)
+    whole_parameters: WholeParameters = TENSORS
+
+    @property
+    def peft_model(self) -> Any:
+        """Under LoRA, the peft model: ``self.model``, or the one an engine wraps (a subclass whose
+        ``self.model`` became an engine keeps the Hugging Face model as ``self.module``: DeepSpeed)."""
+        return getattr(self, "module", self.model)
 
     def _plain_model(self) -> Any:
         """The model to write: an engine that wraps the model keeps it as ``self.module``
@@ -308,7 +316,50 @@ class PlainExport:
         barrier()
 
 
-class HFTrainStrategy(PlainExport, TorchPrimitives, _Sampling, TrainStrategy):
+class WholeCheckpoints(PlainExport):
+    """``save_checkpoint``/``load_checkpoint`` of a trained role whose ranks hold whole tensors:
+    ``model/`` (a plain Hugging Face directory: under LoRA only with ``save: merged``, the adapters
+    merged), ``adapter/`` under LoRA (peft's format), and ``train_state.pt`` (the optimizer's states
+    and, for a policy, its sampling generator's). Rank 0 writes for every replica."""
+
+    optimizers: dict[str, torch.optim.Optimizer]
+
+    def _plain_state(self, directory: str) -> dict[str, torch.Tensor]:
+        """The state dict of the plain model ``export_model`` wrote to ``directory``."""
+        raise NotImplementedError
+
+    def _sampling_state(self) -> dict[str, Any]:
+        """A policy's sampling generator, which a resumed run continues (a critic has none)."""
+        generator = getattr(self, "generator", None)
+        return {} if generator is None else {"generator": generator.get_state()}
+
+    def _restore_sampling(self, state: dict[str, Any]) -> None:
+        if "generator" in state:
+            getattr(self, "generator").set_state(state["generator"])
+
+    def save_checkpoint(self, path: str) -> None:
+        root = Path(path)
+        if self.lora is None or self.lora.save == "merged":
+            self.export_model(str(root / "model"))  # on every rank
+        if rank_world()[0] != 0:  # replicas are identical: rank 0 writes for all
+            return
+        if self.lora is not None:
+            lora.save_adapter(self.model, root / "adapter")
+        torch.save({"optimizer": self.optimizers["default"].state_dict(), **self._sampling_state()},
+                   root / "train_state.pt")
+
+    def load_checkpoint(self, path: str) -> None:
+        root = Path(path)
+        if self.lora is not None:
+            lora.load_adapter(self.model, root / "adapter")
+        else:
+            self.model.load_state_dict(self._plain_state(str(root / "model")))
+        state = torch.load(root / "train_state.pt", weights_only=False)
+        self.optimizers["default"].load_state_dict(state["optimizer"])
+        self._restore_sampling(state)
+
+
+class HFTrainStrategy(WholeCheckpoints, TorchPrimitives, _Sampling, TrainStrategy):
     """AdamW on the full model, or on LoRA adapters (``roles.actor_train.lora``,
     :mod:`roll_core.strategies.lora`); the policy's log-probs, entropy and log-distributions as outputs."""
 
@@ -322,15 +373,6 @@ class HFTrainStrategy(PlainExport, TorchPrimitives, _Sampling, TrainStrategy):
         if getattr(role_config, "compile", False):
             compile_layers(self.model)  # under LoRA, the layers with their adapters
         self._build_optimizers()
-
-    # how LoRA's functions read and write whole parameters (a backend that partitions them says how)
-    whole_parameters: WholeParameters = TENSORS
-
-    @property
-    def peft_model(self) -> Any:
-        """Under LoRA, the peft model: ``self.model``, or the one an engine wraps (a subclass whose
-        ``self.model`` became an engine keeps the Hugging Face model as ``self.module``: DeepSpeed)."""
-        return getattr(self, "module", self.model)
 
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, full tensor on CPU)`` of every parameter (under LoRA, of the merged model);
@@ -367,33 +409,16 @@ class HFTrainStrategy(PlainExport, TorchPrimitives, _Sampling, TrainStrategy):
         fresh ones start; the policy is unchanged (:func:`roll_core.strategies.lora.fold`)."""
         lora.fold(self.peft_model, base_path, self.seed, self.whole_parameters)
 
-    def save_checkpoint(self, path: str) -> None:
-        root = Path(path)
-        if self.lora is None or self.lora.save == "merged":
-            self.export_model(str(root / "model"))  # on every rank
-        if rank_world()[0] != 0:  # replicas are identical: rank 0 writes for all
-            return
-        if self.lora is not None:
-            lora.save_adapter(self.model, root / "adapter")
-        torch.save({"optimizer": self.optimizers["default"].state_dict(), "generator": self.generator.get_state()},
-                   root / "train_state.pt")
-
-    def load_checkpoint(self, path: str) -> None:
-        root = Path(path)
-        if self.lora is not None:
-            lora.load_adapter(self.model, root / "adapter")
-        else:
-            # from_pretrained resolves tied weights and shards the same way it does for any checkpoint.
-            self.model.load_state_dict(load_causal_lm(str(root / "model")).state_dict())
-        state = torch.load(root / "train_state.pt", weights_only=False)
-        self.optimizers["default"].load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
+    def _plain_state(self, directory: str) -> dict[str, torch.Tensor]:
+        # from_pretrained resolves tied weights and shards the same way it does for any checkpoint
+        return load_causal_lm(directory).state_dict()
 
 
-class HFCriticStrategy(PlainExport, TorchPrimitives, TorchOffloading, precision.Autocasting, CriticStrategy):
+class HFCriticStrategy(WholeCheckpoints, TorchPrimitives, TorchOffloading, precision.Autocasting, CriticStrategy):
     """PPO's value model: the policy checkpoint with a fresh one-label head
-    (:func:`~roll_core.strategies.models.load_value_model`), ``values`` as its output.
-    Checkpoints stay plain Hugging Face directories."""
+    (:func:`~roll_core.strategies.models.load_value_model`), ``values`` as its output; under
+    ``roles.critic.lora`` the backbone trains adapters and the head trains whole
+    (:mod:`roll_core.strategies.lora`). ``model/`` stays a plain Hugging Face directory."""
 
     def __init__(self, model_path: str, role_config, seed: int):
         self.role_config = role_config
@@ -402,6 +427,9 @@ class HFCriticStrategy(PlainExport, TorchPrimitives, TorchOffloading, precision.
         self.model = load_value_model(model_path, self.device, seed)
         cpu_matmul.adopt(self.model)  # runtime.cpu_matmul
         float32_attention.adopt(self.model, self.precision, self.device)  # bf16 on the CPU
+        self.lora = getattr(role_config, "lora", None)
+        if self.lora is not None:  # the fresh head trains whole: no adapter could make it a value head
+            self.model = lora.wrap(self.model, self.lora, model_path, seed, key="roles.critic.lora", head=VALUE_HEAD)
         self.prepare_model()
         if getattr(role_config, "compile", False):
             compile_layers(self.model)
@@ -430,14 +458,14 @@ class HFCriticStrategy(PlainExport, TorchPrimitives, TorchOffloading, precision.
         self.model.eval()
         return {k: v.cpu() for k, v in self._outputs(batch, outputs, temperature).items()}
 
-    def save_checkpoint(self, path: str) -> None:
-        root = Path(path)
-        self.export_model(str(root / "model"))  # on every rank
-        if rank_world()[0] != 0:
+    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, whole tensor on CPU)`` of the value model's parameters (under LoRA, merged, with
+        the trained head); sharded subclasses gather here."""
+        if self.lora is not None:
+            yield from lora.merged_parameters(self.peft_model, self.whole_parameters)
             return
-        torch.save({"optimizer": self.optimizers["default"].state_dict()}, root / "train_state.pt")
+        for name, param in self.peft_model.named_parameters():
+            yield name, self.whole_parameters.read(param).cpu()
 
-    def load_checkpoint(self, path: str) -> None:
-        root = Path(path)
-        self.model.load_state_dict(load_value_model(str(root / "model"), torch.device("cpu"), seed=0).state_dict())
-        self.optimizers["default"].load_state_dict(torch.load(root / "train_state.pt", weights_only=False)["optimizer"])
+    def _plain_state(self, directory: str) -> dict[str, torch.Tensor]:
+        return load_value_model(directory, torch.device("cpu"), seed=0).state_dict()  # its trained head

@@ -1,4 +1,4 @@
-"""LoRA on the trained policy: adapters on the training side, merged on the inference side.
+"""LoRA on the trained policy (and critic): adapters on the training side, merged on the inference side.
 
 ``roles.actor_train.lora`` (:class:`roll_core.config.schema.LoraConfig`) wraps actor_train's model
 with ``peft``: the base weights ``W`` freeze and each targeted linear layer computes
@@ -21,6 +21,10 @@ with ``peft``: the base weights ``W`` freeze and each targeted linear layer comp
   values through ``params`` (:class:`roll_core.strategies.sharded.WholeParameters`, the strategy's
   ``whole_parameters``): reading gathers (a collective every rank joins) and writing keeps this
   rank's part, so they serve ``hf``, ``fsdp2`` and DeepSpeed alike.
+* **The critic.** ``roles.critic.lora`` wraps PPO's value model the same way, its fresh value head
+  (``score``) trained whole beside the adapters (peft's ``modules_to_save``: a trained copy of the
+  head, saved in ``adapter/`` under the head's own names). Nothing syncs; ``model/`` of a merged
+  save and ``export_model`` hold the value model with the adapters folded in and the trained head.
 """
 
 from __future__ import annotations
@@ -39,20 +43,23 @@ from roll_core.strategies.sharded import TENSORS, WholeParameters
 
 A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
 _PEFT_PREFIX = "base_model.model."  # where peft puts the wrapped model's own module names
+OUTPUT_HEADS = ("lm_head", "score")  # a causal LM's and a value model's (models.VALUE_HEAD): never adapted
+_SAVED_COPY = ".modules_to_save."  # peft's trained copy of a module trained whole (the value head)
 
 
 def _peft():
     try:
         import peft
     except ImportError as e:
-        raise ConfigError("roles.actor_train.lora needs peft: pip install 'roll-core[lora]'") from e
+        raise ConfigError("LoRA (roles.actor_train.lora, roles.critic.lora) needs peft: "
+                          "pip install 'roll-core[lora]'") from e
     return peft
 
 
 def linear_module_names(model: Any) -> list[str]:
-    """Suffixes of the model's linear layers (what ``target_modules`` may name), output head excluded."""
+    """Suffixes of the model's linear layers (what ``target_modules`` may name), output heads excluded."""
     return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
-                   if isinstance(m, torch.nn.Linear) and name != "lm_head"})
+                   if isinstance(m, torch.nn.Linear) and name not in OUTPUT_HEADS})
 
 
 def unknown_targets(targets: list[str], known: list[str], model_path: str) -> str | None:
@@ -74,25 +81,29 @@ def architecture_linear_names(model_path: str, tiny=None) -> list[str]:
         return linear_module_names(AutoModelForCausalLM.from_config(config))
 
 
-def wrap(model: Any, settings, model_path: str, seed: int) -> Any:
+def wrap(model: Any, settings, model_path: str, seed: int, key: str = "roles.actor_train.lora",
+         head: str | None = None) -> Any:
     """``model`` as a ``peft`` model with fresh adapters (``B = 0``: at first it computes what the base
     model computes; ``A`` random, drawn from a generator seeded with ``seed`` so that a seed gives the
-    same adapters in any process and executor, the global RNG untouched). Unknown ``target_modules``
-    are reported with the model's linear layers."""
+    same adapters in any process and executor, the global RNG untouched). ``head``: a module trained
+    whole beside the adapters (a value model's fresh ``score``). Unknown ``target_modules`` are
+    reported with the model's linear layers, under the config ``key``."""
     peft = _peft()
     targets = settings.target_modules
     if targets != "all-linear" and (problem := unknown_targets(targets, linear_module_names(model), model_path)):
-        raise ConfigError(f"roles.actor_train.lora.target_modules: {problem}")
-    config = peft_config(settings, targets, model_path)
+        raise ConfigError(f"{key}.target_modules: {problem}")
+    config = peft_config(settings, targets, model_path, [head] if head else None)
     with warnings.catch_warnings(), _seeded(model, seed):
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)  # peft, v5
         return peft.get_peft_model(model, config)
 
 
-def peft_config(settings, targets: list[str] | str, base: str) -> Any:
-    """peft's ``LoraConfig`` of ``roles.actor_train.lora`` on ``targets`` over the model at ``base``."""
+def peft_config(settings, targets: list[str] | str, base: str, modules_to_save: list[str] | None = None) -> Any:
+    """peft's ``LoraConfig`` of a role's ``lora`` settings on ``targets`` over the model at ``base``;
+    ``modules_to_save``: modules trained whole (a value head)."""
     return _peft().LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                              target_modules=targets, bias="none", base_model_name_or_path=base)
+                              target_modules=targets, bias="none", base_model_name_or_path=base,
+                              modules_to_save=modules_to_save)
 
 
 def saved_name(module: str, half: str) -> str:
@@ -137,10 +148,15 @@ def adapter_tensors(model: Any, params: WholeParameters = TENSORS) -> Iterator[t
 
 def merged_parameters(model: Any, params: WholeParameters = TENSORS) -> Iterator[tuple[str, torch.Tensor]]:
     """Every parameter of the base model under its Hugging Face name, targeted weights merged
-    (``W + s B A``) and adapters left out: the model the policy computes, as a plain checkpoint."""
+    (``W + s B A``), adapters left out and a module trained whole (a value head) as its trained copy:
+    the model the role computes, as a plain checkpoint."""
     layers = dict(_lora_layers(model))
+    (adapter,) = model.peft_config
     for name, param in model.get_base_model().named_parameters():
-        if ".lora_" in name:
+        if ".lora_" in name or ".original_module." in name:  # the head's frozen original: its copy trains
+            continue
+        if _SAVED_COPY in name:
+            yield name.replace(f"{_SAVED_COPY}{adapter}.", "."), params.read(param).cpu()
             continue
         if ".base_layer." in name:
             module = name.split(".base_layer.")[0]
@@ -205,10 +221,17 @@ def adapters_disabled(model: Any):
 
 
 def _adapter_parameters(model: Any) -> dict[str, torch.Tensor]:
-    """The adapters' parameters under the names peft saves them with (the adapter's name left out:
-    ``...q_proj.lora_A.default.weight`` is saved as ``...q_proj.lora_A.weight``)."""
+    """The adapters' parameters, and those of a module trained whole (a value head), under the names
+    peft saves them with (the adapter's name left out: ``...q_proj.lora_A.default.weight`` is saved as
+    ``...q_proj.lora_A.weight``, ``score.modules_to_save.default.weight`` as ``score.weight``)."""
     (adapter,) = model.peft_config
-    return {name.replace(f".{adapter}.", "."): param for name, param in model.named_parameters() if ".lora_" in name}
+    saved = {}
+    for name, param in model.named_parameters():
+        if ".lora_" in name:
+            saved[name.replace(f".{adapter}.", ".")] = param
+        elif _SAVED_COPY in name:
+            saved[name.replace(f"{_SAVED_COPY}{adapter}.", ".")] = param
+    return saved
 
 
 def adapter_state(model: Any, params: WholeParameters = TENSORS) -> dict[str, torch.Tensor]:

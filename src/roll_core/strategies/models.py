@@ -40,6 +40,9 @@ def load_causal_lm(model_path: str, device: torch.device | None = None) -> Any:
     return model.to(device or torch.device("cpu"))
 
 
+VALUE_HEAD = "score"  # the value model's head module, as transformers' ...ForTokenClassification names it
+
+
 def load_value_model(model_path: str, device: torch.device, seed: int) -> Any:
     """A causal LM checkpoint as ``AutoModelForTokenClassification`` with one label: the backbone
     starts from the checkpoint and a fresh linear head (:func:`fresh_value_head`) gives ``V(s_t)``
