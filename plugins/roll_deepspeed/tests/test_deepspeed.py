@@ -196,6 +196,34 @@ def test_the_critic_computes_what_hf_computes(images, request):
                                atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("zero", [2, 3])
+def test_a_lora_critic_trains_saves_and_resumes_as_hf_does(tiny_model_path, tmp_path, zero):
+    """roles.critic.lora: the adapters and the whole value head train as the ``hf`` LoRA critic's
+    (ZeRO-3 partitions the head's trained copy too), a merged model/ is a plain value model with its
+    values, and the checkpoint resumes the next update exactly."""
+    cfg = load_config(None, UPDATE + ["algorithm.advantage_estimator=gae", "roles.critic.micro_batch_size=2",
+                                      "roles.critic.lora={rank: 4, alpha: 8, save: merged}",
+                                      f"roles.critic.strategy_options={stage(zero)}"])
+    critic = DeepSpeedCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=0)
+    reference = HFCriticStrategy(str(tiny_model_path), hf_role(cfg.roles.critic), seed=0)
+    batch = training_batch(reference.model.config.vocab_size)
+    mask = batch["response_mask"]
+    ours, theirs = critic_update(critic, cfg, batch), critic_update(reference, cfg, batch)
+    for key in ("critic/value_loss", "critic/grad_norm"):
+        assert ours[key] == pytest.approx(theirs[key], rel=1e-4), key
+    after = reference.compute_values(batch) * mask
+    torch.testing.assert_close(critic.compute_values(batch) * mask, after, atol=1e-4, rtol=0)
+    critic.save_checkpoint(str(tmp_path / "ckpt"))
+    plain = HFCriticStrategy(str(tmp_path / "ckpt" / "model"), hf_role(cfg.roles.critic).model_copy(
+        update={"lora": None}), seed=5)
+    torch.testing.assert_close(plain.compute_values(batch) * mask, after, atol=1e-4, rtol=0)
+    critic_update(critic, cfg, batch)
+    resumed = DeepSpeedCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=1)
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    critic_update(resumed, cfg, batch)
+    assert torch.equal(resumed.compute_values(batch), critic.compute_values(batch))
+
+
 def test_the_critic_trains_on_packed_rows_as_on_padded_ones(tiny_model_path, monkeypatch):
     """roles.critic.pack_sequences on deepspeed: accepted by roll validate, the passes really packed,
     and the values and the update's loss those of padded rows."""

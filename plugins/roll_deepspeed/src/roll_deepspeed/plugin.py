@@ -12,5 +12,5 @@ def roll_register_strategies(register):
              description="DeepSpeed ZeRO stages 1-3 (optimizer/parameter offload, fp32 or bf16)",
              requires=_REQUIRES, options="roll_deepspeed.options:DeepSpeedOptions")
     register("deepspeed", "roll_deepspeed.strategy:DeepSpeedCriticStrategy", kind="critic", packed_sequences=True,
-             images=True, compiles=True, description="PPO's value model on DeepSpeed ZeRO", requires=_REQUIRES,
+             lora=True, images=True, compiles=True, description="PPO's value model on DeepSpeed ZeRO", requires=_REQUIRES,
              options="roll_deepspeed.options:DeepSpeedOptions")

@@ -24,7 +24,8 @@ update needs maps onto the engine:
   model (``self.module``), as under ``hf``, reading and writing whole weights through
   :class:`ZeRO3Parameters` under stage 3 (which also partitions the frozen base). A fold writes
   fresh adapters into the model, so the engine's fp32 master copies are refreshed from it;
-  checkpoints hold ``adapter/`` (peft's format) beside the engine's own.
+  checkpoints hold ``adapter/`` (peft's format) beside the engine's own. The critic's LoRA
+  (``roles.critic.lora``: adapters, and the value head trained whole) takes the same paths.
 
 Use it: ``roles.actor_train.strategy=deepspeed roles.actor_train.num_workers=2
 roles.actor_train.strategy_options.zero_stage=3``.
