@@ -148,6 +148,12 @@ def test_bad_settings_are_refused_before_any_worker_starts(overrides, message):
         load_and_check(None, [*LORA, *overrides])
 
 
+def test_unknown_target_modules_are_named_under_the_critics_key(tiny_model_path):
+    with pytest.raises(ConfigError, match=r"^roles.critic.lora.target_modules: \['score'\] are not linear layers of "
+                                          + str(tiny_model_path) + r"; its linear layers are \['down_proj', "):
+        _critic(tiny_model_path, "roles.critic.lora.target_modules=[q_proj, score]")  # the head trains whole
+
+
 def test_a_critic_strategy_registered_without_lora_is_refused(roll_plugins):
     from roll_core.strategy import CriticStrategy
     from roll_core.testing import hooks

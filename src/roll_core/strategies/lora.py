@@ -45,6 +45,7 @@ A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
 _PEFT_PREFIX = "base_model.model."  # where peft puts the wrapped model's own module names
 OUTPUT_HEADS = ("lm_head", "score")  # a causal LM's and a value model's (models.VALUE_HEAD): never adapted
 _SAVED_COPY = ".modules_to_save."  # peft's trained copy of a module trained whole (the value head)
+_FROZEN_ORIGINAL = ".original_module."  # and the module itself, frozen beside its copy
 
 
 def _peft():
@@ -153,7 +154,7 @@ def merged_parameters(model: Any, params: WholeParameters = TENSORS) -> Iterator
     layers = dict(_lora_layers(model))
     (adapter,) = model.peft_config
     for name, param in model.get_base_model().named_parameters():
-        if ".lora_" in name or ".original_module." in name:  # the head's frozen original: its copy trains
+        if ".lora_" in name or _FROZEN_ORIGINAL in name:  # the head's frozen original: its copy trains
             continue
         if _SAVED_COPY in name:
             yield name.replace(f"{_SAVED_COPY}{adapter}.", "."), params.read(param).cpu()
