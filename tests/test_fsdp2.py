@@ -180,22 +180,27 @@ CRITIC = ["executor=local", "algorithm.advantage_estimator=gae", "roles.critic.s
           "algorithm.ppo_epochs=2", "algorithm.ppo_mini_batch_size=4", "roles.critic.micro_batch_size=2"]
 
 
-@pytest.mark.parametrize("images", [False, True], ids=["text", "image-text"])
-def test_the_critic_shards_its_units_and_computes_saves_and_resumes_what_hf_does(images, request, tmp_path,
+@pytest.mark.parametrize("images, adapters", [(False, False), (True, False), (False, True)],
+                         ids=["text", "image-text", "lora"])
+def test_the_critic_shards_its_units_and_computes_saves_and_resumes_what_hf_does(images, adapters, request, tmp_path,
                                                                                process_group):
     """roles.critic on fsdp2 (one rank): every decoder layer an FSDP unit; the hf critic's values,
-    one update's metrics and values after; model/ is a value model the hf critic loads; the
-    checkpoint resumes the next update bit for bit. The same for the image-text model's critic on
-    image prompts."""
+    one update's metrics and values after; no unit left gathered by a pass without gradient; model/
+    is a value model the hf critic loads; the checkpoint resumes the next update bit for bit. The
+    same for the image-text model's critic on image prompts, and for a LoRA critic (whose trained
+    head is in the root unit: a root left gathered made its checkpoint fail)."""
     from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
 
     from roll_core.strategies.compiled import decoder_layers
     from roll_core.strategies.fsdp2 import FSDP2CriticStrategy
     from roll_core.strategies.hf import HFCriticStrategy
     from roll_core.testing import critic_update, hf_role, image_training_batch, training_batch
 
+    if adapters:
+        pytest.importorskip("peft")
     tiny_model_path = request.getfixturevalue("tiny_vlm_path" if images else "tiny_model_path")
-    cfg = load_config(None, CRITIC)
+    cfg = load_config(None, CRITIC + (["roles.critic.lora={rank: 4, alpha: 8, save: merged}"] if adapters else []))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")  # every warning, whatever an earlier test already showed
         critic = FSDP2CriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=3)
@@ -210,9 +215,11 @@ def test_the_critic_shards_its_units_and_computes_saves_and_resumes_what_hf_does
         assert ours[key] == pytest.approx(theirs[key], rel=1e-5), key
     after = reference.compute_values(batch)
     torch.testing.assert_close(critic.compute_values(batch), after, atol=1e-5, rtol=0)
+    assert all(isinstance(p, DTensor) for p in critic.model.parameters())  # the root unit resharded too
 
     critic.save_checkpoint(str(tmp_path / "ckpt"))
-    exported = HFCriticStrategy(str(tmp_path / "ckpt" / "model"), hf_role(cfg.roles.critic), seed=4)
+    plain = hf_role(cfg.roles.critic).model_copy(update={"lora": None})
+    exported = HFCriticStrategy(str(tmp_path / "ckpt" / "model"), plain, seed=4)
     torch.testing.assert_close(exported.compute_values(batch), after, atol=1e-5, rtol=0)
     critic_update(critic, cfg, batch)
     resumed = FSDP2CriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=4)
