@@ -10,9 +10,10 @@ The loss arithmetic is the ``hf`` strategy's: every rank scales its share by glo
 so FSDP2's reduce-scatter must *sum* gradients (divide factor 1), not average them. Full weights
 (for weight sync and Hugging Face checkpoints) are gathered with collectives on every rank.
 
-LoRA (``roles.actor_train.lora``, ``roles.critic.lora``) works as under ``hf``: peft wraps the model before it is sharded,
-so the adapters are FSDP parameters too (trainable beside the frozen base in the same units), and
-what reads or writes a whole adapter or weight gathers or shards it (:mod:`roll_core.strategies.lora`).
+LoRA (``roles.actor_train.lora``, ``roles.critic.lora``) works as under ``hf``: peft wraps the model
+before it is sharded, so the adapters are FSDP parameters too (trainable beside the frozen base in
+the same units; a LoRA critic's value head in the root unit), and what reads or writes a whole
+adapter or weight gathers or shards it (:mod:`roll_core.strategies.lora`).
 
 The critic (PPO's value model, ``roles.critic.strategy: fsdp2``) is the ``hf`` critic's value model
 sharded the same way; its checkpoints hold the same ``...ForTokenClassification`` ``model/``.
@@ -25,11 +26,12 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 import torch
 import torch.distributed as dist
 
+from roll_core.data import Batch
 from roll_core.runtime.distributed import ensure_process_group, rank_world
 from roll_core.strategies import lora
 from roll_core.strategies.hf import HFCriticStrategy, HFTrainStrategy
@@ -78,14 +80,14 @@ class _FSDP2Units:
     def reduce_gradients(self) -> None:
         """FSDP2's reduce-scatter already summed the gradient shards during backward."""
 
-    def forward(self, batch, outputs, temperature):
+    def forward(self, batch: Batch, outputs: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
         """The ``hf`` pass without gradient, then the root unit resharded. FSDP2 keeps the root's
         parameters gathered after a forward, for the backward that follows in training; after a pass
         without one they stayed whole until the next update (a vocabulary-sized embedding and head
         held between phases), and ``named_parameters`` yielded tensors the optimizer does not hold,
         so the checkpoint of a role that trains root parameters (a LoRA critic's head) failed."""
         try:
-            return super().forward(batch, outputs, temperature)
+            return super().forward(batch, outputs, temperature)  # type: ignore[misc]  # the hf strategy's
         finally:
             self.model.reshard()
 
