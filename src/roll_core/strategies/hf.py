@@ -328,6 +328,15 @@ class WholeCheckpoints(PlainExport):
         """The state dict of the plain model ``export_model`` wrote to ``directory``."""
         raise NotImplementedError
 
+    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, whole tensor on CPU)`` of every parameter (under LoRA, of the merged model: a
+        critic's with its trained head); sharded subclasses gather here."""
+        if self.lora is not None:
+            yield from lora.merged_parameters(self.peft_model, self.whole_parameters)
+            return
+        for name, param in self.peft_model.named_parameters():
+            yield name, self.whole_parameters.read(param).cpu()
+
     def _sampling_state(self) -> dict[str, Any]:
         """A policy's sampling generator, which a resumed run continues (a critic has none)."""
         generator = getattr(self, "generator", None)
@@ -374,19 +383,10 @@ class HFTrainStrategy(WholeCheckpoints, TorchPrimitives, _Sampling, TrainStrateg
             compile_layers(self.model)  # under LoRA, the layers with their adapters
         self._build_optimizers()
 
-    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, full tensor on CPU)`` of every parameter (under LoRA, of the merged model);
-        sharded subclasses gather here."""
-        if self.lora is not None:
-            yield from lora.merged_parameters(self.peft_model, self.whole_parameters)
-            return
-        for name, param in self.model.named_parameters():
-            yield name, param.detach().cpu()
-
     def shared_parameters(self) -> dict[str, torch.Tensor] | None:
         # the live tensors where full_parameters yields them as they are: no adapters to merge, and
         # not a subclass that gathers shards there (fsdp2, deepspeed)
-        if self.lora is not None or type(self).full_parameters is not HFTrainStrategy.full_parameters:
+        if self.lora is not None or type(self).full_parameters is not WholeCheckpoints.full_parameters:
             return None
         return {name: param.detach() for name, param in self.model.named_parameters()}
 
@@ -457,15 +457,6 @@ class HFCriticStrategy(WholeCheckpoints, TorchPrimitives, TorchOffloading, preci
     def forward(self, batch: Batch, outputs: Collection[str], temperature: float) -> dict[str, torch.Tensor]:
         self.model.eval()
         return {k: v.cpu() for k, v in self._outputs(batch, outputs, temperature).items()}
-
-    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, whole tensor on CPU)`` of the value model's parameters (under LoRA, merged, with
-        the trained head); sharded subclasses gather here."""
-        if self.lora is not None:
-            yield from lora.merged_parameters(self.peft_model, self.whole_parameters)
-            return
-        for name, param in self.peft_model.named_parameters():
-            yield name, self.whole_parameters.read(param).cpu()
 
     def _plain_state(self, directory: str) -> dict[str, torch.Tensor]:
         return load_value_model(directory, torch.device("cpu"), seed=0).state_dict()  # its trained head

@@ -157,7 +157,7 @@ def merged_parameters(model: Any, params: WholeParameters = TENSORS) -> Iterator
         if ".lora_" in name or _FROZEN_ORIGINAL in name:  # the head's frozen original: its copy trains
             continue
         if _SAVED_COPY in name:
-            yield name.replace(f"{_SAVED_COPY}{adapter}.", "."), params.read(param).cpu()
+            yield _saved_copy_name(name, adapter), params.read(param).cpu()
             continue
         if ".base_layer." in name:
             module = name.split(".base_layer.")[0]
@@ -221,6 +221,12 @@ def adapters_disabled(model: Any):
         yield
 
 
+def _saved_copy_name(name: str, adapter: str) -> str:
+    """The module's own name for peft's trained copy of it: ``score.modules_to_save.default.weight``
+    is ``score.weight`` (what a plain model holds, and what peft saves)."""
+    return name.replace(f"{_SAVED_COPY}{adapter}.", ".")
+
+
 def _adapter_parameters(model: Any) -> dict[str, torch.Tensor]:
     """The adapters' parameters, and those of a module trained whole (a value head), under the names
     peft saves them with (the adapter's name left out: ``...q_proj.lora_A.default.weight`` is saved as
@@ -231,7 +237,7 @@ def _adapter_parameters(model: Any) -> dict[str, torch.Tensor]:
         if ".lora_" in name:
             saved[name.replace(f".{adapter}.", ".")] = param
         elif _SAVED_COPY in name:
-            saved[name.replace(f"{_SAVED_COPY}{adapter}.", ".")] = param
+            saved[_saved_copy_name(name, adapter)] = param
     return saved
 
 
