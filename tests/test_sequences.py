@@ -5,8 +5,8 @@ import torch
 
 import roll_core.strategies.sequences as sequences
 from roll_core.strategies.sequences import (block_sums, draw_tokens, next_tokens, nucleus_sampler, nucleus_tokens,
-                                            response_log_probs, sample_responses, sorted_nucleus_tokens,
-                                            surviving_rows)
+                                            prompt_groups, response_log_probs, sample_responses,
+                                            sorted_nucleus_tokens, surviving_rows)
 
 NUCLEUS_DRAWS = pytest.mark.parametrize("nucleus", [nucleus_tokens, sorted_nucleus_tokens], ids=["rejection", "sort"])
 
@@ -290,6 +290,24 @@ def test_draw_tokens_refuses_weights_without_a_finite_positive_total(row):
 ])
 def test_surviving_rows_keep_their_places_and_fill_the_finished_ones_from_the_end(going, rows):
     assert surviving_rows(torch.tensor(going, dtype=torch.bool)).tolist() == rows
+
+
+def test_prompt_groups_number_prompts_as_they_first_come_and_ignore_padding():
+    # samples 0, 2 and 4 are one prompt (4 under other padding), 1 and 3 another; 5 has 3's tokens
+    # under its mask but over other images
+    ids = torch.tensor([[0, 7, 8], [5, 6, 2], [0, 7, 8], [5, 6, 2], [9, 7, 8], [5, 6, 2]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1], [1, 1, 1], [0, 1, 1], [1, 1, 1]])
+    first, group = prompt_groups(ids, mask)
+    assert first.tolist() == [0, 1] and group.tolist() == [0, 1, 0, 1, 0, 1]
+    images = torch.zeros(6, 1, 3, 2, 2)
+    images[5] = 1.0
+    first, group = prompt_groups(ids, mask, images)
+    assert first.tolist() == [0, 1, 5] and group.tolist() == [0, 1, 0, 1, 0, 2]
+    # numbered as they first come, not in sorted order (where the left-padded prompt comes first)
+    first, group = prompt_groups(ids.flip(0), mask.flip(0))
+    assert first.tolist() == [0, 1] and group.tolist() == [0, 1, 0, 1, 0, 1]
+    ids[3, 0] = 4  # one token differs under the mask: a prompt of its own
+    assert prompt_groups(ids, mask)[1].tolist() == [0, 1, 0, 2, 0, 1]
 
 
 def test_repeated_prompts_and_early_stops_decode_as_each_row_would_alone(tiny_model_path):

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
-from roll_core.multimodal import batch_images, image_counts, image_keys, model_images
+from roll_core.multimodal import batch_images, image_counts, model_images
 from roll_core.strategies import packed_attention
+from roll_core.strategies.sequences import prompt_groups
 
 # transformers' attention implementations that take a custom 4-D mask (roll's piece-by-piece one is
 # sdpa when it is given no plan)
@@ -95,15 +96,14 @@ class PackedSequences:
 
 def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
                    response_mask: torch.Tensor, *, max_length: int, pad_token_id: int,
-                   prompt_keys: torch.Tensor | None = None) -> PackedSequences:
+                   images: torch.Tensor | None = None) -> PackedSequences:
     """Pack left-padded prompts ``[B, P]`` and right-padded responses ``[B, R]`` (the padded layout)
     into rows of at most ``W = max(longest sample, min(max_length, largest group))`` tokens; where
     the last rows would be part empty, the rows are narrowed as far as their number stays the same.
 
-    Samples with equal prompt tokens (and equal ``prompt_keys`` ``[B]`` where given: which images
-    the prompt reads, :func:`roll_core.multimodal.image_keys`) share one prompt per unit, in the
-    order they come. Groups go
-    longest first; each response joins its group's open unit while that row has room, and otherwise
+    Samples with one prompt (equal tokens, and equal ``images`` where given:
+    :func:`roll_core.strategies.sequences.prompt_groups`) share it in each unit. Groups go longest
+    first (in the order they come where equally long); each response joins its group's open unit while that row has room, and otherwise
     opens a unit (the prompt repeated) in the first row with room for both. The inputs may be on any
     device; the packed tensors are on the CPU (:func:`packed_forward` moves them)."""
     # the layout is worked out on the host, in Python lists; a batch already on a GPU comes back once
@@ -121,10 +121,8 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
     # Python lists once: slicing them is far cheaper than one tensor index per sample
     tokens = [tuple(row[width_p - n:]) for row, n in zip(prompt_ids.tolist(), prompt_lengths.tolist())]
     answers = [row[:n] for row, n in zip(responses.tolist(), lengths.tolist())]
-    # a group is keyed by its prompt's tokens, and by the images they read where given
-    prompts = tokens if prompt_keys is None else [(*t, -1 - k) for t, k in zip(tokens, prompt_keys.tolist())]
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for b, prompt in enumerate(prompts):
+    groups: dict[int, list[int]] = {}  # each prompt's samples, the prompts numbered as they first come
+    for b, prompt in enumerate(prompt_groups(prompt_ids, prompt_mask, images)[1].tolist()):
         groups.setdefault(prompt, []).append(b)
     length = {prompt: len(tokens[members[0]]) for prompt, members in groups.items()}
     alone = max(len(p) + len(a) for p, a in zip(tokens, answers))
@@ -191,13 +189,13 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
                            unit_samples=torch.tensor(unit_samples, dtype=torch.long))
 
 
-def _fill_rows(order: list[tuple[int, ...]], groups: dict[tuple[int, ...], list[int]], answers: list[list[int]],
-               width: int, length: dict[tuple[int, ...], int]) -> list[list[tuple[tuple[int, ...], list[int]]]]:
+def _fill_rows(order: list[int], groups: dict[int, list[int]], answers: list[list[int]],
+               width: int, length: dict[int, int]) -> list[list[tuple[int, list[int]]]]:
     """Each row's units ``(prompt, samples)``, first fit response by response: a group's responses
     join its open unit while its row has room; the next one opens a unit (its prompt repeated) in the
     first row with room for both, so groups of uneven length share rows instead of each padding a
     row to the widest. Groups are taken in ``order``; ``length`` is each group's prompt length."""
-    rows: list[list[tuple[tuple[int, ...], list[int]]]] = []
+    rows: list[list[tuple[int, list[int]]]] = []
     used: list[int] = []
     for prompt in order:
         open_row: int | None = None
@@ -265,10 +263,9 @@ def packed_inputs(model, batch, role_config) -> PackedSequences | None:
 def pack_batch(batch, role_config, pad_token_id: int | None) -> PackedSequences:
     """``batch``'s padded layout packed as ``role_config`` says (``pack_max_length``), padding with
     ``pad_token_id`` (0 where the model has none): what a strategy that has decided to pack calls."""
-    images = batch_images(batch)
     return pack_sequences(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["response_mask"],
                           max_length=int(getattr(role_config, "pack_max_length", 1024)), pad_token_id=pad_token_id or 0,
-                          prompt_keys=None if images is None else image_keys(images))
+                          images=batch_images(batch))
 
 
 def packed_forward(model, packed: PackedSequences, device: torch.device, images: torch.Tensor | None = None):

@@ -42,6 +42,26 @@ def cache_keyword(model) -> str:
     return "cache" if "cache" in forward_parameters(model) else "past_key_values"
 
 
+def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                  images: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which of the left-padded prompts ``[B, P]`` are one prompt: the same tokens under the mask and,
+    where ``images`` ``[B, ...]`` are given, the same images (the same text over other images is
+    another prompt). Returns ``first`` ``[G]``, the first sample of each distinct prompt in the order
+    the prompts first come, and ``group`` ``[B]``, each sample's index into ``first``. The samples of
+    a GRPO group share one; :func:`prefill` computes it once, packing
+    (:mod:`roll_core.strategies.packing`) lays it out once per unit."""
+    key = torch.where(prompt_mask.bool(), prompt_ids, -1)
+    if images is not None:
+        key = torch.cat([key, image_keys(images).to(key.device)[:, None]], dim=1)
+    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)  # distinct prompts in sorted order
+    samples = torch.arange(len(key), device=key.device)
+    first = torch.full((len(distinct),), len(key), device=key.device).scatter_reduce(0, inverse, samples, reduce="amin")
+    order = first.argsort()  # renumbered as they first come
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order), device=key.device)
+    return first[order], rank[inverse]
+
+
 def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_tokens: int = 0,
             images: torch.Tensor | None = None, image_counts: torch.Tensor | None = None):
     """The KV cache of left-padded prompts ``[B, P]`` and the logits of each one's next token ``[B, V]``;
@@ -56,15 +76,9 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_toke
     times less prompt compute. Only the last position's logits are computed where the model takes
     ``logits_to_keep`` (a full vocabulary at every prompt position is most of the memory of a long prompt)."""
     keep = {"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}
-    key = torch.where(prompt_mask.bool(), prompt_ids, -1)
-    if images is not None:  # the same text over other images is another prompt
-        key = torch.cat([key, image_keys(images).to(key.device)[:, None]], dim=1)
-    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
-    shared = len(distinct) < len(prompt_ids)
+    first, group = prompt_groups(prompt_ids, prompt_mask, images)
+    shared = len(first) < len(prompt_ids)
     if shared:  # the first sample of each distinct prompt stands for all of them
-        order = torch.arange(len(prompt_ids), device=prompt_ids.device)
-        first = torch.full((len(distinct),), len(prompt_ids), device=prompt_ids.device).scatter_reduce(
-            0, inverse, order, reduce="amin")
         prompt_ids, prompt_mask = prompt_ids[first], prompt_mask[first]
         images = None if images is None else images[first]
         image_counts = None if image_counts is None else image_counts[first]
@@ -74,8 +88,8 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_toke
     past = in_place_cache(out[cache_keyword(model)], new_tokens, dtype)
     logits = out.logits[:, -1, :].float()
     if shared:
-        past.reorder_cache(inverse)
-        logits = logits[inverse]
+        past.reorder_cache(group)
+        logits = logits[group]
     return past, logits
 
 
