@@ -147,12 +147,7 @@ class _FSDP2Units:
 class FSDP2TrainStrategy(_FSDP2Units, HFTrainStrategy):
     """AdamW over FSDP2-sharded parameters (one shard per data-parallel rank)."""
 
-    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        if self.lora is not None:  # hf's merge, which gathers each weight and adapter it reads
-            yield from super().full_parameters()
-            return
-        for name, param in self.model.named_parameters():
-            yield name, self.whole_parameters.read(param).cpu()  # a DTensor: a collective, every rank takes part
+    holds_whole_parameters = False  # DTensors: full_parameters gathers each (a collective)
 
 
 class FSDP2CriticStrategy(_FSDP2Units, HFCriticStrategy):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterator
+from typing import Any, Callable, ClassVar, Collection, Iterator
 
 import torch
 
@@ -372,6 +372,10 @@ class HFTrainStrategy(WholeCheckpoints, TorchPrimitives, _Sampling, TrainStrateg
     """AdamW on the full model, or on LoRA adapters (``roles.actor_train.lora``,
     :mod:`roll_core.strategies.lora`); the policy's log-probs, entropy and log-distributions as outputs."""
 
+    # the model's parameters are whole tensors that the updates change in place, which an engine in
+    # this process may compute with (shared_parameters); a backend that shards them says False
+    holds_whole_parameters: ClassVar[bool] = True
+
     def __init__(self, model_path: str, role_config, seed: int):
         super().__init__(model_path, role_config, seed)
         self.lora = getattr(role_config, "lora", None)
@@ -385,8 +389,8 @@ class HFTrainStrategy(WholeCheckpoints, TorchPrimitives, _Sampling, TrainStrateg
 
     def shared_parameters(self) -> dict[str, torch.Tensor] | None:
         # the live tensors where full_parameters yields them as they are: no adapters to merge, and
-        # not a subclass that gathers shards there (fsdp2, deepspeed)
-        if self.lora is not None or type(self).full_parameters is not WholeCheckpoints.full_parameters:
+        # a model that holds its parameters whole
+        if self.lora is not None or not self.holds_whole_parameters:
             return None
         return {name: param.detach() for name, param in self.model.named_parameters()}
 

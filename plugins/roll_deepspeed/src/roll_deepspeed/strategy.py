@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -172,15 +172,6 @@ class _ZeROEngine:
             group.update(settings)
 
     # -- weights ------------------------------------------------------------------------------
-    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, full tensor on CPU)`` of every parameter, on every rank (stage 3 gathers); under
-        LoRA, of the merged model."""
-        if getattr(self, "lora", None) is not None:  # the hf train strategy's merge (of self.module)
-            yield from super().full_parameters()  # type: ignore[misc]
-            return
-        for name, param in self.module.named_parameters():
-            yield name, self.whole_parameters.read(param).cpu()
-
     def _plain_model_state(self) -> dict[str, torch.Tensor]:
         return dict(self.full_parameters())  # on every rank: stage 3 gathers (export_model: rank 0 writes)
 
@@ -236,6 +227,10 @@ class _ZeROEngine:
 
 class DeepSpeedTrainStrategy(_ZeROEngine, HFTrainStrategy):
     """The policy on DeepSpeed ZeRO (``roles.actor_train.strategy: deepspeed``)."""
+
+    # the engine's parameters (partitioned under stage 3): full_parameters reads each whole through
+    # whole_parameters, on every rank, and no inference engine computes with them in place
+    holds_whole_parameters = False
 
 
 class DeepSpeedCriticStrategy(_ZeROEngine, HFCriticStrategy):
