@@ -19,7 +19,7 @@ import pytest
 from conftest import metrics_of, proc_cmdline
 
 from roll_core.config.resume import check_resume, meaningful_changes
-from roll_core.errors import ConfigError
+from roll_core.errors import ConfigError, RollError
 from roll_core.rewards import Reward, RewardInput
 from roll_core.rollout.rewards import RewardRouter
 from roll_core.runtime import LocalExecutor
@@ -224,6 +224,8 @@ def test_closing_a_worker_closes_each_reward_once_and_names_one_that_fails(rewar
     assert Holding.closed == ["a", "b", "c"]  # the failure did not keep c open
     worker.close()
     assert Holding.closed == ["a", "b", "c"]  # once
+    with pytest.raises(RollError, match=r"^the reward worker of 'roles.reward' is closed: "):
+        worker.score_detailed(SAMPLES)  # not an AttributeError of a released reward
     # a constructor that failed: the rewards built before it are closed, the failed one is skipped
     broken = RewardWorker([("holding", {"tag": "d"}, 1.0), ("picky", {"penalty": -1}, 1.0)], None)
     broken.close()

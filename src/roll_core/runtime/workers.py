@@ -450,6 +450,7 @@ class RewardWorker(_Worker):
             torch.set_num_threads(1)
         self.key, self.failures = key, RewardFailures(**(failures or {})).failure_policy()  # defaults from the schema
         self.broken: RewardConfigError | None = None
+        self.closed = False
         plugins = get_plugins()
         self.scorers = [_Scorer(name, plugins.rewards.entry(name).plugin, float(weight), dict(options))
                         for name, options, weight in rewards]
@@ -468,9 +469,12 @@ class RewardWorker(_Worker):
             return False
 
     def ready(self) -> bool:
-        """Raises the constructor's error, if there was one; cheap otherwise."""
+        """Raises the constructor's error, if there was one, or that the worker is closed; cheap otherwise."""
         if self.broken:
             raise self.broken
+        if self.closed:
+            raise RollError(f"the reward worker of '{self.key}' is closed: its rewards were released by close(), "
+                            "so it scores no more; build a new worker")
         return True
 
     def _score_one_reward(self, scorer: _Scorer, samples: list[RewardInput], counts: dict) -> list[float]:
@@ -509,6 +513,7 @@ class RewardWorker(_Worker):
         """Close every reward this worker built (:meth:`roll_core.rewards.Reward.close`), each even
         when another's close fails; the first failure is raised after, naming its reward."""
         super().close()
+        self.closed = True
         failures = []
         for scorer in self.scorers:
             reward, scorer.reward = scorer.reward, None
