@@ -602,11 +602,25 @@ def test_the_warm_ups_packed_demonstrations_score_as_under_hf(tiny_model_path):
 CRITIC = UPDATE + ["algorithm.advantage_estimator=gae", "roles.critic.strategy=megatron",
                    "roles.critic.micro_batch_size=2"]
 CRITIC_METRICS = ("critic/value_loss", "critic/abs_error", "critic/grad_norm")
+# parts of both fused layers, as SOME; save: merged for model/ beside adapter/
+CRITIC_LORA = CRITIC + ["roles.critic.lora={rank: 4, alpha: 8, save: merged, "
+                        "target_modules: [q_proj, v_proj, o_proj, up_proj]}"]
 
 
-def _hf_critic_values(model_path: str, cfg, batch) -> dict:
-    """The ``hf`` critic's values for ``batch`` before and after one update, and that update's metrics."""
+def _peft_critic(model_path: str, cfg) -> HFCriticStrategy:
+    """The ``hf`` LoRA critic with ``B`` drawn non-zero, as :func:`_peft_policy`."""
     reference = HFCriticStrategy(model_path, hf_role(cfg.roles.critic), seed=3)
+    with torch.no_grad():
+        for name, param in reference.model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    return reference
+
+
+def _hf_critic_values(model_path: str, cfg, batch, reference: HFCriticStrategy | None = None) -> dict:
+    """The ``hf`` critic's (``reference``, else a fresh one) values for ``batch`` before and after one
+    update, and that update's metrics."""
+    reference = reference or HFCriticStrategy(model_path, hf_role(cfg.roles.critic), seed=3)
     before = reference.compute_values(batch)
     metrics = critic_update(reference, cfg, batch)
     after = reference.compute_values(batch)
@@ -645,6 +659,61 @@ def test_the_critic_computes_saves_and_resumes_what_hf_does(tiny_model_path, tmp
     assert torch.equal(resumed.compute_values(batch), critic.compute_values(batch))
 
 
+def test_a_lora_critic_trains_saves_and_resumes_what_the_hf_lora_critic_does(tiny_model_path, tmp_path):
+    """roles.critic.lora on megatron, one rank: holding the ``hf`` LoRA critic's adapters (``B`` drawn
+    non-zero) and head, the same values, update and values after; only the adapters and the head
+    train; ``adapter/`` is peft's (the head under its own names) and peft loads it onto a value model;
+    ``model/`` (``save: merged``) is a plain value model; the rank file resumes bit for bit."""
+    from peft import PeftModel
+
+    from roll_core.strategies.models import full_sequence, load_value_model
+    from roll_core.strategies.sequences import position_ids_from_mask
+    from roll_megatron import lora as megatron_lora
+    from roll_megatron.strategy import MegatronCriticStrategy
+
+    from safetensors import safe_open
+
+    cfg = load_config(None, CRITIC_LORA)
+    reference = _peft_critic(str(tiny_model_path), cfg)
+    critic = MegatronCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=5)  # another fresh head
+    megatron_lora.load_adapter_state(critic.model, critic.layout, lora.adapter_state(reference.model))
+    trained = {n for n, p in critic.model.named_parameters() if p.requires_grad}
+    assert {n for n in trained if ".lora_" not in n} == {"output_layer.weight", "output_layer.bias"}
+    assert len(trained) == 2 + 2 * critic.hf_config.num_hidden_layers * 4  # A and B per targeted projection
+    frozen = {n: p.detach().clone() for n, p in critic.model.named_parameters() if not p.requires_grad}
+    batch = training_batch(critic.hf_config.vocab_size)
+    expected = _hf_critic_values(str(tiny_model_path), cfg, batch, reference)
+    torch.testing.assert_close(critic.compute_values(batch), expected["before"], atol=1e-5, rtol=0)
+    metrics = critic_update(critic, cfg, batch)
+    for key, value in expected["metrics"].items():
+        assert metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    values = critic.compute_values(batch)
+    torch.testing.assert_close(values, expected["after"], atol=1e-5, rtol=0)
+    assert all(torch.equal(p, frozen[n]) for n, p in critic.model.named_parameters() if n in frozen)
+
+    critic.save_checkpoint(str(tmp_path / "ckpt"))
+    with safe_open(str(tmp_path / "ckpt" / "adapter" / "adapter_model.safetensors"), framework="pt") as f:
+        saved = sorted(f.keys())
+    assert [k for k in saved if ".lora_" not in k] == ["base_model.model.score.bias", "base_model.model.score.weight"]
+    base = load_value_model(str(tiny_model_path), torch.device("cpu"), seed=9)  # a head the saved one replaces
+    loaded = PeftModel.from_pretrained(base, str(tmp_path / "ckpt" / "adapter")).eval()
+    ids, mask = full_sequence(batch)
+    with torch.no_grad():
+        out = loaded(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits[..., 0]
+    width = batch["responses"].shape[1]
+    torch.testing.assert_close(out[:, -width - 1:-1] * batch["response_mask"], values, atol=1e-5, rtol=0)
+    plain = HFCriticStrategy(str(tmp_path / "ckpt" / "model"), hf_role(load_config(None, CRITIC).roles.critic), 4)
+    torch.testing.assert_close(plain.compute_values(batch), values, atol=1e-5, rtol=0)
+    rank_file = torch.load(tmp_path / "ckpt" / "megatron" / "rank0.pt", weights_only=False)
+    assert rank_file["model"].keys() == trained  # the adapters and the head, not the frozen base
+
+    critic_update(critic, cfg, batch)
+    resumed = MegatronCriticStrategy(str(tiny_model_path), cfg.roles.critic, seed=4)
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    critic_update(resumed, cfg, batch)
+    assert torch.equal(resumed.compute_values(batch), critic.compute_values(batch))
+
+
 def test_a_bf16_critic_gives_float32_values_near_fp32s_and_trains_near_them(tiny_model_path):
     """The critic shares the policy's bf16 forward and backward: float32 values within bfloat16's
     error of fp32's (and not equal), an update near fp32's, float32 weights after it."""
@@ -673,12 +742,16 @@ def _critic_rank(rank: int, port: int, model_path: str, layout: str, directory: 
 
     from roll_megatron.strategy import MegatronCriticStrategy
 
+    from roll_megatron import lora as megatron_lora
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        cfg = load_config(None, CRITIC + ["roles.critic.num_workers=2",
-                                          f"roles.critic.strategy_options={LAYOUTS[layout]}"])
+        base = CRITIC_LORA if "adapters" in expected else CRITIC
+        cfg = load_config(None, base + ["roles.critic.num_workers=2", f"roles.critic.strategy_options={LAYOUTS[layout]}"])
         critic = MegatronCriticStrategy(model_path, cfg.roles.critic, seed=3)
+        if "adapters" in expected:  # the hf LoRA critic's (peft's names), this stage's part of them
+            megatron_lora.load_adapter_state(critic.model, critic.layout, expected["adapters"])
         batch = training_batch(critic.hf_config.vocab_size)
         before = torch.allclose(critic.compute_values(batch), expected["before"], atol=1e-5, rtol=0)
         got = critic_update(critic, cfg, batch)
@@ -691,14 +764,21 @@ def _critic_rank(rank: int, port: int, model_path: str, layout: str, directory: 
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_critic_on_two_ranks_computes_and_saves_what_hf_does(tiny_model_path, tmp_path, layout):
+@pytest.mark.parametrize("layout, adapted", [("tp2", False), ("pp2", False), ("pp2", True)],
+                         ids=["tp2", "pp2", "pp2-lora"])
+def test_the_critic_on_two_ranks_computes_and_saves_what_hf_does(tiny_model_path, tmp_path, layout, adapted):
     """TP=2: the value head is whole on each rank and reads the same hidden states; PP=2: the last
     stage holds it, and the tied embeddings of the policy's checkpoint are not tied in a value
-    model. Either way ``model/`` holds the whole updated critic."""
-    cfg = load_config(None, CRITIC)
+    model. Either way ``model/`` holds the whole updated critic. Under LoRA (PP=2) each stage
+    trains its layers' adapters, the last its head too, and ``adapter/`` holds every stage's."""
+    cfg = load_config(None, CRITIC_LORA if adapted else CRITIC)
+    reference = _peft_critic(str(tiny_model_path), cfg) if adapted else None
     batch = training_batch(HFCriticStrategy(str(tiny_model_path), hf_role(cfg.roles.critic), 0).model.config.vocab_size)
-    expected = _hf_critic_values(str(tiny_model_path), cfg, batch)
+    # before the reference's update (copies: on the CPU adapter_state gives the live tensors)
+    saved = {k: v.clone() for k, v in lora.adapter_state(reference.model).items()} if reference else None
+    expected = _hf_critic_values(str(tiny_model_path), cfg, batch, reference)
+    if saved is not None:
+        expected["adapters"] = saved
     port = 20000 + int(tmp_path.stat().st_ino) % 20000
     names = []
     for rank, *checks, held in _spawn_two(_critic_rank, port, str(tiny_model_path), layout, str(tmp_path / "ckpt"),
@@ -707,14 +787,22 @@ def test_the_critic_on_two_ranks_computes_and_saves_what_hf_does(tiny_model_path
         names.append(set(held))
     if layout == "pp2":  # each stage its own layers; the head on the last stage alone
         assert not names[0] & names[1] and {"score.weight", "score.bias"} <= names[1]
-    exported = HFCriticStrategy(str(tmp_path / "ckpt" / "model"), hf_role(cfg.roles.critic), seed=4)
+    exported = HFCriticStrategy(str(tmp_path / "ckpt" / "model"), hf_role(load_config(None, CRITIC).roles.critic),
+                                seed=4)
     torch.testing.assert_close(exported.compute_values(batch), expected["after"], atol=1e-4, rtol=0)
+    if adapted:
+        from safetensors.torch import load_file
+
+        adapter = load_file(str(tmp_path / "ckpt" / "adapter" / "adapter_model.safetensors"))
+        assert adapter.keys() == saved.keys()  # both stages' adapters and the head
 
 
 @pytest.mark.parametrize("overrides, message", [
     (["roles.actor_train.lora={dropout: 0.1}"],  # named by its own key, not the options'
      "default config: key 'roles.actor_train.lora.dropout': the megatron strategy trains LoRA without dropout "
      "(got 0.1"),
+    (["algorithm.advantage_estimator=gae", "roles.critic.strategy=megatron", "roles.critic.lora={dropout: 0.1}"],
+     "key 'roles.critic.lora.dropout': the megatron strategy trains LoRA without dropout (got 0.1"),
     (["roles.actor_train.strategy_options={tensor_paralel_size: 2}"],
      "unknown option 'tensor_paralel_size'. Did you mean 'tensor_parallel_size'?"),
     (["roles.actor_train.strategy_options={tensor_parallel_size: 3}", "roles.actor_train.num_workers=4"],

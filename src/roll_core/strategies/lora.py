@@ -112,6 +112,12 @@ def saved_name(module: str, half: str) -> str:
     return f"{_PEFT_PREFIX}{module}.lora_{half}.weight"
 
 
+def saved_whole_name(name: str) -> str:
+    """peft's saved name of Hugging Face parameter ``name`` of a module trained whole beside the
+    adapters (a value head's ``score.weight``)."""
+    return f"{_PEFT_PREFIX}{name}"
+
+
 @contextlib.contextmanager
 def _seeded(model: Any, seed: int):
     """The global RNG of ``model``'s device, where peft draws a fresh adapter's ``A``, seeded with

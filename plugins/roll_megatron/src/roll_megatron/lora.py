@@ -1,6 +1,6 @@
 """LoRA on Megatron-Core's parallel linear layers, with the adapters peft gives a Hugging Face model.
 
-``roles.actor_train.lora`` under ``strategy: megatron``. Every targeted Hugging Face projection gets
+``roles.actor_train.lora`` and ``roles.critic.lora`` under ``strategy: megatron``. Every targeted Hugging Face projection gets
 an adapter of its own, as under peft, although Megatron fuses some of them: ``linear_qkv`` carries
 ``q_proj``, ``k_proj`` and ``v_proj``, ``linear_fc1`` carries ``gate_proj`` and ``up_proj``. So
 ``target_modules`` means what it means under ``hf``; a run computes what the ``hf`` strategy's peft
@@ -20,6 +20,10 @@ with ``W`` frozen. How the factors split over the tensor-parallel group follows 
   holds this rank's columns and ``B [out, r]`` is whole: ``h`` sums the ranks' ``A_t x_t``
   (``reduce_from_tensor_model_parallel_region``), then ``s B h`` is the same on every rank.
 
+The critic's value head (its output layer, one label, whole on every rank) is not adapted: it
+starts fresh, so it trains whole beside the adapters and is saved with them under its Hugging Face
+names, as peft's ``modules_to_save`` keeps a ``score`` head (:func:`train_value_head`).
+
 Fresh adapters: ``B = 0`` (the model computes what the base computes) and ``A`` drawn whole, as
 ``nn.Linear`` initialises a weight, from a generator seeded by the run's seed and the module's
 Hugging Face name, so every layout draws the same adapters. ``lora.dropout`` is refused by ``roll
@@ -37,7 +41,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-from roll_core.strategies.lora import A_SUFFIX, B_SUFFIX, saved_name
+from roll_core.strategies.lora import A_SUFFIX, B_SUFFIX, saved_name, saved_whole_name
 
 # Megatron layer (within a decoder layer) -> (Hugging Face module prefix, its projections, parallel kind)
 FUSED = {
@@ -157,6 +161,21 @@ def wrap(model: torch.nn.Module, settings, config, tp: int, targets: list[str]) 
         setattr(model.get_submodule(parent_name), child, layer)
 
 
+def train_value_head(model: torch.nn.Module) -> None:
+    """After :func:`wrap`: a value model's head (``output_layer``, on the last stage) trains whole:
+    a fresh head is no value head until trained, and no adapter can make it one."""
+    head = getattr(model, "output_layer", None)
+    for param in head.parameters() if head is not None else ():
+        param.requires_grad_(True)
+
+
+def trained_whole(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """The parameters trained beside the adapters, by Megatron name (a critic's value head)."""
+    for name, param in model.named_parameters():
+        if param.requires_grad and not is_adapter(name):
+            yield name, param
+
+
 def lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, LoraParallelLinear]]:
     for name, module in model.named_modules():
         if isinstance(module, LoraParallelLinear):
@@ -231,17 +250,23 @@ def adapter_tensors(model, layout, gather, scaling: float) -> Iterator[tuple[str
 
 
 def adapter_state(model, layout, gather) -> dict[str, torch.Tensor]:
-    """The adapters under peft's saved names, whole and on CPU (what ``adapter/`` holds)."""
+    """The adapters under peft's saved names, whole and on CPU (what ``adapter/`` holds), and a
+    critic's value head (whole on every rank) under its own."""
     state = {}
     for module, a, b in whole_adapters(model, layout, gather):
         state[saved_name(module, "A")], state[saved_name(module, "B")] = a.cpu(), b.cpu()
+    for name, param in trained_whole(model):
+        for hf_name, tensor in layout.to_hf(name, [param.detach().cpu()]):
+            state[saved_whole_name(hf_name)] = tensor
     return state
 
 
 def load_adapter_state(model: torch.nn.Module, layout, state: dict[str, torch.Tensor]) -> None:
     """Adapters under peft's saved names (:func:`adapter_state`'s, or a peft model's) into this
-    rank's parts; every adapter of this stage must be there."""
+    rank's parts, and a critic's value head; every adapter of this stage must be there."""
     with torch.no_grad():
+        for name, param in trained_whole(model):
+            param.copy_(layout.to_megatron(name, lambda hf_name: state[saved_whole_name(hf_name)]))
         for name, layer in lora_layers(model):
             for projection, a in layer.lora_A.items():
                 module = hf_module(name, projection, layout.layer_offset)

@@ -37,6 +37,7 @@ class MegatronOptions(BaseModel):
                             f"{workers} workers (num_workers); the data-parallel size is num_workers / that product")
         lora = getattr(role_config, "lora", None)
         if lora is not None and lora.dropout > 0:  # one mask on every tensor-parallel rank: not built yet
-            problems.append(f"key 'roles.actor_train.lora.dropout': the megatron strategy trains LoRA without "
+            role = "critic" if role_config.kind == "critic" else "actor_train"  # the trained roles with lora
+            problems.append(f"key 'roles.{role}.lora.dropout': the megatron strategy trains LoRA without "
                             f"dropout (got {lora.dropout}; set 0, or use the hf, fsdp2 or deepspeed strategy)")
         return problems

@@ -1,5 +1,5 @@
 """The hook roll discovers through the ``roll`` entry point: ``megatron`` for the policy (train, with
-LoRA), for PPO's critic, and for a frozen reference's log-probs (infer, ``generates=False``)."""
+LoRA), for PPO's critic (with LoRA), and for a frozen reference's log-probs (infer, ``generates=False``)."""
 
 from roll_core import hookimpl
 
@@ -12,8 +12,10 @@ def roll_register_strategies(register):
     register("megatron", "roll_megatron.strategy:MegatronTrainStrategy", kind="train", lora=True, packed_sequences=True,
              description="Megatron-Core GPT (Llama/Qwen2): tensor, pipeline and data parallelism; LoRA",
              requires=REQUIRES, options=OPTIONS)
-    register("megatron", "roll_megatron.strategy:MegatronCriticStrategy", kind="critic", packed_sequences=True,
-             description="Megatron-Core GPT (Llama/Qwen2) with a value head: tensor, pipeline and data parallelism",
+    register("megatron", "roll_megatron.strategy:MegatronCriticStrategy", kind="critic", lora=True,
+             packed_sequences=True,
+             description="Megatron-Core GPT (Llama/Qwen2) with a value head: tensor, pipeline and data parallelism; "
+             "LoRA",
              requires=REQUIRES, options=OPTIONS)
     register("megatron", "roll_megatron.strategy:MegatronReferenceStrategy", kind="infer", generates=False,
              packed_sequences=True,

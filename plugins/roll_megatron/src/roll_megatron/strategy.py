@@ -34,6 +34,7 @@ The engine primitives, on any device (CPU over gloo here, GPUs over nccl):
 The critic is the same model with a one-label value head for an output layer, whole on every
 tensor-parallel rank (:class:`~roll_megatron.model.ValueHead`): its ``values`` need no vocabulary
 gathered, and its ``model/`` is the ``...ForTokenClassification`` directory the ``hf`` critic writes.
+Under ``roles.critic.lora`` its head trains whole beside the adapters, as the ``hf`` critic's does.
 
 Use it: ``roles.actor_train.strategy=megatron roles.actor_train.num_workers=2
 roles.actor_train.strategy_options.tensor_parallel_size=2``; for the critic, the same keys under
@@ -58,7 +59,8 @@ from roll_core.strategies import lora as core_lora
 from roll_core.strategies import precision as mixed
 from roll_core.strategies.engines import check_engine_version, import_engine
 from roll_core.strategies.hf import TorchOffloading, TorchPrimitives, fused_adamw
-from roll_core.strategies.models import default_device, fresh_value_head, full_sequence, safetensors_files
+from roll_core.strategies.models import (VALUE_HEAD, default_device, fresh_value_head, full_sequence,
+                                         safetensors_files)
 from roll_core.strategies.packing import PackedSequences, pack_batch
 from roll_core.strategies.sequences import response_outputs
 from roll_core.strategy import CriticStrategy, InferStrategy, TrainStrategy
@@ -298,8 +300,8 @@ class _MegatronModel(TorchOffloading):
 class _MegatronTrainable(_MegatronModel, TorchPrimitives):
     """A trained model on Megatron-Core, the policy's and the critic's: the pipelined forward and
     backward passes, gradients reduced and clipped over the layout, the optimizers, and checkpoints
-    (a Hugging Face ``model/`` and each rank's shards). Under ``roles.actor_train.lora`` (the policy
-    only), adapters on its parallel linear layers (:mod:`roll_megatron.lora`)."""
+    (a Hugging Face ``model/`` and each rank's shards). Under the role's ``lora``, adapters on its
+    parallel linear layers (:mod:`roll_megatron.lora`; the critic's value head trains whole beside them)."""
 
     def __init__(self, model_path: str, role_config, seed: int):
         super().__init__(model_path, role_config, seed)
@@ -310,6 +312,8 @@ class _MegatronTrainable(_MegatronModel, TorchPrimitives):
             self.lora_targets = [p for p in megatron_lora.HF_PROJECTIONS if targets == "all-linear" or p in targets]
             self.lora_base = model_path  # the checkpoint under the adapters (a warm-up's fold moves it)
             megatron_lora.wrap(self.model, self.lora, self.config, self.tp, self.lora_targets)
+            if self.value_model:
+                megatron_lora.train_value_head(self.model)
             megatron_lora.fresh_adapters(self.model, seed, self.layout)
         self._build_optimizers()
 
@@ -443,16 +447,21 @@ class _MegatronTrainable(_MegatronModel, TorchPrimitives):
         if self.lora is not None:
             state = self._on_rank0(megatron_lora.adapter_state(self.model, self.layout, self._gather).items())
             if state is not None:
-                config = core_lora.peft_config(self.lora, self.lora_targets, self.lora_base)
+                config = core_lora.peft_config(self.lora, self.lora_targets, self.lora_base,
+                                               [VALUE_HEAD] if self.value_model else None)
                 core_lora.write_adapter(root / "adapter", config, state)
         (root / "megatron").mkdir(parents=True, exist_ok=True)
         model = self.model.state_dict()
-        if self.lora is not None:
-            model = {name: value for name, value in model.items() if megatron_lora.is_adapter(name)}
+        if self.lora is not None:  # what trains: the adapters (and a critic's head), not the frozen base
+            model = {name: value for name, value in model.items() if name in self._trained_names()}
         torch.save({"model": model,
                     "optimizers": {name: _local(opt).state_dict() for name, opt in self.optimizers.items()},
                     "generator": self.generator.get_state()}, root / "megatron" / f"rank{rank}.pt")
         dist.barrier()
+
+    def _trained_names(self) -> set[str]:
+        """The parameters this rank trains: all, or under LoRA the adapters and a critic's value head."""
+        return {name for name, param in self.model.named_parameters() if param.requires_grad}
 
     def _save_hf(self, directory: Path, weights: dict[str, torch.Tensor]) -> None:
         from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
@@ -487,7 +496,7 @@ class _MegatronTrainable(_MegatronModel, TorchPrimitives):
                                             f"run ran)")
                 self._load_hf(base)
                 self.lora_base = base
-            adapters = {name for name in self.model.state_dict() if megatron_lora.is_adapter(name)}
+            adapters = self._trained_names()
             if state["model"].keys() != adapters:
                 raise ValueError(f"{path}: its adapters are not this model's: missing "
                                  f"{sorted(adapters - state['model'].keys())[:5]}, unexpected "
