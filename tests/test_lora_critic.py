@@ -17,7 +17,7 @@ from safetensors import safe_open
 from roll_core.config import load_and_check, load_config
 from roll_core.errors import ConfigError
 from roll_core.strategies.hf import HFCriticStrategy
-from roll_core.testing import critic_update, hf_role, training_batch
+from roll_core.testing import assert_critic_adapter_gives, critic_update, hf_role, training_batch
 
 pytest.importorskip("peft", reason="LoRA needs peft: pip install 'roll-core[lora]'")
 
@@ -74,28 +74,12 @@ def test_a_checkpoint_resumes_exactly(tiny_model_path, tmp_path):
 
 
 def test_the_adapter_loads_with_peft_and_a_merged_save_is_a_plain_value_model(tiny_model_path, tmp_path):
-    from peft import PeftModel
-
-    from roll_core.strategies.models import load_value_model
-    from roll_core.strategies.sequences import position_ids_from_mask
-    from roll_core.strategies.models import full_sequence
-
     cfg, critic = _critic(tiny_model_path, "roles.critic.lora.save=merged")
     batch = training_batch(critic.model.config.vocab_size)
     critic_update(critic, cfg, batch)
     values = critic.compute_values(batch)
     critic.save_checkpoint(str(tmp_path / "ckpt"))
-    with safe_open(str(tmp_path / "ckpt" / "adapter" / "adapter_model.safetensors"), framework="pt") as f:
-        saved = sorted(f.keys())  # peft's names: the adapters and the head under its own
-    assert [k for k in saved if ".lora_" not in k] == ["base_model.model.score.bias", "base_model.model.score.weight"]
-    # peft onto a value model with another fresh head: the saved head replaces it
-    base = load_value_model(str(tiny_model_path), torch.device("cpu"), seed=9)
-    loaded = PeftModel.from_pretrained(base, str(tmp_path / "ckpt" / "adapter")).eval()
-    ids, mask = full_sequence(batch)
-    with torch.no_grad():
-        out = loaded(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits[..., 0]
-    width = batch["responses"].shape[1]
-    torch.testing.assert_close(out[:, -width - 1:-1] * batch["response_mask"], values, atol=1e-5, rtol=0)
+    assert_critic_adapter_gives(tmp_path / "ckpt" / "adapter", str(tiny_model_path), batch, values)
     # model/: the adapters merged, the trained head, no adapter weights; the plain hf critic loads it
     with safe_open(str(tmp_path / "ckpt" / "model" / "model.safetensors"), framework="pt") as f:
         names = list(f.keys())

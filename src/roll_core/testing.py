@@ -292,6 +292,31 @@ def critic_update(critic, cfg, batch) -> dict[str, float]:
     return update(critic, batch, loss_fn, UpdateSpec.from_config(cfg.algorithm, cfg.roles.critic, prefix="critic"))
 
 
+def assert_critic_adapter_gives(directory, model_path: str, batch, values) -> None:
+    """A LoRA critic's ``adapter/`` at ``directory`` as a user loads it: peft's format with the value
+    head under its own names, which ``PeftModel.from_pretrained`` puts on a value model built from
+    ``model_path`` with another fresh head, and which then gives ``values`` for ``batch``."""
+    from pathlib import Path
+
+    import torch
+    from peft import PeftModel
+    from safetensors import safe_open
+
+    from roll_core.strategies.models import full_sequence, load_value_model
+    from roll_core.strategies.sequences import position_ids_from_mask
+
+    with safe_open(str(Path(directory) / "adapter_model.safetensors"), framework="pt") as f:
+        saved = sorted(f.keys())
+    assert [k for k in saved if ".lora_" not in k] == ["base_model.model.score.bias", "base_model.model.score.weight"]
+    base = load_value_model(model_path, torch.device("cpu"), seed=9)  # a head the saved one replaces
+    loaded = PeftModel.from_pretrained(base, str(directory)).eval()
+    ids, mask = full_sequence(batch)
+    with torch.no_grad():
+        out = loaded(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits[..., 0]
+    width = batch["responses"].shape[1]
+    torch.testing.assert_close(out[:, -width - 1:-1] * batch["response_mask"], values, atol=1e-5, rtol=0)
+
+
 def hf_role(role_config):
     """``role_config`` for the ``hf`` strategy, the reference a backend is checked against: the
     role's ``strategy_options`` are the backend's own (DeepSpeed's ZeRO stage, say), not ``hf``'s."""

@@ -664,14 +664,9 @@ def test_a_lora_critic_trains_saves_and_resumes_what_the_hf_lora_critic_does(tin
     non-zero) and head, the same values, update and values after; only the adapters and the head
     train; ``adapter/`` is peft's (the head under its own names) and peft loads it onto a value model;
     ``model/`` (``save: merged``) is a plain value model; the rank file resumes bit for bit."""
-    from peft import PeftModel
-
-    from roll_core.strategies.models import full_sequence, load_value_model
-    from roll_core.strategies.sequences import position_ids_from_mask
+    from roll_core.testing import assert_critic_adapter_gives
     from roll_megatron import lora as megatron_lora
     from roll_megatron.strategy import MegatronCriticStrategy
-
-    from safetensors import safe_open
 
     cfg = load_config(None, CRITIC_LORA)
     reference = _peft_critic(str(tiny_model_path), cfg)
@@ -692,16 +687,7 @@ def test_a_lora_critic_trains_saves_and_resumes_what_the_hf_lora_critic_does(tin
     assert all(torch.equal(p, frozen[n]) for n, p in critic.model.named_parameters() if n in frozen)
 
     critic.save_checkpoint(str(tmp_path / "ckpt"))
-    with safe_open(str(tmp_path / "ckpt" / "adapter" / "adapter_model.safetensors"), framework="pt") as f:
-        saved = sorted(f.keys())
-    assert [k for k in saved if ".lora_" not in k] == ["base_model.model.score.bias", "base_model.model.score.weight"]
-    base = load_value_model(str(tiny_model_path), torch.device("cpu"), seed=9)  # a head the saved one replaces
-    loaded = PeftModel.from_pretrained(base, str(tmp_path / "ckpt" / "adapter")).eval()
-    ids, mask = full_sequence(batch)
-    with torch.no_grad():
-        out = loaded(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits[..., 0]
-    width = batch["responses"].shape[1]
-    torch.testing.assert_close(out[:, -width - 1:-1] * batch["response_mask"], values, atol=1e-5, rtol=0)
+    assert_critic_adapter_gives(tmp_path / "ckpt" / "adapter", str(tiny_model_path), batch, values)
     plain = HFCriticStrategy(str(tmp_path / "ckpt" / "model"), hf_role(load_config(None, CRITIC).roles.critic), 4)
     torch.testing.assert_close(plain.compute_values(batch), values, atol=1e-5, rtol=0)
     rank_file = torch.load(tmp_path / "ckpt" / "megatron" / "rank0.pt", weights_only=False)
