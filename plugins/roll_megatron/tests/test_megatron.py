@@ -734,7 +734,8 @@ def _critic_rank(rank: int, port: int, model_path: str, layout: str, directory: 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         base = CRITIC_LORA if "adapters" in expected else CRITIC
-        cfg = load_config(None, base + ["roles.critic.num_workers=2", f"roles.critic.strategy_options={LAYOUTS[layout]}"])
+        cfg = load_config(None, [*base, "roles.critic.num_workers=2",
+                                 f"roles.critic.strategy_options={LAYOUTS[layout]}"])
         critic = MegatronCriticStrategy(model_path, cfg.roles.critic, seed=3)
         if "adapters" in expected:  # the hf LoRA critic's (peft's names), this stage's part of them
             megatron_lora.load_adapter_state(critic.model, critic.layout, expected["adapters"])

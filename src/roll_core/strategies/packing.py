@@ -103,8 +103,9 @@ def pack_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response
 
     Samples with one prompt (equal tokens, and equal ``images`` where given:
     :func:`roll_core.strategies.sequences.prompt_groups`) share it in each unit. Groups go longest
-    first (in the order they come where equally long); each response joins its group's open unit while that row has room, and otherwise
-    opens a unit (the prompt repeated) in the first row with room for both. The inputs may be on any
+    first (in the order they come where equally long); each response joins its group's open unit
+    while that row has room, and otherwise opens a unit (the prompt repeated) in the first row with
+    room for both. The inputs may be on any
     device; the packed tensors are on the CPU (:func:`packed_forward` moves them)."""
     # the layout is worked out on the host, in Python lists; a batch already on a GPU comes back once
     prompt_ids, prompt_mask, responses, response_mask = (t.cpu() for t in (prompt_ids, prompt_mask, responses,

@@ -1,11 +1,12 @@
 """LoRA on Megatron-Core's parallel linear layers, with the adapters peft gives a Hugging Face model.
 
-``roles.actor_train.lora`` and ``roles.critic.lora`` under ``strategy: megatron``. Every targeted Hugging Face projection gets
-an adapter of its own, as under peft, although Megatron fuses some of them: ``linear_qkv`` carries
-``q_proj``, ``k_proj`` and ``v_proj``, ``linear_fc1`` carries ``gate_proj`` and ``up_proj``. So
-``target_modules`` means what it means under ``hf``; a run computes what the ``hf`` strategy's peft
-model computes, at any tensor- and pipeline-parallel layout; the adapters travel to the inference
-engines and save under peft's names (the core's :mod:`roll_core.strategies.lora` does the rest).
+``roles.actor_train.lora`` and ``roles.critic.lora`` under ``strategy: megatron``. Every targeted
+Hugging Face projection gets an adapter of its own, as under peft, although Megatron fuses some of
+them: ``linear_qkv`` carries ``q_proj``, ``k_proj`` and ``v_proj``, ``linear_fc1`` carries
+``gate_proj`` and ``up_proj``. So ``target_modules`` means what it means under ``hf``; a run
+computes what the ``hf`` strategy's peft model computes, at any tensor- and pipeline-parallel
+layout; the adapters travel to the inference engines and save under peft's names (the core's
+:mod:`roll_core.strategies.lora` does the rest).
 
 A targeted layer computes ``W x + s B A x`` (``s = alpha / rank``; Hu et al. 2021, arXiv:2106.09685)
 with ``W`` frozen. How the factors split over the tensor-parallel group follows ``W``:
