@@ -28,6 +28,20 @@ def test_concat_pads_ragged_widths():
     assert Batch.concat([a, b])["r"].tolist() == [[1, 1, 0], [1, 1, 1]]
 
 
+def test_prompts_encoded_apart_join_left_padded_and_deeper_tensors_pad_at_each_end():
+    # two groups of other prompt widths (the async scheduler's, dynamic sampling's rounds): each
+    # prompt still ends where its response starts, which packing and the prefill rely on
+    a = Batch({"prompt_ids": torch.tensor([[7, 8]]), "prompt_mask": torch.tensor([[1, 1]]),
+               "responses": torch.tensor([[5, 6, 2]]), "images": torch.ones(1, 1, 2)})
+    b = Batch({"prompt_ids": torch.tensor([[0, 3, 4, 9]]), "prompt_mask": torch.tensor([[0, 1, 1, 1]]),
+               "responses": torch.tensor([[2]]), "images": torch.ones(1, 2, 1)})
+    out = Batch.concat([a, b])
+    assert out["prompt_ids"].tolist() == [[0, 0, 7, 8], [0, 3, 4, 9]]
+    assert out["prompt_mask"].tolist() == [[0, 0, 1, 1], [0, 1, 1, 1]]
+    assert out["responses"].tolist() == [[5, 6, 2], [2, 0, 0]]
+    assert out["images"].tolist() == [[[1, 1], [0, 0]], [[1, 0], [1, 0]]]
+
+
 def test_split_and_select():
     b = make_batch(5)
     assert [len(p) for p in b.split(2)] == [2, 2, 1]

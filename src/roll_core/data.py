@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from roll_core.errors import ConfigError
-from roll_core.multimodal import resolve_paths
+from roll_core.multimodal import resolve_paths, with_image_fields
 
 
 def even_slices(length: int, n: int) -> list[slice]:
@@ -53,6 +53,11 @@ def _from_wire(value) -> torch.Tensor:
 
 def _unpickle_batch(tensors: dict, non_tensors: dict) -> "Batch":
     return Batch({k: _from_wire(v) for k, v in tensors.items()}, non_tensors)
+
+
+# The tensors of roll's layout that are padded on the left (``roll_core.strategies.sequences``):
+# a prompt's last token sits next to its response's first in every row
+LEFT_PADDED = ("prompt_ids", "prompt_mask")
 
 
 @dataclass
@@ -106,19 +111,37 @@ class Batch:
 
     @staticmethod
     def concat(batches: list["Batch"]) -> "Batch":
-        """Inverse of :meth:`chunk`; tensors of different widths are right-padded with zeros."""
+        """Inverse of :meth:`chunk`, and the join of batches encoded apart (a step's groups, rounds of
+        dynamic sampling): tensors of different sizes past the first dimension are padded with
+        zeros, prompts (:data:`LEFT_PADDED`) at the start of a row and everything else at the end
+        (responses of other widths; images of rows that hold fewer). Parts of a batch of image
+        prompts may hold other numbers of images or none (text prompts):
+        :func:`~roll_core.multimodal.with_image_fields` gives each part the images' fields first."""
         batches = [b for b in batches if len(b)]
         if not batches:
             return Batch()
-        tensors = {}
-        for key in batches[0].tensors:
-            parts = [b.tensors[key] for b in batches]
-            width = max(p.shape[-1] for p in parts) if parts[0].dim() > 1 else None
-            if width is not None:
-                parts = [torch.nn.functional.pad(p, (0, width - p.shape[-1])) for p in parts]
-            tensors[key] = torch.cat(parts)
+        parts_of = with_image_fields([b.tensors for b in batches], [len(b) for b in batches])
+        tensors = {key: torch.cat(_padded([part[key] for part in parts_of], left=key in LEFT_PADDED))
+                   for key in parts_of[0]}
         non = {k: [x for b in batches for x in b.non_tensors[k]] for k in batches[0].non_tensors}
         return Batch(tensors, non)
+
+
+def _padded(parts: list[torch.Tensor], left: bool = False) -> list[torch.Tensor]:
+    """``parts`` zero-padded to the largest size in every dimension past the first: at the end, or
+    with ``left`` at the start of the last dimension (``[B, P]`` left-padded prompts)."""
+    shape = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
+    out = []
+    for p in parts:
+        if list(p.shape[1:]) != shape:
+            grown = p.new_zeros(len(p), *shape)
+            where = [slice(0, n) for n in p.shape[1:]]
+            if left:
+                where[-1] = slice(shape[-1] - p.shape[-1], shape[-1])
+            grown[(slice(None), *where)] = p
+            p = grown
+        out.append(p)
+    return out
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

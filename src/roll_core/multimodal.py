@@ -182,6 +182,25 @@ def stack_images(per_sample: Sequence[torch.Tensor | None]) -> dict[str, torch.T
     return {IMAGES: pixels, IMAGE_COUNTS: counts}
 
 
+def with_image_fields(parts: list[dict[str, torch.Tensor]], rows: list[int]) -> list[dict[str, torch.Tensor]]:
+    """The tensors of a batch's ``parts`` (of ``rows`` samples each), each given the image fields
+    another part has: ``pixel_values`` with no image (``[n, 0, C, H, W]``) for a part of text
+    prompts, ``image_counts`` for a part without them (all of its images real, or none). Where no
+    part has images, the parts as they are."""
+    pixels = next((part[IMAGES] for part in parts if IMAGES in part), None)
+    if pixels is None:
+        return parts
+    out = []
+    for part, n in zip(parts, rows):
+        part = dict(part)
+        if IMAGES not in part:
+            part[IMAGES] = pixels.new_zeros(n, 0, *pixels.shape[2:])
+        if IMAGE_COUNTS not in part:
+            part[IMAGE_COUNTS] = torch.full((n,), part[IMAGES].shape[1], dtype=torch.long)
+        out.append(part)
+    return out
+
+
 def model_images(images: torch.Tensor | None, device: torch.device | None = None,
                  counts: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The keyword a model pass takes ``[B, K, C, H, W]`` images by (``pixel_values``, ``[B * K, C, H, W]``
