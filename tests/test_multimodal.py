@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from roll_core.errors import ConfigError, RollError
-from roll_core.multimodal import (IMAGES, check_rows, encode_prompts, image_keys, load_image, model_images,
-                                  processor_for)
+from roll_core.multimodal import (IMAGE_COUNTS, IMAGES, check_rows, encode_prompts, image_keys, load_image,
+                                  model_images, processor_for)
 
 
 @pytest.fixture
@@ -111,12 +111,40 @@ def test_a_jsonl_file_names_images_relative_to_itself(tmp_path):
     assert rows[1]["images"] == ["/abs/2.png"]
 
 
-def test_rows_need_a_placeholder_per_image_and_the_same_number_of_images():
-    check_rows([{"prompt": "<image><image>q", "images": [1, 2]}], "training")
+def test_rows_need_a_placeholder_per_image_and_may_hold_other_numbers_of_them():
+    check_rows([{"prompt": "<image><image>q", "images": [1, 2]}, {"prompt": "<image>q", "images": [1]},
+                {"prompt": "q"}], "training")
     with pytest.raises(ConfigError, match="training row 0 has 2 image.*1 '<image>' placeholder"):
         check_rows([{"prompt": "<image>q", "images": [1, 2]}], "training")
-    with pytest.raises(ConfigError, match=r"different numbers of images \(1, 2\)"):
-        check_rows([{"prompt": "<image>q", "images": [1]}, {"prompt": "<image><image>q", "images": [1, 2]}], "held-out")
+    with pytest.raises(ConfigError, match="held-out row 1 has 0 image.*1 '<image>' placeholder"):
+        check_rows([{"prompt": "q"}, {"prompt": "<image>q"}], "held-out")
+
+
+MIXED = [{"prompt": "a:"}, {"prompt": "<image>b<image>", "images": [_image(255), _image(0)]},
+         {"prompt": "<image>c", "images": [_image(0)]}]
+
+
+def test_rows_of_other_image_counts_encode_with_their_counts_and_only_their_own_images(tokenizer):
+    out = encode_prompts(tokenizer, MIXED)
+    assert out[IMAGES].shape == (3, 2, 3, 16, 16) and out[IMAGE_COUNTS].tolist() == [0, 2, 1]
+    assert out[IMAGES][:, :, 0, 0, 0].tolist() == [[0.0, 0.0], [1.0, -1.0], [-1.0, 0.0]]  # zeros past each one's
+    assert (out["prompt_ids"] == tokenizer.convert_tokens_to_ids("<image>")).sum(-1).tolist() == [0, 32, 16]
+    flat = model_images(out[IMAGES], counts=out[IMAGE_COUNTS])[IMAGES]  # the image tokens' order, no padding
+    assert flat[:, 0, 0, 0].tolist() == [1.0, -1.0, -1.0]
+    assert model_images(out[IMAGES][:1], counts=out[IMAGE_COUNTS][:1]) == {}  # a text sample alone: no images
+
+
+def test_parts_with_other_numbers_of_images_or_none_concatenate(tokenizer):
+    from roll_core.data import Batch
+
+    parts = [Batch(encode_prompts(tokenizer, rows)) for rows in ([MIXED[0]], [MIXED[2]], MIXED[1:])]
+    whole = Batch.concat(parts)  # text only; one image and no counts given... : each part's fields made alike
+    assert whole[IMAGES].shape == (4, 2, 3, 16, 16) and whole[IMAGE_COUNTS].tolist() == [0, 1, 2, 1]
+    assert whole[IMAGES][:, :, 0, 0, 0].tolist() == [[0.0, 0.0], [-1.0, 0.0], [1.0, -1.0], [-1.0, 0.0]]
+    uncounted = Batch({k: v for k, v in parts[1].tensors.items() if k != IMAGE_COUNTS})  # an older batch's
+    assert Batch.concat([parts[0], uncounted])[IMAGE_COUNTS].tolist() == [0, 1]  # its images all real
+    # prompts of other widths: zeros at the end, as responses are padded
+    assert whole["prompt_ids"].shape[1] == max(p["prompt_ids"].shape[1] for p in parts)
 
 
 def test_a_model_without_an_image_processor_is_refused_by_path(tiny_model_path, tokenizer):
@@ -181,8 +209,9 @@ def _model_log_probs(model, batch) -> torch.Tensor:
     for b in range(len(batch)):
         prompt = batch["prompt_ids"][b][batch["prompt_mask"][b].bool()]
         ids = torch.cat([prompt, batch["responses"][b]])[None]
+        n = int(batch[IMAGE_COUNTS][b]) if IMAGE_COUNTS in batch else batch[IMAGES].shape[1]
         with torch.no_grad():
-            logits = model(input_ids=ids, pixel_values=batch[IMAGES][b]).logits[0].float()
+            logits = model(input_ids=ids, **({"pixel_values": batch[IMAGES][b][:n]} if n else {})).logits[0].float()
         logits[:, model.config.image_token_id] = float("-inf")
         r = batch["responses"].shape[1]
         logp = logits[len(prompt) - 1:-1].log_softmax(-1).gather(-1, batch["responses"][b][:, None])[:, 0]
@@ -208,6 +237,45 @@ def test_the_passes_give_each_sample_the_log_probs_of_its_own_images(tiny_vlm_pa
         trainer.compute_log_probs(blind, 1.0)
     # samples 4 and 5: the same text over different images, so different log-probs
     assert not torch.allclose(got[4] * batch["response_mask"][5], got[5] * batch["response_mask"][4])
+
+
+def _mixed_batch(model_path):
+    """:func:`training_batch`'s fields over text prompts and prompts of one and of two images."""
+    from roll_core.embedded.tasks import ColorShapesTask
+    from roll_core.pipelines.runtime import load_tokenizer
+    from roll_core.testing import training_batch
+
+    tokenizer = load_tokenizer(str(model_path))
+    one = ColorShapesTask().eval_rows()
+    two = {"prompt": one[1]["prompt"] + one[2]["prompt"], "images": one[1]["images"] + one[2]["images"]}
+    rows = [{"prompt": "colour:"}] * 2 + [two] * 2 + [one[3]] * 2 + [{"prompt": "shape?"}, one[4]]
+    return training_batch(tokenizer.convert_tokens_to_ids("<image>")).update(**encode_prompts(tokenizer, rows))
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_text_prompts_and_prompts_of_other_image_counts_mix_in_every_pass(tiny_vlm_path, model, packed):
+    """Each sample gets the log-probs of its own images (none for a text prompt), packed or padded,
+    in micro-batches of text prompts alone too; the prefill shares a prompt only with its group."""
+    from roll_core.config import load_config
+    from roll_core.strategies.hf import HFTrainStrategy
+    from roll_core.strategies.sequences import prefill
+
+    batch = _mixed_batch(tiny_vlm_path)
+    assert batch[IMAGE_COUNTS].tolist() == [0, 0, 2, 2, 1, 1, 0, 1]
+    cfg = load_config(None, ["executor=local", f"roles.actor_train.pack_sequences={str(packed).lower()}"])
+    trainer = HFTrainStrategy(str(tiny_vlm_path), cfg.roles.actor_train, seed=0)
+    expected = _model_log_probs(model, batch)
+    torch.testing.assert_close(trainer.compute_log_probs(batch, 1.0), expected, atol=2e-5, rtol=0)
+    text_only = batch.select([0, 1, 6])
+    torch.testing.assert_close(trainer.compute_log_probs(text_only, 1.0), expected[[0, 1, 6]], atol=2e-5, rtol=0)
+    ids, mask = batch["prompt_ids"], batch["prompt_mask"]
+    with torch.no_grad():
+        _, logits = prefill(model, ids, mask, images=batch[IMAGES], image_counts=batch[IMAGE_COUNTS])
+        for b in range(len(batch)):
+            n = int(batch[IMAGE_COUNTS][b])
+            alone = model(input_ids=ids[b][mask[b].bool()][None],
+                          **({"pixel_values": batch[IMAGES][b][:n]} if n else {})).logits[0, -1]
+            torch.testing.assert_close(logits[b], alone.float(), atol=2e-5, rtol=0)
 
 
 def test_a_shared_prefill_is_shared_only_by_prompts_with_the_same_images(model, tiny_vlm_path):
@@ -265,10 +333,18 @@ def test_image_data_needs_strategies_that_read_images(tmp_path, plain_train_stra
                                           r"\(the data has them: data.dataset 'color_shapes'\); train strategies that "
                                           r"do: .*hf"):
         load_and_check(None, ["data.dataset=color_shapes", "roles.actor_train.strategy=plain"], plugins)
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps({"prompt": "<image>q", "images": ["a.png"], "ground_truth": "x"}) + "\n")
+    rows = tmp_path / "rows.jsonl"  # text rows first, and one that only names the key: images further down
+    rows.write_text("".join(json.dumps(row) + "\n" for row in (
+        {"prompt": "q", "ground_truth": "x"}, {"prompt": "the word \"images\"", "images": [], "ground_truth": "x"},
+        {"prompt": "<image>q", "images": ["a.png"], "ground_truth": "x"})))
     with pytest.raises(ConfigError, match=f"data.train_file {rows}"):
         load_and_check(None, [f"data.train_file={rows}", "roles.actor_train.strategy=plain"], plugins)
+    text = tmp_path / "text.jsonl"
+    text.write_text(json.dumps({"prompt": "the word \"images\"", "ground_truth": "x"}) + "\n")
+    with pytest.raises(ConfigError, match=f"data.eval_file {rows}"):  # held-out images count too
+        load_and_check(None, [f"data.train_file={text}", f"data.eval_file={rows}", "roles.actor_train.strategy=plain"],
+                       plugins)
+    load_and_check(None, [f"data.train_file={text}", "roles.actor_train.strategy=plain"], plugins)
     load_and_check(None, [f"data.train_file={rows}", "roles.critic={strategy: hf}",
                           "algorithm.advantage_estimator=gae"], plugins)  # every built-in model role reads images
     load_and_check(None, ["roles.actor_train.strategy=plain"], plugins)  # text data: any strategy
@@ -300,7 +376,39 @@ def test_grpo_on_images_fixes_what_imitation_of_the_careless_teacher_could_not(t
         assert processor_for(str(exported)).image_token == "<image>", exported
 
 
-def test_dpo_and_distillation_take_image_prompts(tmp_path, tiny_vlm_path):
+def test_grpo_trains_on_text_rows_and_image_rows_of_one_file(tmp_path, tiny_config):
+    """A data file of text prompts and image prompts, one of them with two images, under the async
+    scheduler, which encodes each group apart and joins them (other prompt widths, other image
+    counts, text groups without images; the sync scheduler encodes a step's prompts together, as
+    the tests above do). Every step trains on both kinds, packed."""
+    from PIL import Image
+
+    from roll_core.embedded.tasks import ColorShapesTask
+    from roll_core.pipelines.rlvr import RLVRPipeline
+    from roll_core.pipelines.rollout_dump import load_dump
+    from roll_core.runtime.executor import LocalExecutor
+
+    rows = []
+    for i, row in enumerate(ColorShapesTask().train_rows()[:4]):
+        Image.fromarray(row["images"][0]).save(tmp_path / f"{i}.png")
+        rows.append({"prompt": row["prompt"], "images": [f"{i}.png"], "ground_truth": row["ground_truth"]})
+    rows[3] = {"prompt": rows[2]["prompt"] + rows[3]["prompt"], "images": ["2.png", "3.png"], "ground_truth": "x"}
+    rows += [{"prompt": f"{i}+{i}=", "ground_truth": str(2 * i)} for i in range(4)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = tiny_config(f"data.train_file={data}", f"data.eval_file={data}", "model.tiny.max_position_embeddings=96",
+                      "model.tiny.vision={image_size: 16, patch_size: 4}", "warmup.steps=0", "trainer.max_steps=2",
+                      "rollout.prompts_per_step=8", "rollout.num_return_sequences=2", "rollout.max_new_tokens=3",
+                      "rollout.scheduler=async", "rollout.request_size=2", "data.eval_size=8",
+                      "roles.actor_train.pack_sequences=true", "trainer.dump_rollouts_every=1")
+    RLVRPipeline(cfg, LocalExecutor()).run()
+    for step in (1, 2):  # all 8 rows a step: 4 text prompts, 3 of one image, 1 of two
+        batch = load_dump(cfg.output_dir, step)
+        assert sorted(batch[IMAGE_COUNTS].tolist()) == [0] * 8 + [1] * 6 + [2] * 2
+        assert batch[IMAGES].shape[1] == 2
+        ends = batch["prompt_mask"][:, -1]
+        assert bool(ends.all())  # every prompt ends where its response starts (left padding)
+
     """The supervised pipelines build their batches with the prompts' images too: DPO on
     color_shapes' pairs (the true colour over the teacher's) from the raw tiny model, and a
     distillation whose teacher (the tiny model of another seed) writes and scores the responses."""

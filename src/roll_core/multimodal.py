@@ -42,7 +42,7 @@ from roll_core.errors import ConfigError, RollError
 
 IMAGE_PLACEHOLDER = "<image>"  # where an image goes in a row's prompt
 IMAGES = "pixel_values"  # the batch key: [B, K, C, H, W]
-IMAGE_COUNTS = "image_counts"  # [B]: how many of IMAGES[b] are real, where samples differ (agentic episodes)
+IMAGE_COUNTS = "image_counts"  # [B]: how many of IMAGES[b] are real (rows of other counts; agentic episodes)
 _TEXT_KEYS = ("input_ids", "attention_mask")
 
 
@@ -102,11 +102,8 @@ def save_processor(model_path: str, directory) -> None:
 
 
 def check_rows(rows: Sequence[dict], where: str) -> None:
-    """Every row has as many images as placeholders, and all rows the same number."""
-    counts = {len(row.get("images") or []) for row in rows}
-    if len(counts) > 1:
-        raise ConfigError(f"{where} rows have different numbers of images ({', '.join(map(str, sorted(counts)))}); "
-                          f"every row of a data set needs the same number")
+    """Every row has as many images as placeholders in its prompt (rows may differ: text rows and
+    rows of one or more images mix)."""
     for i, row in enumerate(rows):
         n, marked = len(row.get("images") or []), row["prompt"].count(IMAGE_PLACEHOLDER)
         if n != marked:
@@ -124,17 +121,19 @@ def tokenize_prompts(tokenizer, prompts: Sequence[str]) -> tuple[torch.Tensor, t
 def encode_prompts(tokenizer, rows: Sequence[dict]) -> dict[str, torch.Tensor]:
     """Rows' prompts as left-padded ``prompt_ids``, ``prompt_mask`` ``[B, P]``, without BOS/EOS, and,
     where the rows have images, their ``pixel_values`` ``[B, K, C, H, W]`` from the model's processor
-    (which also repeats each image token once per image feature)."""
+    (which also repeats each image token once per image feature) with ``image_counts`` ``[B]``: rows
+    may hold different numbers of images, text rows none, zeros past each row's own
+    (:func:`stack_images`)."""
     prompts = [row["prompt"] for row in rows]
     if not has_images(rows):
         ids, mask = tokenize_prompts(tokenizer, prompts)
         return {"prompt_ids": ids, "prompt_mask": mask}
     check_rows(rows, "the batch's")
-    images = [image for row in rows for image in row["images"]]
+    counts = [len(row.get("images") or []) for row in rows]
+    images = [image for row in rows for image in row.get("images") or []]
     enc = _processed(tokenizer, prompts, images, padding=True, padding_side="left")
-    pixels = enc[IMAGES]
-    return {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
-            IMAGES: pixels.reshape(len(rows), len(images) // len(rows), *pixels.shape[1:])}
+    per_row = enc[IMAGES].split(counts)
+    return {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"], **stack_images(per_row)}
 
 
 def encode_text(tokenizer, text: str, images: Sequence[Any] = ()) -> tuple[list[int], torch.Tensor | None]:
@@ -212,6 +211,8 @@ def model_images(images: torch.Tensor | None, device: torch.device | None = None
         flat = images.flatten(0, 1)
     else:
         flat = images[torch.arange(images.shape[1], device=images.device)[None, :] < counts.to(images.device)[:, None]]
+        if not len(flat):  # text samples only (a micro-batch of a mixed batch): no image pass at all
+            return {}
     return {IMAGES: flat if device is None else flat.to(device)}
 
 

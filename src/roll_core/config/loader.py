@@ -290,27 +290,33 @@ def _packing_requirements(cfg: RollConfig, plugins) -> list[str]:
 
 def image_sources(cfg: RollConfig, plugins) -> list[str]:
     """The data sources whose rows have images: a dataset registered with ``images=True``, a JSONL
-    file whose first row has ``images`` (``data``, or each of ``data.domains``)."""
+    file with a row that has ``images`` (``data``, or each of ``data.domains``)."""
     found = []
     for key, source in (cfg.data.domains.items() if cfg.data.domains else [("data", cfg.data)]):
         where = key if key == "data" else f"data.domains.{key}"
         if source.train_file:
-            if _first_row(source.train_file).get("images"):
-                found.append(f"{where}.train_file {source.train_file}")
+            found += [f"{where}.{name} {path}" for name, path in (("train_file", source.train_file),
+                                                                 ("eval_file", source.eval_file))
+                      if path and _has_image_rows(path)]
         elif source.dataset in _registered_with(plugins, "datasets", "images"):
             found.append(f"{where}.dataset '{source.dataset}'")
     return found
 
 
-def _first_row(path: str) -> dict:
-    """The first JSON row of a JSONL file ({} where there is none to read: the data loader reports it)."""
+def _has_image_rows(path: str) -> bool:
+    """Whether a row of a JSONL file has ``images`` (text and image rows may mix): only the lines
+    that name the key are parsed, so a file of text rows costs one read. False where the file cannot
+    be read: the data loader reports that."""
     try:
         with open(path) as f:
-            line = next((line for line in f if line.strip()), "{}")
-        row = json.loads(line)
+            for line in f:
+                if '"images"' in line:
+                    row = json.loads(line)
+                    if isinstance(row, dict) and row.get("images"):
+                        return True
     except (OSError, ValueError):
-        return {}
-    return row if isinstance(row, dict) else {}
+        return False
+    return False
 
 
 def _image_requirements(cfg: RollConfig, plugins) -> list[str]:

@@ -87,7 +87,8 @@ class _Sampling(TorchOffloading, precision.Autocasting):
         packed = None if "position_ids" in batch else packed_inputs(self.model, batch, self.role_config)
         images = batch_images(batch, self.model.config)
         if packed is not None:
-            logits = packed.at_responses(packed_forward(self.model, packed, self.device, images).logits)
+            logits = packed.at_responses(packed_forward(self.model, packed, self.device, images,
+                                                        image_counts(batch)).logits)
             return response_outputs(logits, self._to(batch["responses"]), wanted, temperature, self.never)
         ids, mask = (self._to(t) for t in full_sequence(batch))
         if "position_ids" in batch:  # packed rows: no mask, so each example attends to itself (its positions restart)
@@ -448,7 +449,8 @@ class HFCriticStrategy(WholeCheckpoints, TorchPrimitives, TorchOffloading, preci
         packed = packed_inputs(self.model, batch, self.role_config)
         images = batch_images(batch, self.model.config)
         if packed is not None:
-            values = packed.at_responses(packed_forward(self.model, packed, self.device, images).logits[..., 0])
+            values = packed.at_responses(packed_forward(self.model, packed, self.device, images,
+                                                        image_counts(batch)).logits[..., 0])
         else:
             ids, mask = full_sequence(batch)
             ids, mask = ids.to(self.device), mask.to(self.device)

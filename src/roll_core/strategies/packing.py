@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from roll_core.multimodal import batch_images, image_counts, model_images
+from roll_core.multimodal import batch_images, model_images
 from roll_core.strategies import packed_attention
 from roll_core.strategies.sequences import prompt_groups
 
@@ -227,6 +227,15 @@ def model_config(model):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
+def _image_token(model) -> int | None:
+    """The image token of an image-text ``model`` (its top config's, not its decoder's), None for a
+    text model; through an engine that wraps the model (DeepSpeed's ``module``)."""
+    config = getattr(model, "config", None)
+    if not hasattr(config, "image_token_id") and hasattr(model, "module"):
+        return _image_token(model.module)
+    return getattr(config, "image_token_id", None)
+
+
 def _attention(model) -> str:
     return getattr(model_config(model), "_attn_implementation", None) or "eager"
 
@@ -240,9 +249,10 @@ def packed_inputs(model, batch, role_config) -> PackedSequences | None:
     implementation = getattr(config, "_attn_implementation", None) or "eager"
     if wanted is False or (wanted is None and implementation not in MASKED_ATTENTION):
         return None
-    # Samples with image_counts (agentic episodes) have images in their responses too, the
-    # environment's replies; a packed unit hands its model pass only its prompt's
-    if image_counts(batch) is not None:
+    # An agentic episode's responses may hold images (the environment's replies); a packed unit
+    # hands its model pass only its prompt's
+    image_token = _image_token(model)
+    if batch_images(batch) is not None and image_token is not None and bool((batch["responses"] == image_token).any()):
         if wanted:
             raise ValueError("pack_sequences: true, but the batch's responses hold images (an environment's image "
                              "observations), which packed rows do not take. Set pack_sequences: false")
@@ -269,11 +279,13 @@ def pack_batch(batch, role_config, pad_token_id: int | None) -> PackedSequences:
                           images=batch_images(batch))
 
 
-def packed_forward(model, packed: PackedSequences, device: torch.device, images: torch.Tensor | None = None):
+def packed_forward(model, packed: PackedSequences, device: torch.device, images: torch.Tensor | None = None,
+                   counts: torch.Tensor | None = None):
     """The model's output on ``packed``'s rows (``use_cache`` off). A model on ``sdpa`` attends piece
     by piece (:mod:`roll_core.strategies.packed_attention`) where that pays (wide rows, on the CPU);
     the dense mask goes along for layers that cannot. ``images`` ``[B, K, C, H, W]``: the batch's
-    (:mod:`roll_core.multimodal`), of which each unit's prompt reads its sample's."""
+    (:mod:`roll_core.multimodal`; of which the first ``counts[b]`` where given), of which each
+    unit's prompt reads its sample's."""
     plan = {}
     dtype = next(model.parameters()).dtype
     rows, width = packed.input_ids.shape
@@ -282,6 +294,7 @@ def packed_forward(model, packed: PackedSequences, device: torch.device, images:
         plan[packed_attention.PLAN_KEYWORD] = (packed_attention.attention_plan(packed.pieces, packed.tokens)
                                                .to(device, dtype))
     mask = packed.attention_mask(_attention(model), dtype)
-    pixels = model_images(None if images is None else images[packed.unit_samples], device)
+    pixels = model_images(None if images is None else images[packed.unit_samples], device,
+                          None if counts is None else counts[packed.unit_samples])
     return model(input_ids=packed.input_ids.to(device), attention_mask=mask.to(device),
                  position_ids=packed.position_ids.to(device), use_cache=False, **plan, **pixels)
