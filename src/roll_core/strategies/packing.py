@@ -252,7 +252,7 @@ def packed_inputs(model, batch, role_config) -> PackedSequences | None:
     # An agentic episode's responses may hold images (the environment's replies); a packed unit
     # hands its model pass only its prompt's
     image_token = _image_token(model)
-    if batch_images(batch) is not None and image_token is not None and bool((batch["responses"] == image_token).any()):
+    if image_token is not None and batch_images(batch) is not None and bool((batch["responses"] == image_token).any()):
         if wanted:
             raise ValueError("pack_sequences: true, but the batch's responses hold images (an environment's image "
                              "observations), which packed rows do not take. Set pack_sequences: false")

@@ -53,13 +53,17 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     key = torch.where(prompt_mask.bool(), prompt_ids, -1)
     if images is not None:
         key = torch.cat([key, image_keys(images).to(key.device)[:, None]], dim=1)
-    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)  # distinct prompts in sorted order
-    samples = torch.arange(len(key), device=key.device)
-    first = torch.full((len(distinct),), len(key), device=key.device).scatter_reduce(0, inverse, samples, reduce="amin")
-    order = first.argsort()  # renumbered as they first come
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(len(order), device=key.device)
-    return first[order], rank[inverse]
+    # rows as tuples in a dict: on the host, several times faster than torch.unique(dim=0)'s sort
+    # at a step's [256, 24] (packing asks at every pass)
+    numbers: dict[tuple[int, ...], int] = {}
+    first, group = [], []
+    for b, row in enumerate(key.tolist()):
+        g = numbers.setdefault(tuple(row), len(numbers))
+        if g == len(first):  # a prompt not seen before
+            first.append(b)
+        group.append(g)
+    device = prompt_ids.device
+    return torch.tensor(first, dtype=torch.long, device=device), torch.tensor(group, dtype=torch.long, device=device)
 
 
 def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, new_tokens: int = 0,
