@@ -138,13 +138,15 @@ def test_parts_with_other_numbers_of_images_or_none_concatenate(tokenizer):
     from roll_core.data import Batch
 
     parts = [Batch(encode_prompts(tokenizer, rows)) for rows in ([MIXED[0]], [MIXED[2]], MIXED[1:])]
-    whole = Batch.concat(parts)  # text only; one image and no counts given... : each part's fields made alike
+    whole = Batch.concat(parts)  # a text part (no image fields), a one-image part, a part of 2 and 1 images
     assert whole[IMAGES].shape == (4, 2, 3, 16, 16) and whole[IMAGE_COUNTS].tolist() == [0, 1, 2, 1]
     assert whole[IMAGES][:, :, 0, 0, 0].tolist() == [[0.0, 0.0], [-1.0, 0.0], [1.0, -1.0], [-1.0, 0.0]]
     uncounted = Batch({k: v for k, v in parts[1].tensors.items() if k != IMAGE_COUNTS})  # an older batch's
     assert Batch.concat([parts[0], uncounted])[IMAGE_COUNTS].tolist() == [0, 1]  # its images all real
-    # prompts of other widths: zeros at the end, as responses are padded
+    # prompts of other widths, left-padded to the widest: each still ends where its response starts
     assert whole["prompt_ids"].shape[1] == max(p["prompt_ids"].shape[1] for p in parts)
+    assert bool(whole["prompt_mask"][:, -1].all()) and whole["prompt_mask"].sum(-1).tolist() == [
+        int(p["prompt_mask"][i].sum()) for p in parts for i in range(len(p))]
 
 
 def test_a_model_without_an_image_processor_is_refused_by_path(tiny_model_path, tokenizer):
