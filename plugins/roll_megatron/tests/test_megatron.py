@@ -334,15 +334,18 @@ LORA = ["roles.actor_train.lora={rank: 4, alpha: 8}"]
 SOME = "roles.actor_train.lora.target_modules=[q_proj, v_proj, o_proj, up_proj]"  # parts of both fused layers
 
 
-def _peft_policy(model_path: str, cfg) -> HFTrainStrategy:
-    """The ``hf`` strategy under LoRA with ``B`` drawn non-zero, so the adapters' products show in
-    the first forward pass already."""
-    reference = HFTrainStrategy(model_path, hf_role(cfg.roles.actor_train), seed=0)
+def _nonzero_b(reference):
+    """``reference`` (an ``hf`` strategy under LoRA) with ``B`` drawn non-zero, so the adapters'
+    products show in the first forward pass already."""
     with torch.no_grad():
         for name, param in reference.model.named_parameters():
             if ".lora_B." in name:
                 param.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
     return reference
+
+
+def _peft_policy(model_path: str, cfg) -> HFTrainStrategy:
+    return _nonzero_b(HFTrainStrategy(model_path, hf_role(cfg.roles.actor_train), seed=0))
 
 
 def _fresh_adapters(trainer) -> dict:
@@ -608,13 +611,7 @@ CRITIC_LORA = CRITIC + ["roles.critic.lora={rank: 4, alpha: 8, save: merged, "
 
 
 def _peft_critic(model_path: str, cfg) -> HFCriticStrategy:
-    """The ``hf`` LoRA critic with ``B`` drawn non-zero, as :func:`_peft_policy`."""
-    reference = HFCriticStrategy(model_path, hf_role(cfg.roles.critic), seed=3)
-    with torch.no_grad():
-        for name, param in reference.model.named_parameters():
-            if ".lora_B." in name:
-                param.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
-    return reference
+    return _nonzero_b(HFCriticStrategy(model_path, hf_role(cfg.roles.critic), seed=3))
 
 
 def _hf_critic_values(model_path: str, cfg, batch, reference: HFCriticStrategy | None = None) -> dict:
