@@ -56,7 +56,8 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     # rows as tuples in a dict: on the host, several times faster than torch.unique(dim=0)'s sort
     # at a step's [256, 24] (packing asks at every pass)
     numbers: dict[tuple[int, ...], int] = {}
-    first, group = [], []
+    first: list[int] = []  # each prompt's first sample
+    group: list[int] = []  # each sample's prompt
     for b, row in enumerate(key.tolist()):
         g = numbers.setdefault(tuple(row), len(numbers))
         if g == len(first):  # a prompt not seen before
