@@ -225,8 +225,11 @@ def test_a_cancelled_generate_is_aborted_in_the_engine_on_ray(tiny_model_path):
         executor.cancel([running])
         while not executor.wait([running]):
             pass
-        (elapsed, completed), unfinished = executor.get(executor.invoke(worker, "state", (), {}))
-        assert time.perf_counter() - t0 < 4.0
+        # Ray settles the cancelled future at once; the worker's engine loop sees the flag at its next
+        # step and aborts then, so the engine is asked until it is idle, within the same 4 s
+        unfinished = True
+        while unfinished and time.perf_counter() - t0 < 4.0:
+            (elapsed, completed), unfinished = executor.get(executor.invoke(worker, "state", (), {}))
         assert completed < rows and not unfinished  # cut short, and nothing still decoding
         assert executor.get(executor.invoke(worker, "generate", (4, 4), {}))[1] == 4  # the worker serves again
     finally:
