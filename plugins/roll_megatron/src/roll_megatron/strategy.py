@@ -453,7 +453,8 @@ class _MegatronTrainable(_MegatronModel, TorchPrimitives):
         (root / "megatron").mkdir(parents=True, exist_ok=True)
         model = self.model.state_dict()
         if self.lora is not None:  # what trains: the adapters (and a critic's head), not the frozen base
-            model = {name: value for name, value in model.items() if name in self._trained_names()}
+            trained = self._trained_names()
+            model = {name: value for name, value in model.items() if name in trained}
         torch.save({"model": model,
                     "optimizers": {name: _local(opt).state_dict() for name, opt in self.optimizers.items()},
                     "generator": self.generator.get_state()}, root / "megatron" / f"rank{rank}.pt")
