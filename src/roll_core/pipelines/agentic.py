@@ -228,8 +228,7 @@ class AgenticPipeline(WarmStart, PolicyGradientLoop):
     def build(self) -> None:
         cfg, a = self.config, self.config.agentic
         self._stop_loops()  # a restart after a lost worker: the last attempt's loops play on dead workers
-        self.actor = self.roles.model_role("actor_train", self.model)
-        self.infer = self.roles.model_role("actor_infer", self.model)
+        self.actor, self.infer = self.roles.model_roles(("actor_train", self.model), ("actor_infer", self.model))
         self.weights = weight_sync.connect(cfg, self.executor, self.actor, self.infer, False, self.plugins)
         self.reference = None  # spawned on the model RL starts from (after the warm-up): begin(), restore()
         self.shaper = RewardShaper(cfg.algorithm, self.plugins)

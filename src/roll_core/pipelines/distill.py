@@ -67,8 +67,8 @@ class DistillPipeline(ActorLoop):
                                micro_batch_size=cfg.roles.actor_train.micro_batch_size, metric_prefix="distill")
 
     def build(self) -> None:
-        self.actor = self.roles.model_role("actor_train", self.model)
-        self.teacher = self.roles.model_role(self.config.distill.teacher, self.teacher_path)
+        self.actor, self.teacher = self.roles.model_roles(("actor_train", self.model),
+                                                          (self.config.distill.teacher, self.teacher_path))
         self.stream = PromptStream(self.train_rows, self.config.seed + SEED_OFFSETS["distill_data"])
 
     def _responses(self, rows: list[dict]) -> Batch:

@@ -79,8 +79,7 @@ class RLVRPipeline(WarmStart, PolicyGradientLoop):
         self.shaper = RewardShaper(cfg.algorithm, self.plugins)
         self.reward = self.roles.rewards()  # first: a reward that rejects its options stops before any model loads
         self.eval_reward = self.roles.eval_rewards()  # roles.eval_reward, or None: self.reward scores evaluations
-        self.actor = self.roles.model_role("actor_train", self.model)
-        self.infer = self.roles.model_role("actor_infer", self.model)
+        self.actor, self.infer = self.roles.model_roles(("actor_train", self.model), ("actor_infer", self.model))
         self.weights = weight_sync.connect(cfg, self.executor, self.actor, self.infer, self.overlapping, self.plugins)
         # an inference worker that takes one call at a time runs a queued weight update before the
         # generate calls sent after it; one that serves requests concurrently gives no such order
