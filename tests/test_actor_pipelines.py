@@ -85,8 +85,9 @@ def target_ids(tokenizer, text: str) -> list[int]:
 
 
 def with_formula_roles(pipeline, replicas: dict[str, int] | None = None):
-    """``pipeline.roles.model_role`` spawns :class:`Formula` workers (``replicas[name]`` data-parallel
-    ones, default 1) instead of loading models; returns the groups by role name."""
+    """``pipeline.roles.model_roles`` (which every model role goes through) spawns :class:`Formula`
+    workers (``replicas[name]`` data-parallel ones, default 1) instead of loading models; returns the
+    groups by role name."""
     vocab = len(pipeline.tokenizer)
 
     def model_role(name, model_path, role_cfg=None):
@@ -95,7 +96,7 @@ def with_formula_roles(pipeline, replicas: dict[str, int] | None = None):
         group.dp_ranks = list(range(n))
         return group
 
-    pipeline.roles.model_role = model_role
+    pipeline.roles.model_roles = lambda *roles: [model_role(*role) for role in roles]
     return pipeline.roles.groups
 
 

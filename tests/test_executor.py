@@ -329,8 +329,8 @@ def test_the_ray_executor_asks_its_workers_to_close_before_it_ends_their_process
 def test_model_roles_spawn_every_role_before_any_is_set_up(tiny_model_path):
     """A Ray worker starts when it is spawned, and most of its start is importing torch and
     transformers (about 7 s a role on 2 cores): roles built together (actor_train and actor_infer,
-    a student and its teacher) are all spawned before any is set up, so their processes start side by
-    side. Seeds and data-parallel ranks are each role's own, as :meth:`model_role` gives them."""
+    a student and its teacher, the reference and the critic) are all spawned before any is set up, so
+    their processes start side by side. Seeds and data-parallel ranks are each role's own, as :meth:`model_role` gives them."""
     from roll_core.config import load_config
     from roll_core.pipelines.runtime import RoleGroups
     from roll_core.plugins import get_plugins
@@ -346,12 +346,18 @@ def test_model_roles_spawn_every_role_before_any_is_set_up(tiny_model_path):
             events.append(f"{method} {handle.role}")
             return super().invoke(handle, method, args, kwargs)
 
-    config = load_config(None, ["executor=local", "roles.actor_infer.num_workers=2"])
+    config = load_config(None, ["executor=local", "roles.actor_infer.num_workers=2", "roles.critic={}",
+                                "algorithm.advantage_estimator=gae"])
     roles = RoleGroups(config, Recording(), get_plugins())
     train, infer = roles.model_roles(("actor_train", str(tiny_model_path)), ("actor_infer", str(tiny_model_path)))
     assert events == ["spawn actor_train", "spawn actor_infer", "setup actor_train", "setup actor_infer",
                       "setup actor_infer"]
-    assert roles.groups == {"actor_train": train, "actor_infer": infer}
+    events.clear()  # the roles that start from the policy RL begins with: side by side too
+    reference, critic = roles.policy_copies(train, str(tiny_model_path), True, config.roles.critic)
+    assert events == ["spawn reference", "spawn critic", "setup reference", "setup critic"]
+    assert (reference.role, critic.role) == ("reference", "critic") and critic.handles[0].kind == "critic"
+    assert roles.groups == {"actor_train": train, "actor_infer": infer, "reference": reference, "critic": critic}
     assert [w._args[3] for w in train.handles + infer.handles] == [config.seed, config.seed + 1000, config.seed + 1001]
+    assert [w._args[3] for w in reference.handles + critic.handles] == [config.seed + 2000, config.seed + 3000]
     assert train.dp_ranks == [0] and infer.dp_ranks == [0, 1]  # inference workers: one replica each
     assert all(w.strategy is not None for w in train.handles + infer.handles)

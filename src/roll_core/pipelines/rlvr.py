@@ -100,11 +100,8 @@ class RLVRPipeline(WarmStart, PolicyGradientLoop):
     def _spawn_policy_copies(self, model_path: str) -> None:
         """Roles that start from the policy RL begins with (the warmed-up model): reference, critic.
         A reference with its own ``model_path`` is a different model (a distillation teacher)."""
-        critic = self.config.roles.critic
-        if self.starts_reference(self.config, self.plugins):
-            self.reference = self.roles.reference(self.actor, model_path)
-        if critic is not None:
-            self.critic = self.roles.model_role("critic", model_path, critic)
+        self.reference, self.critic = self.roles.policy_copies(
+            self.actor, model_path, self.starts_reference(self.config, self.plugins), self.config.roles.critic)
 
     def begin(self) -> dict[str, float]:
         first = {}

@@ -168,10 +168,26 @@ class RoleGroups:
         """``roles.reference``, the frozen policy (``policy_path``) or the model it names. Under LoRA,
         without a ``model_path`` of its own, it is actor_train's base model: actor_train's workers
         with the adapters disabled, no second copy loaded."""
-        if self.config.reference_on_actor():
-            return actor.as_role("reference", compute_log_probs="base_log_probs")
-        cfg = self.config.roles.reference
-        return self.model_role("reference", cfg.model_path or policy_path, cfg)
+        reference, _ = self.policy_copies(actor, policy_path, reference=True)
+        assert reference is not None
+        return reference
+
+    def policy_copies(self, actor: WorkerGroup, policy_path: str, reference: bool,
+                      critic=None) -> tuple[WorkerGroup | None, WorkerGroup | None]:
+        """The roles that start from the policy RL begins with: the reference where ``reference``
+        (:meth:`reference`) and the critic where ``critic`` (its role config) is given, those with
+        workers of their own started side by side (:meth:`model_roles`)."""
+        own: list[tuple[str, str, Any]] = []
+        on_actor = reference and self.config.reference_on_actor()
+        if reference and not on_actor:
+            cfg = self.config.roles.reference
+            own.append(("reference", cfg.model_path or policy_path, cfg))
+        if critic is not None:
+            own.append(("critic", policy_path, critic))
+        started = {group.role: group for group in self.model_roles(*own)}
+        if on_actor:
+            started["reference"] = actor.as_role("reference", compute_log_probs="base_log_probs")
+        return started.get("reference"), started.get("critic")
 
     def rewards(self) -> RewardRouter:
         """Spawn the default reward role (``roles.reward``) and one per domain (``roles.domain_rewards``),
