@@ -326,7 +326,7 @@ def test_the_ray_executor_asks_its_workers_to_close_before_it_ends_their_process
         ray_executor.spawn("after", plain, [()]).handles[0], "ping", (), {})) == "pong"  # the cluster is not this one's
 
 
-def test_model_roles_spawn_every_role_before_any_is_set_up(tiny_model_path):
+def test_model_roles_spawn_every_role_before_any_is_set_up(tiny_model_path, monkeypatch, capsys):
     """A Ray worker starts when it is spawned, and most of its start is importing torch and
     transformers (about 7 s a role on 2 cores): roles built together (actor_train and actor_infer,
     a student and its teacher, the reference and the critic) are all spawned before any is set up, so
@@ -352,8 +352,13 @@ def test_model_roles_spawn_every_role_before_any_is_set_up(tiny_model_path):
     train, infer = roles.model_roles(("actor_train", str(tiny_model_path)), ("actor_infer", str(tiny_model_path)))
     assert events == ["spawn actor_train", "spawn actor_infer", "setup actor_train", "setup actor_infer",
                       "setup actor_infer"]
+    assert capsys.readouterr().out == ""  # started within runtime.START_REPORT_S: no line
     events.clear()  # the roles that start from the policy RL begins with: side by side too
+    monkeypatch.setattr("roll_core.pipelines.runtime.START_REPORT_S", 0.01)  # a start long enough to report
     reference, critic = roles.policy_copies(train, str(tiny_model_path), True, config.roles.critic)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("starting reference (1 worker) and critic (1 worker): ") and "so far" in printed[0]
+    assert printed[-1].startswith("starting reference (1 worker) and critic (1 worker): done in ")
     assert events == ["spawn reference", "spawn critic", "setup reference", "setup critic"]
     assert (reference.role, critic.role) == ("reference", "critic") and critic.handles[0].kind == "critic"
     assert roles.groups == {"actor_train": train, "actor_infer": infer, "reference": reference, "critic": critic}

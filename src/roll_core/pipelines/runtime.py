@@ -44,6 +44,7 @@ from roll_core.pipelines.checkpoint import CheckpointManager
 from roll_core.pipelines.rollout_dump import write_dump
 from roll_core.plugins import get_plugins
 from roll_core.runtime.executor import LocalExecutor, WorkerGroup
+from roll_core.runtime.progress import reporting
 from roll_core.runtime.restarts import run_restarting
 from roll_core.runtime.placement import (Residency, check_cluster, colocated, hybrid_engine, nodes_needed,
                                          worker_slots)
@@ -54,6 +55,10 @@ from roll_core.training import policy_gradient_update
 # Every role's workers, and the warm-up's data order, draw from seeds of their own, offset from the
 # run's ``seed`` (actor_train uses it as is, the training data order too), so that no two share a
 # random stream and worker r of a role gets offset + r. Changing a value changes every run's numbers.
+# Seconds between the lines that say a role start is still going (:func:`~roll_core.runtime.progress.reporting`):
+# the tiny model's roles start within them and print nothing.
+START_REPORT_S = 20.0
+
 SEED_OFFSETS = {"actor_train": 0, "actor_infer": 1000, "reference": 2000, "critic": 3000, "warmup_data": 7,
                 "preference_data": 11, "distill_data": 13}
 
@@ -131,24 +136,30 @@ class RoleGroups:
         workers are spawned before any is set up, so on Ray their processes start, import and load
         their models side by side instead of one role after the other (most of a worker's start is
         importing torch and transformers: about 7 s a role on 2 cores)."""
-        spawned = [self._spawn_model_role(*role) for role in roles]
-        ex = self.executor
-        worlds = [len(group) if one_model else 1 for group, one_model in spawned]
-        # the workers of one model join one process group at the address of its first worker's node
-        asked = {group.role: ex.invoke(group.handles[0], "node_address", (), {})
-                 for (group, _), world in zip(spawned, worlds) if world > 1}
-        addresses = {role: ex.get(future) for role, future in asked.items()}
-        setups = [[ex.invoke(h, "setup", (addresses.get(group.role), rank if world > 1 else 0, world), {})
-                   for rank, h in enumerate(group.handles)] for (group, _), world in zip(spawned, worlds)]
-        for (group, one_model), futures in zip(spawned, setups):
-            dp_ranks = ex.get(futures)
-            if one_model:  # other inference workers keep the default: each one a replica of its own
-                group.dp_ranks = dp_ranks
+        if not roles:
+            return []
+        configured = [(name, path, given[0] if given and given[0] is not None else self.config.role(name))
+                      for name, path, *given in roles]
+        names = " and ".join(f"{name} ({cfg.num_workers} worker{'s' if cfg.num_workers > 1 else ''})"
+                             for name, _, cfg in configured)
+        with reporting(f"starting {names}", START_REPORT_S):  # a large model loads for minutes
+            spawned = [self._spawn_model_role(*role) for role in configured]
+            ex = self.executor
+            worlds = [len(group) if one_model else 1 for group, one_model in spawned]
+            # the workers of one model join one process group at the address of its first worker's node
+            asked = {group.role: ex.invoke(group.handles[0], "node_address", (), {})
+                     for (group, _), world in zip(spawned, worlds) if world > 1}
+            addresses = {role: ex.get(future) for role, future in asked.items()}
+            setups = [[ex.invoke(h, "setup", (addresses.get(group.role), rank if world > 1 else 0, world), {})
+                       for rank, h in enumerate(group.handles)] for (group, _), world in zip(spawned, worlds)]
+            for (group, one_model), futures in zip(spawned, setups):
+                dp_ranks = ex.get(futures)
+                if one_model:  # other inference workers keep the default: each one a replica of its own
+                    group.dp_ranks = dp_ranks
         return [group for group, _ in spawned]
 
-    def _spawn_model_role(self, name: str, model_path: str, role_cfg=None) -> tuple[WorkerGroup, bool]:
+    def _spawn_model_role(self, name: str, model_path: str, role_cfg) -> tuple[WorkerGroup, bool]:
         """The role's workers, spawned and not yet set up, and whether they hold one model between them."""
-        role_cfg = role_cfg if role_cfg is not None else self.config.role(name)
         kind = role_cfg.kind
         base = self.config.seed + SEED_OFFSETS.get(name, 10_000 + zlib.crc32(name.encode()) % 10_000)
         engine = self.plugins.infer_strategies.get(role_cfg.strategy) if kind == "infer" else None
