@@ -254,6 +254,26 @@ def _mixed_batch(model_path):
     return training_batch(tokenizer.convert_tokens_to_ids("<image>")).update(**encode_prompts(tokenizer, rows))
 
 
+def test_a_dump_shows_every_image_of_a_prompt_adjacent_ones_too(tiny_vlm_path):
+    """Two images with nothing between them are one run of image tokens; a dump's text shows each."""
+    from roll_core.embedded.tasks import ColorShapesTask
+    from roll_core.multimodal import readable
+    from roll_core.pipelines.rollout_dump import readable_rows
+    from roll_core.pipelines.runtime import load_tokenizer
+    from roll_core.testing import training_batch
+
+    tokenizer = load_tokenizer(str(tiny_vlm_path))
+    image = ColorShapesTask().eval_rows()[0]["images"][0]
+    rows = [{"prompt": "<image><image>same?", "images": [image] * 2}, {"prompt": "<image>a<image><image>",
+                                                                        "images": [image] * 3},
+            {"prompt": "colour:"}, {"prompt": "<image>", "images": [image]}] * 2
+    batch = training_batch(tokenizer.convert_tokens_to_ids("<image>")).update(**encode_prompts(tokenizer, rows))
+    shown = [row["prompt"] for row in readable_rows(batch, tokenizer)]
+    assert shown == ["<image><image>same?", "<image>a<image><image>", "colour:", "<image>"] * 2
+    first = batch["prompt_ids"][0][batch["prompt_mask"][0].bool()].tolist()
+    assert readable(tokenizer, first) == "<image>same?"  # without each image's token count: one per run
+
+
 @pytest.mark.parametrize("packed", [True, False])
 def test_text_prompts_and_prompts_of_other_image_counts_mix_in_every_pass(tiny_vlm_path, model, packed):
     """Each sample gets the log-probs of its own images (none for a text prompt), packed or padded,

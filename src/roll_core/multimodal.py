@@ -229,20 +229,44 @@ def batch_images(batch, config=None) -> torch.Tensor | None:
     return None
 
 
-def readable(tokenizer, ids: Sequence[int], **decode) -> str:
-    """``tokenizer.decode(ids, **decode)`` with each run of image tokens shown as one ``<image>`` (so
-    two images with nothing between them show as one): transcripts and rollout dumps."""
-    image_id = (tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER)
-                if IMAGE_PLACEHOLDER in tokenizer.all_special_tokens else None)
+def image_token_id(tokenizer) -> int | None:
+    """The id of the tokenizer's ``<image>`` token (None for a text model's tokenizer)."""
+    return tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER) if IMAGE_PLACEHOLDER in tokenizer.all_special_tokens else None
+
+
+def readable(tokenizer, ids: Sequence[int], per_image: int | None = None, **decode) -> str:
+    """``tokenizer.decode(ids, **decode)`` with each image's tokens shown as one ``<image>``:
+    transcripts and rollout dumps. Adjacent images (no text between) make one run of image tokens,
+    shown as ``len(run) // per_image`` placeholders, ``per_image`` being each image's token count
+    (:func:`tokens_per_image`); as one where it is not given."""
+    image_id = image_token_id(tokenizer)
     if image_id is None or image_id not in ids:
         return tokenizer.decode(ids, **decode)
-    return "".join(IMAGE_PLACEHOLDER if is_image else tokenizer.decode(list(run), **decode)
-                   for is_image, run in itertools.groupby(ids, key=lambda i: i == image_id))
+    runs = [(is_image, list(run)) for is_image, run in itertools.groupby(ids, key=lambda i: i == image_id)]
+    return "".join(IMAGE_PLACEHOLDER * max(1, len(run) // (per_image or len(run))) if is_image
+                   else tokenizer.decode(run, **decode) for is_image, run in runs)
+
+
+def tokens_per_image(tokenizer, ids: Sequence[int], images: int) -> int | None:
+    """How many image tokens each of the ``images`` images in ``ids`` has (the model's processor
+    gives every image as many: LLaVA-style models); None without images."""
+    image_id = image_token_id(tokenizer)
+    if not images or image_id is None:
+        return None
+    return sum(1 for i in ids if i == image_id) // images or None
 
 
 def image_counts(batch) -> torch.Tensor | None:
     """``batch``'s ``image_counts`` ``[B]``, or None where every sample has all of its ``pixel_values``."""
     return batch[IMAGE_COUNTS] if IMAGE_COUNTS in batch else None
+
+
+def sample_image_counts(batch) -> list[int] | None:
+    """How many images each sample of ``batch`` holds (None for a batch without images)."""
+    if IMAGES not in batch:
+        return None
+    counts = image_counts(batch)
+    return counts.tolist() if counts is not None else [batch[IMAGES].shape[1]] * len(batch)
 
 
 def image_keys(images: torch.Tensor) -> torch.Tensor:

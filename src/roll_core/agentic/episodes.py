@@ -35,7 +35,7 @@ from roll_core.agentic.env_workers import EnvFailed, EnvHung
 from roll_core.agentic.samples import Episode, Turn, shown_images
 from roll_core.data import Batch
 from roll_core.envs import Env, Observation, observation_parts
-from roll_core.multimodal import encode_text, readable, stack_images
+from roll_core.multimodal import encode_text, readable, stack_images, tokens_per_image
 
 Policy = Callable[..., list[tuple[list[int], list[float]]]]  # (conversations, envs[, images=]) -> replies
 
@@ -276,7 +276,9 @@ def transcript(episode: Episode, tokenizer) -> str:
     """An episode as readable text: each turn's observation, the reply, and what it earned."""
     lines = []
     for k, turn in enumerate(episode.turns):
-        lines.append(f"[turn {k}] {readable(tokenizer, turn.observation_ids, skip_special_tokens=True)}")
+        images = 0 if turn.observation_images is None else len(turn.observation_images)
+        per_image = tokens_per_image(tokenizer, turn.observation_ids, images)
+        lines.append(f"[turn {k}] {readable(tokenizer, turn.observation_ids, per_image, skip_special_tokens=True)}")
         lines.append(f"  reply: {tokenizer.decode(turn.action_ids, skip_special_tokens=True)!r}   reward {turn.reward:g}")
     ending = ("failed: " + episode.info.get("error", "")) if episode.failed else (
         "truncated" if episode.truncated else "ended by the environment")

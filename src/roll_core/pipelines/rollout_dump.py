@@ -31,7 +31,7 @@ import torch
 from roll_core.data import Batch
 from roll_core.errors import RollError
 from roll_core.files import write_json_lines
-from roll_core.multimodal import readable
+from roll_core.multimodal import readable, sample_image_counts, tokens_per_image
 
 
 def dump_path(run_dir: Path, step: int, suffix: str) -> Path:
@@ -58,14 +58,17 @@ def readable_rows(batch: Batch, tokenizer) -> list[dict]:
     """One dict per sample of ``batch``: text, rewards, advantage, log-probs, version."""
     rows = []
     responses, mask = batch["responses"], batch["response_mask"].bool()
+    counts = sample_image_counts(batch)
     for i in range(len(batch)):
         valid = mask[i]
         tokens = responses[i][valid].tolist()
         prompt_ids = batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist()
-        row: dict = {"index": i, "prompt": readable(tokenizer, prompt_ids)}
+        # a sample's images, in its prompt and (an episode's) replies, have as many tokens each
+        per_image = tokens_per_image(tokenizer, prompt_ids + tokens, counts[i]) if counts else None
+        row: dict = {"index": i, "prompt": readable(tokenizer, prompt_ids, per_image)}
         if "action_mask" in batch:  # an episode: the policy's turns and the environment's replies
             actions = batch["action_mask"][i][valid].bool().tolist()
-            row["turns"] = [{"role": "policy" if a else "environment", "text": readable(tokenizer, t)}
+            row["turns"] = [{"role": "policy" if a else "environment", "text": readable(tokenizer, t, per_image)}
                             for a, t in _segments(tokens, actions)]
         else:
             row["response"] = tokenizer.decode(tokens)
