@@ -330,7 +330,8 @@ def test_model_roles_spawn_every_role_before_any_is_set_up(tiny_model_path, monk
     """A Ray worker starts when it is spawned, and most of its start is importing torch and
     transformers (about 7 s a role on 2 cores): roles built together (actor_train and actor_infer,
     a student and its teacher, the reference and the critic) are all spawned before any is set up, so
-    their processes start side by side. Seeds and data-parallel ranks are each role's own, as :meth:`model_role` gives them."""
+    their processes start side by side. Seeds and data-parallel ranks are each role's own, as
+    :meth:`model_role` gives them."""
     from roll_core.config import load_config
     from roll_core.pipelines.runtime import RoleGroups
     from roll_core.plugins import get_plugins
@@ -362,7 +363,8 @@ def test_model_roles_spawn_every_role_before_any_is_set_up(tiny_model_path, monk
     assert events == ["spawn reference", "spawn critic", "setup reference", "setup critic"]
     assert (reference.role, critic.role) == ("reference", "critic") and critic.handles[0].kind == "critic"
     assert roles.groups == {"actor_train": train, "actor_infer": infer, "reference": reference, "critic": critic}
-    assert [w._args[3] for w in train.handles + infer.handles] == [config.seed, config.seed + 1000, config.seed + 1001]
+    seeds = [w._args[3] for w in train.handles + infer.handles]
+    assert seeds == [config.seed, config.seed + 1000, config.seed + 1001]
     assert [w._args[3] for w in reference.handles + critic.handles] == [config.seed + 2000, config.seed + 3000]
     assert train.dp_ranks == [0] and infer.dp_ranks == [0, 1]  # inference workers: one replica each
     assert all(w.strategy is not None for w in train.handles + infer.handles)

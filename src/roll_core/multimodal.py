@@ -231,7 +231,8 @@ def batch_images(batch, config=None) -> torch.Tensor | None:
 
 def image_token_id(tokenizer) -> int | None:
     """The id of the tokenizer's ``<image>`` token (None for a text model's tokenizer)."""
-    return tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER) if IMAGE_PLACEHOLDER in tokenizer.all_special_tokens else None
+    special = tokenizer.all_special_tokens
+    return tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER) if IMAGE_PLACEHOLDER in special else None
 
 
 def readable(tokenizer, ids: Sequence[int], per_image: int | None = None, **decode) -> str:

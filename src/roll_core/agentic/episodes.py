@@ -278,7 +278,8 @@ def transcript(episode: Episode, tokenizer) -> str:
     for k, turn in enumerate(episode.turns):
         images = 0 if turn.observation_images is None else len(turn.observation_images)
         per_image = tokens_per_image(tokenizer, turn.observation_ids, images)
-        lines.append(f"[turn {k}] {readable(tokenizer, turn.observation_ids, per_image, skip_special_tokens=True)}")
+        shown = readable(tokenizer, turn.observation_ids, per_image, skip_special_tokens=True)
+        lines.append(f"[turn {k}] {shown}")
         lines.append(f"  reply: {tokenizer.decode(turn.action_ids, skip_special_tokens=True)!r}   reward {turn.reward:g}")
     ending = ("failed: " + episode.info.get("error", "")) if episode.failed else (
         "truncated" if episode.truncated else "ended by the environment")

@@ -55,12 +55,12 @@ from roll_core.training import policy_gradient_update
 # Every role's workers, and the warm-up's data order, draw from seeds of their own, offset from the
 # run's ``seed`` (actor_train uses it as is, the training data order too), so that no two share a
 # random stream and worker r of a role gets offset + r. Changing a value changes every run's numbers.
+SEED_OFFSETS = {"actor_train": 0, "actor_infer": 1000, "reference": 2000, "critic": 3000, "warmup_data": 7,
+                "preference_data": 11, "distill_data": 13}
+
 # Seconds between the lines that say a role start is still going (:func:`~roll_core.runtime.progress.reporting`):
 # the tiny model's roles start within them and print nothing.
 START_REPORT_S = 20.0
-
-SEED_OFFSETS = {"actor_train": 0, "actor_infer": 1000, "reference": 2000, "critic": 3000, "warmup_data": 7,
-                "preference_data": 11, "distill_data": 13}
 
 
 def load_tokenizer(model_path: str, chat_template: str | None = None):
