@@ -304,9 +304,9 @@ def test_workers_wait_for_openmp_work_as_the_scheduler_needs_unless_the_user_cho
 @pytest.mark.ray
 def test_ray_workers_start_with_the_openmp_setting(monkeypatch):
     """The setting must be in the worker's environment when it starts: OpenMP reads it once."""
-    from roll_core.runtime.workers import _Worker
+    from roll_core.runtime.worker_base import Worker
 
-    class EnvProbe(_Worker):
+    class EnvProbe(Worker):
         def env(self, name):
             import os
 

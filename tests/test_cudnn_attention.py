@@ -36,7 +36,7 @@ def test_off_by_default_and_a_checked_key():
 def test_every_worker_sets_the_flag_from_the_run_config(monkeypatch, tiny_model_path, kind, overrides, expected):
     from roll_core.runtime import workers
 
-    monkeypatch.setattr(workers, "_bind_devices", lambda devices: None)  # keep this process's CUDA view
+    monkeypatch.setattr(workers, "bind_devices", lambda devices: None)  # keep this process's CUDA view
     cfg = load_config(None, ["executor=local", *overrides])
     cudnn_attention.configure(not expected)  # the opposite of what the worker must set
     role = "actor_infer" if kind == "InferWorker" else "actor_train"

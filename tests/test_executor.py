@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,9 +19,9 @@ def _recorder_class():
     cannot import tests)."""
     import time
 
-    from roll_core.runtime.workers import _Worker
+    from roll_core.runtime.worker_base import Worker
 
-    class Recorder(_Worker):
+    class Recorder(Worker):
         def __init__(self):
             self.log: list = []
 
@@ -199,7 +202,8 @@ def test_run_calls_runs_in_order_and_reports_seconds_last():
 
 @pytest.mark.ray
 def test_reward_workers_take_one_thread_where_no_model_computes_and_leave_the_count_where_one_does(ray_executor):
-    """A reward worker of a Ray run (in its own process, or in the driver) computes on one thread;
+    """A reward worker of a Ray run (in its own process, or in the driver) computes on one thread
+    (its own process loads torch only where a reward needs it);
     one built where the models compute (the local executor's one process, also the controller's
     inside a Ray worker) keeps the thread count their roles set: a replacement for a hung reward,
     built mid-run, would otherwise slow every later step."""
@@ -219,6 +223,10 @@ def test_reward_workers_take_one_thread_where_no_model_computes_and_leave_the_co
     try:
         torch.set_num_threads(2)
         own = reward_group(ray_executor, "workers")
+        # exact_match needs no torch, so its worker's process never loaded it (it starts seconds sooner)
+        (pid,) = ray_executor.get(own.call("pid"))
+        assert "libtorch" not in (Path("/proc") / str(pid) / "maps").read_text()
+        # a reward that loads torch (here, the thread count's own query) gets one thread all the same
         assert ray_executor.get(own.call("threads")) == [1] and torch.get_num_threads() == 2
         for handle in own.handles:
             ray_executor.stop(handle)
@@ -229,6 +237,23 @@ def test_reward_workers_take_one_thread_where_no_model_computes_and_leave_the_co
         assert torch.get_num_threads() == 1  # as before: the driver of a Ray run computes no model
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_reward_worker_without_torch_leaves_one_thread_to_the_torch_a_reward_loads_later():
+    """Where no model computes, a reward worker whose process has no torch yet (a Ray worker of its
+    own: the reward worker's module imports none) sets OpenMP's thread count, which torch reads when
+    a reward first loads it, even where the user's environment asked for more."""
+    code = ("import sys\n"
+            "from roll_core.config import load_config\n"
+            "from roll_core.runtime.reward_worker import RewardWorker\n"
+            "RewardWorker([('exact_match', {}, 1.0)], load_config(None, []))\n"
+            "assert 'torch' not in sys.modules\n"
+            "import torch\n"
+            "print(torch.get_num_threads())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1"]
 
 
 def test_the_local_executor_closes_its_workers_and_their_strategies_when_it_stops():

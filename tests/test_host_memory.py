@@ -62,7 +62,7 @@ def test_cpu_workers_keep_freed_memory_unless_told_not_to(monkeypatch, tiny_mode
 
     calls = []
     monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: calls.append(True))
-    monkeypatch.setattr(workers, "_bind_devices", lambda devices: None)  # keep this process's CUDA view
+    monkeypatch.setattr(workers, "bind_devices", lambda devices: None)  # keep this process's CUDA view
     cfg = load_config(None, ["executor=local", *overrides])
     workers.InferWorker("actor_infer", str(tiny_model_path), cfg.roles.actor_infer, cfg, seed=0, devices=devices)
     assert calls == ([True] if applied else [])

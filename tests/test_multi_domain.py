@@ -13,7 +13,7 @@ from roll_core.errors import ConfigError
 from roll_core.rewards import Reward, RewardInput
 from roll_core.rollout.rewards import RewardRouter
 from roll_core.runtime.executor import LocalExecutor
-from roll_core.runtime.workers import RewardWorker
+from roll_core.runtime.reward_worker import RewardWorker
 from roll_core.testing import hooks
 
 

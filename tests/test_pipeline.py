@@ -264,12 +264,13 @@ def test_same_seed_same_metrics_local_and_ray(tmp_path, layout):
         results[executor] = metrics_of(run_dir)
     placement = json.loads((tmp_path / "ray" / "placement.json").read_text())
     roles = placement["roles"]
-    # every worker records the linear-layer kernel it computes with, as this machine resolves the default
-    assert {w["cpu_matmul"] for workers in roles.values() for w in workers} == {
+    # a worker that runs a model records the linear-layer kernel it computes with, as this machine
+    # resolves the default, and whether its attention may use cuDNN's kernel (runtime.cudnn_attention: off)
+    model_workers = roles["actor_train"] + roles["actor_infer"]
+    assert {w["cpu_matmul"] for w in model_workers} == {
         "onednn" if cpu_matmul.onednn_preferred() and cpu_matmul.onednn_available() else "torch"}
-    # and, where it runs a model, whether its attention may use cuDNN's kernel (runtime.cudnn_attention: off)
-    assert {w.get("cudnn_attention") for w in roles["actor_train"] + roles["actor_infer"]} == {False}
-    assert all("cudnn_attention" not in w for w in roles["reward"])  # no model: no attention to steer
+    assert {w["cudnn_attention"] for w in model_workers} == {False}
+    assert all("cpu_matmul" not in w and "cudnn_attention" not in w for w in roles["reward"])  # no model to steer
     train_pids = {w["pid"] for w in roles["actor_train"]}
     assert ({w["pid"] for w in roles["actor_infer"]} == train_pids) == layout.startswith("hybrid")
     # exact_match is lightweight: one reward worker scores in the driver, two are processes of their own

@@ -23,7 +23,7 @@ from roll_core.errors import ConfigError, RollError
 from roll_core.rewards import Reward, RewardInput
 from roll_core.rollout.rewards import RewardRouter
 from roll_core.runtime import LocalExecutor
-from roll_core.runtime.workers import RewardConfigError, RewardError, RewardWorker
+from roll_core.runtime.reward_worker import RewardConfigError, RewardError, RewardWorker
 from roll_core.testing import hooks
 
 SAMPLES = [RewardInput("p", "r", "r"), RewardInput("p", "x", "r")]

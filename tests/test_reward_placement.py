@@ -15,7 +15,7 @@ from roll_core.pipelines.runtime import scores_in_driver
 from roll_core.rewards import ExactMatch, Reward, RewardInput
 from roll_core.rollout.rewards import RewardRouter
 from roll_core.runtime import LocalExecutor
-from roll_core.runtime.workers import RewardWorker
+from roll_core.runtime.reward_worker import RewardWorker
 from roll_core.testing import hooks
 
 

@@ -42,7 +42,7 @@ class Reward(ABC):
     #: no sandbox, no service, nothing that can hang. With ``placement: auto`` (the default) a reward
     #: role whose rewards all say so scores in the driver process, which saves every generation
     #: request a round trip to a reward worker. Anything else keeps the default, False: a reward
-    #: worker contains its hangs and crashes (:class:`~roll_core.runtime.workers.RewardWorker`).
+    #: worker contains its hangs and crashes (:class:`~roll_core.runtime.reward_worker.RewardWorker`).
     lightweight: ClassVar[bool] = False
 
     def __init__(self, **options: Any):

@@ -49,7 +49,8 @@ from roll_core.runtime.restarts import run_restarting
 from roll_core.runtime.placement import (Residency, check_cluster, colocated, hybrid_engine, nodes_needed,
                                          worker_slots)
 from roll_core.rollout.rewards import RewardRouter
-from roll_core.runtime.workers import STRATEGY_WORKERS, RewardWorker
+from roll_core.runtime.reward_worker import RewardWorker
+from roll_core.runtime.workers import STRATEGY_WORKERS
 from roll_core.training import policy_gradient_update
 
 # Every role's workers, and the warm-up's data order, draw from seeds of their own, offset from the

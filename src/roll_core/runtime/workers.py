@@ -1,4 +1,5 @@
-"""Role workers. One worker hosts one strategy (or one reward) for one role.
+"""Strategy workers. One worker hosts one strategy for one role (rewards have their own worker,
+:mod:`roll_core.runtime.reward_worker`, which starts without torch).
 
 Workers are plain classes: the ``local`` executor instantiates them in the driver, the ``ray``
 executor wraps them in ``ray.remote``. A worker looks its strategy up in *its own process's*
@@ -7,94 +8,19 @@ plugin registries, so whatever is installed (entry points) is available inside R
 
 from __future__ import annotations
 
-import math
 import os
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from roll_core.config.schema import RewardFailures
 from roll_core.errors import RollError
 from roll_core.plugins import get_plugins
-from roll_core.rewards import RewardInput
 from roll_core.runtime import distributed, host_memory
-from roll_core.runtime.deadline import Hung, call_with_deadline
+from roll_core.runtime.worker_base import Worker, bind_devices
 from roll_core.strategies import cpu_matmul, cudnn_attention, lora
 
 
-def _bind_devices(devices) -> None:
-    """Make the worker's mapped devices (local ids on its node) its visible CUDA devices. Runs
-    before anything touches CUDA, so ``cuda:0`` is the first mapped device. Also keeps Hugging Face
-    tokenizers single-threaded in the worker (they warn, and can deadlock, when a process that used
-    them forks: reward sandboxes do), unless the user chose otherwise."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if devices is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
-
-
-class _Worker:
-    hosted: dict[str, Any]  # role -> a worker built in this process by host()
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def threads(self) -> int:
-        """Intra-op threads torch uses in this worker now."""
-        return torch.get_num_threads()
-
-    def placement(self) -> dict:
-        """Where this worker runs: Ray node id (when on Ray), its visible devices, and the kernel its
-        models' linear layers use on CPU (``runtime.cpu_matmul`` as resolved on this machine)."""
-        node = None
-        try:
-            import ray
-
-            if ray.is_initialized():
-                node = ray.get_runtime_context().get_node_id()
-        except ImportError:
-            pass
-        return {"pid": os.getpid(), "node_id": node, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                "cpu_matmul": "onednn" if cpu_matmul.uses_onednn() else "torch"}
-
-    # -- hosting another role's worker in this process (the hybrid engine, executor ray) ----------
-    def host(self, role: str, cls: type, args: tuple) -> None:
-        """Build ``cls(*args)``, a worker of ``role``, in this process: the executor's calls to it
-        arrive through :meth:`call_hosted`, in order with this worker's own calls."""
-        self.__dict__.setdefault("hosted", {})[role] = cls(*args)
-
-    def call_hosted(self, role: str, method: str, args: tuple, kwargs: dict) -> Any:
-        return getattr(self.hosted[role], method)(*args, **kwargs)
-
-    def close(self) -> None:
-        """Release the workers this one hosts (the executor's ``stop``; see :meth:`_StrategyWorker.close`)."""
-        for worker in self.__dict__.pop("hosted", {}).values():
-            worker.close()
-
-    def run_calls(self, *calls: tuple[str | None, str, tuple, dict]) -> list:
-        """Several calls sent as one task (:meth:`~roll_core.runtime.executor.Executor.one_task_per_worker`),
-        run in order: ``(role, method, args, kwargs)`` each, ``role`` naming a hosted worker or None
-        for this one. Returns their results and, last, the seconds each took. The first that raises
-        ends the task: its error is every call's result."""
-        results, seconds = [], []
-        for role, method, args, kwargs in calls:
-            start = time.perf_counter()
-            results.append(self.call_hosted(role, method, args, kwargs) if role is not None
-                           else getattr(self, method)(*args, **kwargs))
-            seconds.append(time.perf_counter() - start)
-        return [*results, seconds]
-
-
-class RewardError(RollError):
-    """A reward implementation raised on a sample, returned a non-finite score or hung (policy ``error``)."""
-
-
-class RewardConfigError(RollError):
-    """A reward's constructor rejected its options: deterministic, so the run stops instead of restarting."""
-
-
-class _StrategyWorker(_Worker):
+class _StrategyWorker(Worker):
     """Hosts one strategy of kind :attr:`kind` (a ``{kind}_strategies`` registry name) for one role.
 
     Built in two calls: the constructor binds devices, :meth:`setup` joins the role's
@@ -105,7 +31,7 @@ class _StrategyWorker(_Worker):
     kind: str
 
     def __init__(self, role: str, model_path: str, role_config, run_config, seed: int, devices=None):
-        _bind_devices(devices)
+        bind_devices(devices)
         torch.set_num_threads(run_config.torch_threads)  # a role's own count applies during RL steps only
         cpu_matmul.configure(run_config.runtime.cpu_matmul, run_config.runtime.pack_decoding_weights)
         cudnn_attention.configure(run_config.runtime.cudnn_attention)
@@ -125,8 +51,10 @@ class _StrategyWorker(_Worker):
         return layout()[0] if layout is not None else 0
 
     def placement(self) -> dict:
-        """Also whether this worker's attention may use cuDNN's kernel on a GPU (``runtime.cudnn_attention``)."""
-        return {**super().placement(), "cudnn_attention": cudnn_attention.enabled()}
+        """Also the kernel its model's linear layers use on CPU (``runtime.cpu_matmul`` as resolved on
+        this machine) and whether its attention may use cuDNN's kernel on a GPU (``runtime.cudnn_attention``)."""
+        return {**super().placement(), "cpu_matmul": "onednn" if cpu_matmul.uses_onednn() else "torch",
+                "cudnn_attention": cudnn_attention.enabled()}
 
     def node_address(self) -> tuple[str, int]:
         return distributed.node_address()
@@ -407,134 +335,3 @@ class InferWorker(_StrategyWorker, _WeightGroupMember):
 
 STRATEGY_WORKERS: dict[str, type[_StrategyWorker]] = {w.kind: w for w in (TrainWorker, InferWorker, CriticWorker)}
 """The worker class of each strategy kind (:data:`roll_core.plugins.STRATEGY_KINDS`)."""
-
-
-@dataclass
-class _Scorer:
-    """One configured reward of a worker."""
-
-    name: str
-    plugin: str
-    weight: float
-    options: dict
-    reward: Any = None
-
-
-class RewardWorker(_Worker):
-    """Scores finished samples with one or more registered rewards: ``sum(weight * reward)``.
-
-    ``rewards`` is a list of ``(name, options, weight)``; ``key`` is the config key of the role
-    (for messages) and ``failures`` its policy (:class:`~roll_core.config.schema.RewardFailures`);
-    ``models_here`` says model roles compute in this worker's process (the local executor's, or
-    the controller's inside a Ray worker), whose torch thread count they set. One worker serves one
-    domain (or the default reward), so a slow reward of one domain never holds up the others.
-
-    A reward that misbehaves is contained here, whatever plugin it comes from:
-
-    * a constructor that rejects its options does not kill the worker: :meth:`ready` (called by
-      the pipeline right after spawning, before any long work) raises :class:`RewardConfigError`
-      naming the reward and its plugin, and the run stops without restarting;
-    * each reward scores in a thread of its own, given ``timeout_s`` per sample; a call past its
-      deadline is abandoned and the reward rebuilt, and the result says ``replace`` so the driver
-      replaces this worker (on Ray, a new process: the hung call dies with the old one);
-    * a NaN or infinite score is an error, or scores 0, by policy; both counts are returned.
-    """
-
-    def __init__(self, rewards: list[tuple[str, dict, float]], run_config, key: str = "roles.reward",
-                 failures: dict | None = None, models_here: bool = False, devices=None):
-        _bind_devices(devices)
-        # A reward computes little: where no model computes (a Ray worker of its own, or a Ray
-        # run's driver) one thread leaves the cores to the models' processes. Where models compute,
-        # their roles set the count, and a worker built later (replacing a hung one) must keep it.
-        if not models_here:
-            torch.set_num_threads(1)
-        self.key, self.failures = key, RewardFailures(**(failures or {})).failure_policy()  # defaults from the schema
-        self.broken: RewardConfigError | None = None
-        self.closed = False
-        plugins = get_plugins()
-        self.scorers = [_Scorer(name, plugins.rewards.entry(name).plugin, float(weight), dict(options))
-                        for name, options, weight in rewards]
-        for scorer in self.scorers:
-            if not self._build(scorer):
-                break
-
-    def _build(self, scorer: _Scorer) -> bool:
-        try:
-            scorer.reward = get_plugins().rewards.get(scorer.name)(**scorer.options)
-            return True
-        except Exception as exc:  # any plugin's constructor: report it, never crash the worker
-            self.broken = RewardConfigError(
-                f"key '{self.key}': reward '{scorer.name}' (plugin '{scorer.plugin}') failed to start with options "
-                f"{scorer.options}: {type(exc).__name__}: {exc}")
-            return False
-
-    def ready(self) -> bool:
-        """Raises the constructor's error, if there was one, or that the worker is closed; cheap otherwise."""
-        if self.broken:
-            raise self.broken
-        if self.closed:
-            raise RollError(f"the reward worker of '{self.key}' is closed: its rewards were released by close(), "
-                            "so it scores no more; build a new worker")
-        return True
-
-    def _score_one_reward(self, scorer: _Scorer, samples: list[RewardInput], counts: dict) -> list[float]:
-        name, plugin = scorer.name, scorer.plugin
-        deadline = self.failures["timeout_s"] * len(samples)
-        reward = scorer.reward
-        try:
-            scores = call_with_deadline(lambda: reward.score_batch(samples), deadline, f"reward-{name}")
-        except Hung:  # abandon the call, rebuild the reward; the driver replaces this worker
-            counts["replace"] = True
-            self._build(scorer)
-            if self.failures["on_timeout"] == "error":
-                raise RewardError(f"reward '{name}' (plugin '{plugin}') did not score {len(samples)} sample(s) within "
-                                  f"{deadline:g} s ({self.key}.timeout_s={self.failures['timeout_s']:g} per sample; "
-                                  f"{self.key}.on_timeout: zero scores them 0 and goes on)") from None
-            counts["timeouts"] += len(samples)
-            return [0.0] * len(samples)
-        except BaseException as exc:  # noqa: BLE001 - whatever the plugin raised, named
-            raise RewardError(f"reward '{name}' (plugin '{plugin}') raised {type(exc).__name__}: {exc}") from exc
-        if len(scores) != len(samples):
-            raise RewardError(f"reward '{name}' (plugin '{plugin}') returned {len(scores)} scores "
-                              f"for {len(samples)} samples")
-        scores = [float(s) for s in scores]
-        bad = {i for i, s in enumerate(scores) if not math.isfinite(s)}
-        if bad:
-            if self.failures["on_nonfinite"] == "error":
-                first = scores[min(bad)]
-                raise RewardError(f"reward '{name}' (plugin '{plugin}') returned a non-finite score ({first}) for "
-                                  f"{len(bad)} of {len(samples)} sample(s); fix the reward, or set "
-                                  f"{self.key}.on_nonfinite: zero to score them 0 and count them")
-            counts["nonfinite"] += len(bad)
-            scores = [0.0 if i in bad else s for i, s in enumerate(scores)]
-        return scores
-
-    def close(self) -> None:
-        """Close every reward this worker built (:meth:`roll_core.rewards.Reward.close`), each even
-        when another's close fails; the first failure is raised after, naming its reward."""
-        super().close()
-        self.closed = True
-        failures = []
-        for scorer in self.scorers:
-            reward, scorer.reward = scorer.reward, None
-            if reward is None:  # its constructor failed
-                continue
-            try:
-                reward.close()
-            except Exception as exc:  # noqa: BLE001 - any plugin's close: named, and the others still run
-                failures.append(f"reward '{scorer.name}' (plugin '{scorer.plugin}') failed to close: "
-                                f"{type(exc).__name__}: {exc}")
-        if failures:
-            raise RewardError("; ".join(failures))
-
-    def score_detailed(self, samples: list[RewardInput]) -> dict:
-        """``{"scores", "components": {name: [...]}, "seconds", "timeouts", "nonfinite", "replace",
-        "counters": {"<reward>/<key>": n}}`` (counters: each reward's :meth:`Reward.metrics`)."""
-        self.ready()
-        t0 = time.perf_counter()
-        counts = {"timeouts": 0, "nonfinite": 0, "replace": False}
-        components = {s.name: self._score_one_reward(s, samples, counts) for s in self.scorers}
-        scores = [sum(s.weight * components[s.name][i] for s in self.scorers) for i in range(len(samples))]
-        counters = {f"{s.name}/{k}": float(v) for s in self.scorers for k, v in s.reward.metrics().items()}
-        return {"scores": scores, "components": components, "seconds": time.perf_counter() - t0, **counts,
-                "counters": counters}
