@@ -61,7 +61,8 @@ class Worker:
         return getattr(self.hosted[role], method)(*args, **kwargs)
 
     def close(self) -> None:
-        """Release the workers this one hosts (the executor's ``stop``; see :meth:`_StrategyWorker.close`)."""
+        """Release the workers this one hosts (the executor's ``stop``; see
+        :meth:`roll_core.runtime.workers._StrategyWorker.close`)."""
         for worker in self.__dict__.pop("hosted", {}).values():
             worker.close()
 
