@@ -1,10 +1,11 @@
 """How long a reward worker of its own takes to start on Ray, and what its process holds, without torch
 against with it.
 
-A reward worker (``roles.reward.placement: workers``, a reward that asks for a process of its own,
-or a replacement for a hung one) computes no model: ``roll_core.runtime.reward_worker`` imports no
-torch, so its process loads torch and transformers only where a reward needs them. Before, the
-reward worker lived in the strategies' module, whose imports loaded both in every reward worker.
+A reward worker of its own on Ray (every reward that is not lightweight under
+``roles.reward.placement: auto``, any under ``workers``, and the replacement for a hung one)
+computes no model: ``roll_core.runtime.reward_worker`` imports no torch, so its process loads
+torch and transformers only where a reward needs them. Before, the reward worker lived in the
+strategies' module, whose imports loaded both in every reward worker.
 This script spawns, in one Ray cluster, alternating for ``--rounds`` rounds:
 
 * ``without torch``: :class:`~roll_core.runtime.reward_worker.RewardWorker` with ``exact_match``;
